@@ -1,0 +1,156 @@
+/* Ember core: status codes, dtypes, devices, runtime lifecycle, errors, logging.
+ *
+ * Every public function returns NULL or a negative em_status on failure and
+ * records a human-readable message that em_last_error() returns (thread-local).
+ */
+#ifndef EMBER_CORE_H
+#define EMBER_CORE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(__GNUC__)
+#define EM_API __attribute__((visibility("default")))
+#else
+#define EM_API
+#endif
+
+#define EMBER_VERSION_MAJOR 0
+#define EMBER_VERSION_MINOR 1
+#define EMBER_VERSION_PATCH 0
+#define EMBER_VERSION_STRING "0.1.0"
+
+/** Maximum tensor rank. */
+#define EM_MAX_DIMS 8
+
+/** Status codes: 0 is success, failures are negative. Append-only. */
+typedef enum em_status {
+    EM_OK = 0,
+    EM_ERR_INVALID = -1,  /**< bad argument (NULL, bad axis, bad option)     */
+    EM_ERR_SHAPE = -2,    /**< shapes do not match / cannot broadcast         */
+    EM_ERR_DTYPE = -3,    /**< unsupported or mismatched dtype                */
+    EM_ERR_NOMEM = -4,    /**< allocation failed                              */
+    EM_ERR_IO = -5,       /**< file could not be opened/read/written          */
+    EM_ERR_FORMAT = -6,   /**< corrupt or unexpected file content             */
+    EM_ERR_DEVICE = -7,   /**< device missing or unusable                     */
+    EM_ERR_RUNTIME = -8,  /**< StarPU / runtime failure                       */
+    EM_ERR_STATE = -9,    /**< call not valid in the current state            */
+    EM_ERR_UNSUPPORTED = -10, /**< not implemented for this input/device      */
+} em_status;
+
+/** Element types. f16/bf16 are declared for later and rejected by ops today. */
+typedef enum em_dtype {
+    EM_F32 = 0,
+    EM_F64 = 1,
+    EM_I32 = 2,
+    EM_I64 = 3,
+    EM_U8 = 4,
+    EM_BOOL = 5,
+    EM_F16 = 6,
+    EM_BF16 = 7,
+    EM_DTYPE_COUNT
+} em_dtype;
+
+/** Size in bytes of one element of @p dt (0 for an invalid dtype). */
+EM_API size_t em_dtype_size(em_dtype dt);
+/** Lower-case name ("float32", "int64", "bool", ...) as PyTorch prints it. */
+EM_API const char *em_dtype_name(em_dtype dt);
+/** true for f32/f64/f16/bf16. */
+EM_API bool em_dtype_is_float(em_dtype dt);
+
+/** Device kinds; EM_DEVICE_AUTO lets StarPU's performance-model scheduler choose. */
+typedef enum em_device_kind {
+    EM_DEVICE_CPU = 0,
+    EM_DEVICE_CUDA = 1,
+    EM_DEVICE_OPENCL = 2,
+    EM_DEVICE_HIP = 3,
+    EM_DEVICE_AUTO = 4,
+} em_device_kind;
+
+/** Where ops may run. index selects the device within its kind (ignored for CPU/AUTO). */
+typedef struct em_device {
+    em_device_kind kind;
+    int index;
+} em_device;
+
+EM_API em_device em_device_cpu(void);
+EM_API em_device em_device_cuda(int index);
+EM_API em_device em_device_opencl(int index);
+EM_API em_device em_device_auto(void);
+/** Parses "cpu", "cuda", "cuda:1", "opencl:0", "auto". Returns EM_ERR_INVALID on junk. */
+EM_API em_status em_device_parse(const char *s, em_device *out);
+/** Writes "cpu", "cuda:0", ... into buf. */
+EM_API const char *em_device_str(em_device d, char *buf, size_t n);
+/** Sets the device used by ops submitted from now on (all threads).
+ *  Fails with EM_ERR_DEVICE (message names the device) when no worker of that
+ *  device exists. */
+EM_API em_status em_set_device(em_device d);
+EM_API em_device em_get_device(void);
+
+/** Log levels for em_log. */
+typedef enum em_log_level {
+    EM_LOG_ERROR = 0,
+    EM_LOG_WARN = 1,
+    EM_LOG_INFO = 2,
+    EM_LOG_DEBUG = 3,
+} em_log_level;
+
+/** Runtime configuration. Zero-initialise with em_config_default(); every
+ *  field can be overridden by the environment (named in brackets). */
+typedef struct em_config {
+    int ncpus;             /**< CPU workers; -1 = all cores but one when >2 [EMBER_NCPU] */
+    int ncuda;             /**< CUDA workers; -1 = all GPUs [EMBER_NCUDA]                */
+    int nopencl;           /**< OpenCL devices; -1 = StarPU default, 0 = none [EMBER_NOPENCL] */
+    const char *sched;     /**< StarPU scheduler; NULL = "lws" (CPU) / "dmda" (auto) [EMBER_SCHED] */
+    const char *device;    /**< default device string; NULL = "cpu" [EMBER_DEVICE]        */
+    em_log_level log_level;/**< [EMBER_LOG=error|warn|info|debug]                          */
+    bool starpu_verbose;   /**< let StarPU print its banner and warnings [EMBER_STARPU_VERBOSE] */
+} em_config;
+
+EM_API em_config em_config_default(void);
+
+/** Starts StarPU (and hwloc) with @p cfg (NULL = defaults + environment).
+ *  Calling it twice without em_shutdown is an EM_ERR_STATE error. */
+EM_API em_status em_init(const em_config *cfg);
+/** Waits for all submitted tasks, releases pooled handles and stops StarPU. */
+EM_API void em_shutdown(void);
+EM_API bool em_is_initialized(void);
+/** Blocks until every submitted task has finished. */
+EM_API em_status em_sync(void);
+
+/** Number of StarPU workers of each kind. */
+EM_API int em_worker_count(em_device_kind kind);
+/** Prints workers, devices, memory nodes and the hwloc topology summary. */
+EM_API void em_print_devices(FILE *f);
+
+/** Last error message of the calling thread ("" when none). */
+EM_API const char *em_last_error(void);
+/** Last error status of the calling thread (EM_OK when none). */
+EM_API em_status em_last_status(void);
+EM_API void em_clear_error(void);
+EM_API const char *em_status_str(em_status s);
+
+EM_API void em_set_log_level(em_log_level lvl);
+EM_API em_log_level em_get_log_level(void);
+EM_API void em_log_msg(em_log_level lvl, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/** Live-object counters, for leak checks. */
+typedef struct em_stats {
+    int64_t live_tensors;   /**< em_tensor objects alive                          */
+    int64_t live_storages;  /**< storages referenced by at least one tensor       */
+    int64_t handles;        /**< StarPU handles registered by Ember (incl. pooled)*/
+    int64_t pooled;         /**< handles waiting in the reuse pool                */
+    int64_t tasks_submitted;/**< StarPU tasks submitted since em_init             */
+} em_stats;
+EM_API em_stats em_get_stats(void);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,285 @@
+/* Ember tensors and tensor operations.
+ *
+ * Ownership: every function that returns an em_tensor* returns a NEW reference.
+ * Inside em_scope_begin()/em_scope_end() the scope owns it (released at the end
+ * unless em_keep() moved it out); outside any scope the caller owns it and
+ * calls em_tensor_release(). Input tensors are borrowed, never consumed.
+ *
+ * Errors: ops return NULL and set em_last_error(); a NULL input makes an op
+ * return NULL (so a chain of ops fails once, cleanly).
+ *
+ * Dims: a negative dim counts from the end (-1 = last), as in PyTorch.
+ * Broadcasting: NumPy/PyTorch rules (align trailing dims, size 1 stretches).
+ * Dtype promotion (binary ops): bool < u8 < i32 < i64 < f32 < f64; an int
+ * tensor combined with a float scalar becomes f32 (PyTorch's default dtype).
+ *
+ * Every op becomes one or more StarPU tasks; nothing waits unless a result is
+ * read on the host (em_to_host, em_item, em_tensor_print).
+ */
+#ifndef EMBER_TENSOR_H
+#define EMBER_TENSOR_H
+
+#include "ember/core.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct em_tensor em_tensor;
+
+/* ---- object, ownership, scopes ------------------------------------------ */
+
+EM_API em_tensor *em_tensor_retain(em_tensor *t);
+/** Drops one reference; NULL is a no-op. Pending tasks using the data are safe. */
+EM_API void em_tensor_release(em_tensor *t);
+/** Opens a scope (nestable, per thread). */
+EM_API void em_scope_begin(void);
+/** Releases every tensor the innermost scope owns. */
+EM_API void em_scope_end(void);
+/** Moves @p t from the innermost scope to the enclosing one (or to the caller
+ *  when there is none). Returns t. */
+EM_API em_tensor *em_keep(em_tensor *t);
+
+EM_API em_dtype em_tensor_dtype(const em_tensor *t);
+EM_API int em_tensor_ndim(const em_tensor *t);
+/** Pointer to ndim sizes (valid while t lives). */
+EM_API const int64_t *em_tensor_shape(const em_tensor *t);
+/** Size of dim @p d (negative counts from the end); -1 on bad dim. */
+EM_API int64_t em_tensor_dim(const em_tensor *t, int d);
+/** Strides in elements. */
+EM_API const int64_t *em_tensor_strides(const em_tensor *t);
+EM_API int64_t em_tensor_offset(const em_tensor *t);
+EM_API int64_t em_tensor_numel(const em_tensor *t);
+EM_API bool em_tensor_is_contiguous(const em_tensor *t);
+/** true when a and b share one storage (views). */
+EM_API bool em_tensor_shares_storage(const em_tensor *a, const em_tensor *b);
+/** Formats a shape as "[2, 3]" into buf. */
+EM_API const char *em_shape_str(const int64_t *shape, int ndim, char *buf, size_t n);
+
+/* ---- creation ------------------------------------------------------------ */
+
+EM_API em_tensor *em_empty(const int64_t *shape, int ndim, em_dtype dt);
+EM_API em_tensor *em_zeros(const int64_t *shape, int ndim, em_dtype dt);
+EM_API em_tensor *em_ones(const int64_t *shape, int ndim, em_dtype dt);
+EM_API em_tensor *em_full(const int64_t *shape, int ndim, em_dtype dt, double value);
+EM_API em_tensor *em_zeros_like(const em_tensor *t);
+EM_API em_tensor *em_ones_like(const em_tensor *t);
+EM_API em_tensor *em_full_like(const em_tensor *t, double value);
+/** 0-d tensor holding @p value. */
+EM_API em_tensor *em_scalar(double value, em_dtype dt);
+/** [start, end) with @p step, as torch.arange. */
+EM_API em_tensor *em_arange(double start, double end, double step, em_dtype dt);
+/** @p steps evenly spaced values from start to end inclusive, as torch.linspace. */
+EM_API em_tensor *em_linspace(double start, double end, int64_t steps, em_dtype dt);
+/** n x m identity (m <= 0 means m = n). */
+EM_API em_tensor *em_eye(int64_t n, int64_t m, em_dtype dt);
+/** Copies numel * em_dtype_size(dt) bytes from @p data (C order). */
+EM_API em_tensor *em_from_host(const void *data, const int64_t *shape, int ndim, em_dtype dt);
+
+/* Random numbers: a Philox4x32-10 counter-based generator. Element i of a
+ * draw uses counter (offset + i) under key = seed, so the same seed gives the
+ * same numbers whatever the device or the tiling. The global generator's
+ * offset advances by the draw's size after each call (as torch.manual_seed). */
+EM_API void em_manual_seed(uint64_t seed);
+/** Current global generator state (for checkpoints). */
+EM_API void em_rng_get_state(uint64_t *seed, uint64_t *offset);
+EM_API void em_rng_set_state(uint64_t seed, uint64_t offset);
+/** U[low, high). Float dtypes only. */
+EM_API em_tensor *em_rand_uniform(const int64_t *shape, int ndim, em_dtype dt, double low, double high);
+/** N(mean, std^2) by Box-Muller. Float dtypes only. */
+EM_API em_tensor *em_rand_normal(const int64_t *shape, int ndim, em_dtype dt, double mean, double std);
+/** 1 with probability p, else 0. */
+EM_API em_tensor *em_rand_bernoulli(const int64_t *shape, int ndim, em_dtype dt, double p);
+
+/* ---- host I/O ------------------------------------------------------------ */
+
+/** Waits for @p t and copies its elements in C order into @p dst, which holds
+ *  @p nbytes (must be >= numel * dtype size). */
+EM_API em_status em_to_host(const em_tensor *t, void *dst, size_t nbytes);
+/** Value of a one-element tensor, converted to double. */
+EM_API em_status em_item(const em_tensor *t, double *out);
+/** Prints like PyTorch: "tensor([[1., 2.],\n        [3., 4.]])". */
+EM_API em_status em_tensor_print(const em_tensor *t, FILE *f);
+/** Same text in a malloc'd string (caller frees); NULL on error. */
+EM_API char *em_tensor_to_string(const em_tensor *t);
+
+/* ---- element-wise unary ------------------------------------------------- */
+/* Integer inputs of float-only functions (exp, log, sigmoid, ...) are promoted
+ * to f32 first, as in PyTorch. */
+
+EM_API em_tensor *em_neg(const em_tensor *a);
+EM_API em_tensor *em_abs(const em_tensor *a);
+EM_API em_tensor *em_sign(const em_tensor *a);
+EM_API em_tensor *em_exp(const em_tensor *a);
+EM_API em_tensor *em_log(const em_tensor *a);
+EM_API em_tensor *em_log1p(const em_tensor *a);
+EM_API em_tensor *em_sqrt(const em_tensor *a);
+EM_API em_tensor *em_rsqrt(const em_tensor *a);
+EM_API em_tensor *em_reciprocal(const em_tensor *a);
+EM_API em_tensor *em_square(const em_tensor *a);
+EM_API em_tensor *em_sin(const em_tensor *a);
+EM_API em_tensor *em_cos(const em_tensor *a);
+EM_API em_tensor *em_tanh(const em_tensor *a);
+EM_API em_tensor *em_sigmoid(const em_tensor *a);
+EM_API em_tensor *em_relu(const em_tensor *a);
+/** GELU, exact erf form: x * Phi(x) (Hendrycks & Gimpel 2016). */
+EM_API em_tensor *em_gelu(const em_tensor *a);
+/** GELU, tanh approximation: 0.5x(1 + tanh(sqrt(2/pi)(x + 0.044715x^3))). */
+EM_API em_tensor *em_gelu_tanh(const em_tensor *a);
+/** SiLU / swish: x * sigmoid(x). */
+EM_API em_tensor *em_silu(const em_tensor *a);
+/** softplus(x) = log(1 + exp(x)) computed stably. */
+EM_API em_tensor *em_softplus(const em_tensor *a);
+EM_API em_tensor *em_erf(const em_tensor *a);
+EM_API em_tensor *em_floor(const em_tensor *a);
+EM_API em_tensor *em_ceil(const em_tensor *a);
+/** Round half to even, as torch.round. */
+EM_API em_tensor *em_round(const em_tensor *a);
+/** min(max(x, lo), hi); pass -INFINITY / INFINITY for one-sided. */
+EM_API em_tensor *em_clamp(const em_tensor *a, double lo, double hi);
+EM_API em_tensor *em_pow_scalar(const em_tensor *a, double exponent);
+/** LeakyReLU: x if x >= 0 else slope * x. */
+EM_API em_tensor *em_leaky_relu(const em_tensor *a, double negative_slope);
+/** ELU: x if x > 0 else alpha * (exp(x) - 1). */
+EM_API em_tensor *em_elu(const em_tensor *a, double alpha);
+
+/* ---- element-wise binary (broadcasting) ---------------------------------- */
+
+EM_API em_tensor *em_add(const em_tensor *a, const em_tensor *b);
+EM_API em_tensor *em_sub(const em_tensor *a, const em_tensor *b);
+EM_API em_tensor *em_mul(const em_tensor *a, const em_tensor *b);
+/** True division: integer inputs give f32, as torch.div. */
+EM_API em_tensor *em_div(const em_tensor *a, const em_tensor *b);
+EM_API em_tensor *em_pow(const em_tensor *a, const em_tensor *b);
+EM_API em_tensor *em_maximum(const em_tensor *a, const em_tensor *b);
+EM_API em_tensor *em_minimum(const em_tensor *a, const em_tensor *b);
+/** Python-style remainder (sign of the divisor), as torch.remainder. */
+EM_API em_tensor *em_remainder(const em_tensor *a, const em_tensor *b);
+/* comparisons -> EM_BOOL */
+EM_API em_tensor *em_eq(const em_tensor *a, const em_tensor *b);
+EM_API em_tensor *em_ne(const em_tensor *a, const em_tensor *b);
+EM_API em_tensor *em_lt(const em_tensor *a, const em_tensor *b);
+EM_API em_tensor *em_le(const em_tensor *a, const em_tensor *b);
+EM_API em_tensor *em_gt(const em_tensor *a, const em_tensor *b);
+EM_API em_tensor *em_ge(const em_tensor *a, const em_tensor *b);
+/* logical -> EM_BOOL (non-zero is true) */
+EM_API em_tensor *em_logical_and(const em_tensor *a, const em_tensor *b);
+EM_API em_tensor *em_logical_or(const em_tensor *a, const em_tensor *b);
+EM_API em_tensor *em_logical_not(const em_tensor *a);
+/** mask ? a : b, all three broadcast together. */
+EM_API em_tensor *em_where(const em_tensor *mask, const em_tensor *a, const em_tensor *b);
+/** a with @p value wherever mask is true (mask broadcasts to a). */
+EM_API em_tensor *em_masked_fill(const em_tensor *a, const em_tensor *mask, double value);
+
+/* scalar forms: the scalar takes a's dtype unless a is integer and s is not
+ * integral (then f32) */
+EM_API em_tensor *em_add_scalar(const em_tensor *a, double s);
+EM_API em_tensor *em_sub_scalar(const em_tensor *a, double s);
+/** s - a */
+EM_API em_tensor *em_rsub_scalar(const em_tensor *a, double s);
+EM_API em_tensor *em_mul_scalar(const em_tensor *a, double s);
+EM_API em_tensor *em_div_scalar(const em_tensor *a, double s);
+EM_API em_tensor *em_maximum_scalar(const em_tensor *a, double s);
+EM_API em_tensor *em_minimum_scalar(const em_tensor *a, double s);
+EM_API em_tensor *em_remainder_scalar(const em_tensor *a, double s);
+EM_API em_tensor *em_eq_scalar(const em_tensor *a, double s);
+EM_API em_tensor *em_ne_scalar(const em_tensor *a, double s);
+EM_API em_tensor *em_lt_scalar(const em_tensor *a, double s);
+EM_API em_tensor *em_le_scalar(const em_tensor *a, double s);
+EM_API em_tensor *em_gt_scalar(const em_tensor *a, double s);
+EM_API em_tensor *em_ge_scalar(const em_tensor *a, double s);
+
+/* ---- reductions ---------------------------------------------------------- */
+/* dims: @p ndims dims to reduce (negative allowed, no repeats); ndims == 0
+ * (dims may be NULL) reduces over all dims. keepdim keeps reduced dims as 1. */
+
+EM_API em_tensor *em_sum(const em_tensor *a, const int *dims, int ndims, bool keepdim);
+EM_API em_tensor *em_mean(const em_tensor *a, const int *dims, int ndims, bool keepdim);
+EM_API em_tensor *em_prod(const em_tensor *a, const int *dims, int ndims, bool keepdim);
+EM_API em_tensor *em_max(const em_tensor *a, const int *dims, int ndims, bool keepdim);
+EM_API em_tensor *em_min(const em_tensor *a, const int *dims, int ndims, bool keepdim);
+/** Index (i64) of the first maximum along @p dim. */
+EM_API em_tensor *em_argmax(const em_tensor *a, int dim, bool keepdim);
+EM_API em_tensor *em_argmin(const em_tensor *a, int dim, bool keepdim);
+/** Variance with Bessel-style @p correction (1 = unbiased, as torch.var). */
+EM_API em_tensor *em_var(const em_tensor *a, const int *dims, int ndims, double correction, bool keepdim);
+EM_API em_tensor *em_std(const em_tensor *a, const int *dims, int ndims, double correction, bool keepdim);
+/** log(sum(exp(x))) computed with the max subtracted. */
+EM_API em_tensor *em_logsumexp(const em_tensor *a, const int *dims, int ndims, bool keepdim);
+EM_API em_tensor *em_any(const em_tensor *a, const int *dims, int ndims, bool keepdim);
+EM_API em_tensor *em_all(const em_tensor *a, const int *dims, int ndims, bool keepdim);
+/** Sum over all elements (0-d). */
+EM_API em_tensor *em_sum_all(const em_tensor *a);
+EM_API em_tensor *em_mean_all(const em_tensor *a);
+
+/** softmax along @p dim: exp(x - max) / sum(exp(x - max)). Float dtypes. */
+EM_API em_tensor *em_softmax(const em_tensor *a, int dim);
+/** log_softmax along @p dim: x - max - log(sum(exp(x - max))). */
+EM_API em_tensor *em_log_softmax(const em_tensor *a, int dim);
+
+/* ---- linear algebra ------------------------------------------------------ */
+
+/** torch.matmul semantics: 1-D x 1-D dot, 2-D x 2-D, batched with broadcast
+ *  batch dims, 1-D operands promoted and the added dim removed. Transposed
+ *  views are passed to BLAS without copies. Float dtypes use BLAS. */
+EM_API em_tensor *em_matmul(const em_tensor *a, const em_tensor *b);
+
+/* ---- layout -------------------------------------------------------------- */
+/* Views (share storage, no task): reshape of a contiguous tensor, flatten,
+ * squeeze, unsqueeze, transpose, permute, expand, slice, narrow, split,
+ * chunk. The rest copy. */
+
+/** One entry may be -1 (inferred). Copies only when a is not viewable. */
+EM_API em_tensor *em_reshape(const em_tensor *a, const int64_t *shape, int ndim);
+/** Flattens dims start..end (inclusive) into one. */
+EM_API em_tensor *em_flatten(const em_tensor *a, int start_dim, int end_dim);
+/** Removes dim @p dim if it has size 1 (else returns a view of a unchanged). */
+EM_API em_tensor *em_squeeze(const em_tensor *a, int dim);
+/** Removes every size-1 dim. */
+EM_API em_tensor *em_squeeze_all(const em_tensor *a);
+EM_API em_tensor *em_unsqueeze(const em_tensor *a, int dim);
+EM_API em_tensor *em_transpose(const em_tensor *a, int dim0, int dim1);
+EM_API em_tensor *em_permute(const em_tensor *a, const int *perm, int ndim);
+/** Broadcasts size-1 dims (or prepends dims) to @p shape; -1 keeps a size. */
+EM_API em_tensor *em_expand(const em_tensor *a, const int64_t *shape, int ndim);
+/** A contiguous tensor with the same values (a new reference to a itself when already contiguous). */
+EM_API em_tensor *em_contiguous(const em_tensor *a);
+/** Elements start, start+step, ... < end along dim (Python slice; negative
+ *  start/end count from the end and are clamped; step >= 1). */
+EM_API em_tensor *em_slice(const em_tensor *a, int dim, int64_t start, int64_t end, int64_t step);
+/** length elements from start along dim (torch.narrow). */
+EM_API em_tensor *em_narrow(const em_tensor *a, int dim, int64_t start, int64_t length);
+/** Concatenates n tensors (same dtype, same shape except along dim). */
+EM_API em_tensor *em_cat(em_tensor *const *ts, int n, int dim);
+/** Stacks n tensors of identical shape along a new dim. */
+EM_API em_tensor *em_stack(em_tensor *const *ts, int n, int dim);
+/** Splits into pieces of @p split_size along dim (last may be smaller).
+ *  Writes up to @p max_out views to out; returns the count or a negative em_status. */
+EM_API int em_split(const em_tensor *a, int64_t split_size, int dim, em_tensor **out, int max_out);
+/** Splits into @p chunks pieces as torch.chunk; returns the count or < 0. */
+EM_API int em_chunk(const em_tensor *a, int chunks, int dim, em_tensor **out, int max_out);
+/** out[i][j] = a[index[i][j]][j] (dim 0) etc.; index is i64 with a's rank. */
+EM_API em_tensor *em_gather(const em_tensor *a, int dim, const em_tensor *index);
+/** Copy of a with src values written at index along dim (torch.scatter). */
+EM_API em_tensor *em_scatter(const em_tensor *a, int dim, const em_tensor *index, const em_tensor *src);
+/** Copy of a with src values added at index along dim (torch.scatter_add). */
+EM_API em_tensor *em_scatter_add(const em_tensor *a, int dim, const em_tensor *index, const em_tensor *src);
+/** Rows (dim) of a picked by the 1-D i64/i32 @p index. */
+EM_API em_tensor *em_index_select(const em_tensor *a, int dim, const em_tensor *index);
+/** One-hot encoding of integer @p index (any shape) -> shape + [num_classes], i64. */
+EM_API em_tensor *em_one_hot(const em_tensor *index, int64_t num_classes);
+/** Converts to @p dt (float->int truncates toward zero, as PyTorch). */
+EM_API em_tensor *em_cast(const em_tensor *a, em_dtype dt);
+/** Constant padding, torch.nn.functional.pad order: pads = {last_left,
+ *  last_right, prev_left, prev_right, ...}, npads even and <= 2*ndim;
+ *  negative pads crop. */
+EM_API em_tensor *em_pad(const em_tensor *a, const int64_t *pads, int npads, double value);
+
+/** Writes @p src (broadcast) into the view @p dst in place: the storage of
+ *  dst changes, as torch.Tensor.copy_. Not differentiable. */
+EM_API em_status em_copy_(em_tensor *dst, const em_tensor *src);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,163 @@
+/* Ember internals shared by runtime/, tasks/, autodiff/ and the layers above.
+ * Nothing here includes <starpu.h>: the StarPU handle is an opaque pointer. */
+#ifndef EMBER_INTERNAL_H
+#define EMBER_INTERNAL_H
+
+#include "ember/autograd.h"
+#include "ember/core.h"
+#include "ember/tensor.h"
+#include "devices/kargs.h"
+
+#include <stdarg.h>
+
+/* ---- errors (runtime/error.c) ------------------------------------------- */
+
+/** Records status + message for em_last_error(); returns @p st. */
+em_status em__set_error(em_status st, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/** Same, returns NULL (for tensor-returning functions). */
+void *em__fail(em_status st, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+#define EM_CHECK_NOT_NULL(p, fn)                                                   \
+    do {                                                                           \
+        if (!(p)) return em__fail(EM_ERR_INVALID, "%s: input '%s' is NULL", fn, #p); \
+    } while (0)
+
+/* ---- storage + tensor (runtime/tensor.c) -------------------------------- */
+
+typedef struct em_storage {
+    void *handle;      /* starpu_data_handle_t: a byte vector of nbytes */
+    size_t nbytes;
+    int refcount;
+} em_storage;
+
+struct em_node;
+
+struct em_tensor {
+    int refcount;
+    em_dtype dtype;
+    int ndim;
+    int64_t shape[EM_MAX_DIMS];
+    int64_t strides[EM_MAX_DIMS];
+    int64_t offset; /* in elements */
+    em_storage *storage;
+    /* autodiff */
+    bool requires_grad;
+    struct em_node *node; /* producer (owned reference), NULL for leaves */
+    /* scopes */
+    int scope_level; /* 0 = caller-owned, else depth of the owning scope */
+};
+
+/** New tensor with fresh (pooled) storage and contiguous strides, NOT in any
+ *  scope (the caller owns it; em__publish hands it to the current scope).
+ *  Validates rank and sizes. */
+em_tensor *em__tensor_new(em_dtype dt, const int64_t *shape, int ndim);
+/** New tensor header over @p base's storage (a view), not in any scope. */
+em_tensor *em__tensor_view(const em_tensor *base, const int64_t *shape, const int64_t *strides,
+                           int ndim, int64_t offset);
+void em__contiguous_strides(const int64_t *shape, int ndim, int64_t *strides);
+int64_t em__numel(const int64_t *shape, int ndim);
+/** true when t covers its whole storage contiguously from offset 0. */
+bool em__covers_storage(const em_tensor *t);
+/** Normalises a possibly negative dim; -1 (and an error naming op, dim and
+ *  shape) when out of range. */
+int em__norm_dim(const em_tensor *t, int dim, int ndim_extra, const char *op);
+/** Fills a tensor descriptor for kernels. */
+void em__tdesc(const em_tensor *t, em_tdesc *d);
+
+/* Storage pool (runtime/pool.c). */
+em_storage *em__storage_acquire(size_t nbytes);
+void em__storage_release(em_storage *s);
+void em__pool_drain(void);
+
+/* Stats. */
+extern int64_t em__live_tensors, em__live_storages, em__handles, em__pooled, em__tasks;
+
+/* Scopes. */
+void em__scope_add(em_tensor *t);
+void em__scope_remove(em_tensor *t);
+
+/* ---- devices (runtime/runtime.c) ----------------------------------------- */
+
+/** Where the next task goes: StarPU "where" mask + worker restriction. */
+typedef struct em_placement {
+    unsigned where;  /* STARPU_CPU | STARPU_CUDA | ... (0 = any) */
+    int worker;      /* specific worker id, or -1 */
+} em_placement;
+em_placement em__placement(void);
+int em__ncpu_workers(void);
+
+/* ---- ops (tasks/) --------------------------------------------------------- */
+
+enum em_op_kind {
+#define X(E, name, nin, nout, flags, cpu) EM_OP_##E,
+#include "tasks/ops.def"
+#undef X
+    EM_OP_COUNT
+};
+
+enum {
+    F_EW = 1u << 0,
+    F_VIEW = 1u << 1,
+    F_DIFF = 1u << 2,
+    F_CMP = 1u << 3,
+};
+
+#define EM_OP_MAX_IN EM_KARGS_MAX_IN
+#define EM_OP_MAX_OUT EM_KARGS_MAX_OUT
+
+typedef struct em_op {
+    enum em_op_kind kind;
+    int n_in, n_out;
+    em_tensor *in[EM_OP_MAX_IN];   /* borrowed */
+    em_tensor *out[EM_OP_MAX_OUT]; /* borrowed, already shaped */
+    union em_op_params p;
+    /* For autodiff: the user-facing inputs when the front end replaced them
+     * (casts/broadcast views); NULL = same as in[]. */
+    const em_tensor *orig_in[EM_OP_MAX_IN];
+} em_op;
+
+typedef em_status (*em_submit_fn)(em_op *op);
+
+typedef struct em_optab_entry {
+    const char *name;
+    int n_in, n_out;
+    unsigned flags;
+    void (*cpu)(void *buffers[], void *cl_arg);
+    em_submit_fn submit; /* custom submission (tiling); NULL = one task */
+} em_optab_entry;
+
+extern em_optab_entry em__optab[EM_OP_COUNT];
+
+/** THE funnel: every op goes through here. Submits the task(s) (unless the op
+ *  is a view), then lets autodiff record the op. */
+em_status em__submit(em_op *op);
+/** Submits one task for @p op (used by the funnel and by tiling submitters).
+ *  @p k may be NULL (built from op); when given it is copied. handles[] may
+ *  override the tensors' handles (partition children). */
+em_status em__task_submit(const em_op *op, const em_kargs *k, void *const *handles_override);
+/** Builds the kernel arguments of @p op. */
+void em__kargs_from_op(const em_op *op, em_kargs *k);
+
+/** Autodiff hook (autodiff/tape.c sets it). */
+extern void (*em__autodiff_record)(const em_op *op);
+
+/* Codelets (tasks/funnel.c). */
+em_status em__codelets_init(void);
+void em__codelets_shutdown(void);
+
+/* Helpers for front ends (tasks/common.c). */
+/** Broadcast shape of a and b into out; error names both shapes. */
+em_status em__broadcast_shapes(const int64_t *a, int na, const int64_t *b, int nb, int64_t *out,
+                               int *nout, const char *op);
+/** Strided view of t broadcast to shape (stride 0 on stretched dims). Not in any scope. */
+em_tensor *em__broadcast_view(const em_tensor *t, const int64_t *shape, int ndim);
+em_dtype em__promote(em_dtype a, em_dtype b);
+/** Returns t itself (retained) if already @p dt, else a cast copy. Not in any scope. */
+em_tensor *em__as_dtype(const em_tensor *t, em_dtype dt);
+/** Takes an unscoped tensor into the current scope (public return value). */
+em_tensor *em__publish(em_tensor *t);
+/** Single-output helper: builds an op, submits, returns out published or NULL. */
+em_tensor *em__run1(enum em_op_kind kind, em_tensor *const *in, int n_in, em_tensor *out,
+                    const union em_op_params *p, const em_tensor *const *orig_in);
+
+#endif

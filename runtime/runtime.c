@@ -1,0 +1,285 @@
+/* Process lifecycle: StarPU + hwloc start/stop, configuration, devices. */
+#include "runtime/internal.h"
+
+#include <cblas.h>
+#include <hwloc.h>
+#include <starpu.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+/* OpenBLAS: one thread inside a worker (DESIGN.md §4). */
+extern void openblas_set_num_threads(int);
+
+static bool g_initialized;
+static em_device g_device;
+static char g_sched[64];
+
+size_t em_dtype_size(em_dtype dt)
+{
+    static const size_t sz[EM_DTYPE_COUNT] = {4, 8, 4, 8, 1, 1, 2, 2};
+    return (unsigned)dt < EM_DTYPE_COUNT ? sz[dt] : 0;
+}
+
+const char *em_dtype_name(em_dtype dt)
+{
+    static const char *names[EM_DTYPE_COUNT] = {"float32", "float64", "int32", "int64",
+                                                "uint8",   "bool",    "float16", "bfloat16"};
+    return (unsigned)dt < EM_DTYPE_COUNT ? names[dt] : "invalid";
+}
+
+bool em_dtype_is_float(em_dtype dt) { return dt == EM_F32 || dt == EM_F64 || dt == EM_F16 || dt == EM_BF16; }
+
+em_device em_device_cpu(void) { return (em_device){EM_DEVICE_CPU, 0}; }
+em_device em_device_cuda(int index) { return (em_device){EM_DEVICE_CUDA, index}; }
+em_device em_device_opencl(int index) { return (em_device){EM_DEVICE_OPENCL, index}; }
+em_device em_device_auto(void) { return (em_device){EM_DEVICE_AUTO, 0}; }
+
+em_status em_device_parse(const char *s, em_device *out)
+{
+    if (!s || !out) return em__set_error(EM_ERR_INVALID, "em_device_parse: NULL argument");
+    static const struct { const char *name; em_device_kind kind; } kinds[] = {
+        {"cpu", EM_DEVICE_CPU}, {"cuda", EM_DEVICE_CUDA}, {"opencl", EM_DEVICE_OPENCL},
+        {"hip", EM_DEVICE_HIP}, {"auto", EM_DEVICE_AUTO}};
+    for (size_t i = 0; i < sizeof kinds / sizeof kinds[0]; i++) {
+        size_t n = strlen(kinds[i].name);
+        if (strncasecmp(s, kinds[i].name, n) != 0) continue;
+        int index = 0;
+        if (s[n] == ':') {
+            char *end;
+            long v = strtol(s + n + 1, &end, 10);
+            if (end == s + n + 1 || *end || v < 0 || v > 255)
+                return em__set_error(EM_ERR_INVALID, "bad device '%s': index must be a number >= 0", s);
+            index = (int)v;
+        } else if (s[n]) {
+            continue;
+        }
+        *out = (em_device){kinds[i].kind, index};
+        return EM_OK;
+    }
+    return em__set_error(EM_ERR_INVALID, "unknown device '%s' (expected cpu, cuda[:N], opencl[:N], hip[:N] or auto)", s);
+}
+
+const char *em_device_str(em_device d, char *buf, size_t n)
+{
+    static const char *names[] = {"cpu", "cuda", "opencl", "hip", "auto"};
+    const char *name = (unsigned)d.kind <= EM_DEVICE_AUTO ? names[d.kind] : "?";
+    if (d.kind == EM_DEVICE_CPU || d.kind == EM_DEVICE_AUTO)
+        snprintf(buf, n, "%s", name);
+    else
+        snprintf(buf, n, "%s:%d", name, d.index);
+    return buf;
+}
+
+static enum starpu_worker_archtype archtype_of(em_device_kind k)
+{
+    switch (k) {
+    case EM_DEVICE_CUDA: return STARPU_CUDA_WORKER;
+    case EM_DEVICE_OPENCL: return STARPU_OPENCL_WORKER;
+#ifdef STARPU_USE_HIP
+    case EM_DEVICE_HIP: return STARPU_HIP_WORKER;
+#endif
+    default: return STARPU_CPU_WORKER;
+    }
+}
+
+/* First worker driving device (kind, index), or -1. */
+static int find_worker(em_device d)
+{
+    enum starpu_worker_archtype at = archtype_of(d.kind);
+    unsigned n = starpu_worker_get_count();
+    for (unsigned w = 0; w < n; w++)
+        if (starpu_worker_get_type(w) == at && starpu_worker_get_devid(w) == d.index) return (int)w;
+    return -1;
+}
+
+int em_worker_count(em_device_kind kind)
+{
+    if (!g_initialized) return 0;
+    if (kind == EM_DEVICE_AUTO) return (int)starpu_worker_get_count();
+    if (kind == EM_DEVICE_HIP) return 0;
+    return (int)starpu_worker_get_count_by_type(archtype_of(kind));
+}
+
+int em__ncpu_workers(void) { return em_worker_count(EM_DEVICE_CPU); }
+
+em_status em_set_device(em_device d)
+{
+    char buf[32];
+    if (!g_initialized) return em__set_error(EM_ERR_STATE, "em_set_device: call em_init first");
+    if (d.kind != EM_DEVICE_AUTO && d.kind != EM_DEVICE_CPU && find_worker(d) < 0)
+        return em__set_error(EM_ERR_DEVICE, "device %s is not available (this process has %d CPU, %d CUDA, %d OpenCL workers)",
+                             em_device_str(d, buf, sizeof buf), em_worker_count(EM_DEVICE_CPU),
+                             em_worker_count(EM_DEVICE_CUDA), em_worker_count(EM_DEVICE_OPENCL));
+    if (d.kind == EM_DEVICE_CPU && em_worker_count(EM_DEVICE_CPU) == 0)
+        return em__set_error(EM_ERR_DEVICE, "device cpu is not available: no CPU workers (EMBER_NCPU=0?)");
+    g_device = d;
+    return EM_OK;
+}
+
+em_device em_get_device(void) { return g_device; }
+
+em_placement em__placement(void)
+{
+    em_placement p = {STARPU_CPU, -1};
+    switch (g_device.kind) {
+    case EM_DEVICE_CPU: p.where = STARPU_CPU; break;
+    case EM_DEVICE_AUTO: p.where = STARPU_CPU | STARPU_CUDA | STARPU_OPENCL; break;
+    case EM_DEVICE_CUDA: p.where = STARPU_CUDA; p.worker = find_worker(g_device); break;
+    case EM_DEVICE_OPENCL: p.where = STARPU_OPENCL; p.worker = find_worker(g_device); break;
+    default: break;
+    }
+    return p;
+}
+
+em_config em_config_default(void)
+{
+    return (em_config){.ncpus = -1, .ncuda = -1, .nopencl = -1, .sched = NULL, .device = NULL,
+                       .log_level = EM_LOG_WARN, .starpu_verbose = false};
+}
+
+static int env_int(const char *name, int dflt)
+{
+    const char *v = getenv(name);
+    return v && *v ? atoi(v) : dflt;
+}
+
+em_status em_init(const em_config *user)
+{
+    if (g_initialized) return em__set_error(EM_ERR_STATE, "em_init: already initialized (call em_shutdown first)");
+    em_config cfg = user ? *user : em_config_default();
+    const char *lv = getenv("EMBER_LOG");
+    if (lv) {
+        static const char *names[] = {"error", "warn", "info", "debug"};
+        for (int i = 0; i < 4; i++)
+            if (!strcasecmp(lv, names[i])) cfg.log_level = (em_log_level)i;
+    }
+    em_set_log_level(cfg.log_level);
+    cfg.ncpus = env_int("EMBER_NCPU", cfg.ncpus);
+    cfg.ncuda = env_int("EMBER_NCUDA", cfg.ncuda);
+    cfg.nopencl = env_int("EMBER_NOPENCL", cfg.nopencl);
+    if (getenv("EMBER_SCHED")) cfg.sched = getenv("EMBER_SCHED");
+    if (getenv("EMBER_DEVICE")) cfg.device = getenv("EMBER_DEVICE");
+    if (getenv("EMBER_STARPU_VERBOSE")) cfg.starpu_verbose = env_int("EMBER_STARPU_VERBOSE", 1) != 0;
+
+    em_device dev = em_device_cpu();
+    if (cfg.device && em_device_parse(cfg.device, &dev) != EM_OK) return em_last_status();
+
+    if (!cfg.starpu_verbose) setenv("STARPU_SILENT", "1", 0);
+
+    struct starpu_conf conf;
+    starpu_conf_init(&conf);
+    if (cfg.ncpus >= 0) conf.ncpus = cfg.ncpus;
+    if (cfg.ncuda >= 0) conf.ncuda = cfg.ncuda;
+    if (cfg.nopencl >= 0) conf.nopencl = cfg.nopencl;
+    /* StarPU's own STARPU_SCHED wins over our default, our EMBER_SCHED over both. */
+    const char *sched = cfg.sched;
+    if (!sched && !getenv("STARPU_SCHED")) sched = dev.kind == EM_DEVICE_AUTO ? "dmda" : "lws";
+    if (sched) {
+        snprintf(g_sched, sizeof g_sched, "%s", sched);
+        conf.sched_policy_name = g_sched;
+    }
+    int ret = starpu_init(&conf);
+    if (ret == -ENODEV) return em__set_error(EM_ERR_DEVICE, "em_init: StarPU found no worker to run tasks");
+    if (ret != 0) return em__set_error(EM_ERR_RUNTIME, "em_init: starpu_init failed (%d)", ret);
+    openblas_set_num_threads(1);
+    g_initialized = true;
+    em_status st = em__codelets_init();
+    if (st != EM_OK) {
+        em_shutdown();
+        return st;
+    }
+    g_device = em_device_cpu();
+    if (dev.kind != EM_DEVICE_CPU) {
+        st = em_set_device(dev);
+        if (st != EM_OK) {
+            em_shutdown();
+            return st;
+        }
+    }
+    em_log_msg(EM_LOG_INFO, "initialized: %u workers (%d CPU, %d CUDA, %d OpenCL), scheduler %s",
+           starpu_worker_get_count(), em_worker_count(EM_DEVICE_CPU), em_worker_count(EM_DEVICE_CUDA),
+           em_worker_count(EM_DEVICE_OPENCL), sched ? sched : (getenv("STARPU_SCHED") ? getenv("STARPU_SCHED") : "lws"));
+    return EM_OK;
+}
+
+bool em_is_initialized(void) { return g_initialized; }
+
+em_status em_sync(void)
+{
+    if (!g_initialized) return em__set_error(EM_ERR_STATE, "em_sync: runtime not initialized");
+    int r = starpu_task_wait_for_all();
+    return r == 0 ? EM_OK : em__set_error(EM_ERR_RUNTIME, "starpu_task_wait_for_all failed (%d)", r);
+}
+
+void em_shutdown(void)
+{
+    if (!g_initialized) return;
+    starpu_task_wait_for_all();
+    em__pool_drain();
+    em__codelets_shutdown();
+    starpu_shutdown();
+    g_initialized = false;
+}
+
+static const char *worker_kind_name(enum starpu_worker_archtype t)
+{
+    switch (t) {
+    case STARPU_CPU_WORKER: return "cpu";
+    case STARPU_CUDA_WORKER: return "cuda";
+    case STARPU_OPENCL_WORKER: return "opencl";
+    default: return "other";
+    }
+}
+
+void em_print_devices(FILE *f)
+{
+    if (!g_initialized) {
+        fprintf(f, "ember: runtime not initialized\n");
+        return;
+    }
+    char buf[32];
+    fprintf(f, "Ember %s on StarPU %d.%d.%d\n", EMBER_VERSION_STRING, STARPU_MAJOR_VERSION, STARPU_MINOR_VERSION,
+            STARPU_RELEASE_VERSION);
+    fprintf(f, "default device: %s\n", em_device_str(g_device, buf, sizeof buf));
+    fprintf(f, "scheduler: %s\n", g_sched[0] ? g_sched : (getenv("STARPU_SCHED") ? getenv("STARPU_SCHED") : "lws"));
+    unsigned n = starpu_worker_get_count();
+    fprintf(f, "workers: %u (cpu %d, cuda %d, opencl %d)\n", n, em_worker_count(EM_DEVICE_CPU),
+            em_worker_count(EM_DEVICE_CUDA), em_worker_count(EM_DEVICE_OPENCL));
+    for (unsigned w = 0; w < n; w++) {
+        char name[128];
+        starpu_worker_get_name((int)w, name, sizeof name);
+        enum starpu_worker_archtype t = starpu_worker_get_type((int)w);
+        fprintf(f, "  worker %2u  %-6s device %d  memory node %u  %s\n", w, worker_kind_name(t),
+                starpu_worker_get_devid((int)w), starpu_worker_get_memory_node(w), name);
+    }
+    unsigned nodes = starpu_memory_nodes_get_count();
+    fprintf(f, "memory nodes: %u\n", nodes);
+    for (unsigned m = 0; m < nodes; m++) {
+        char name[64];
+        starpu_memory_node_get_name(m, name, sizeof name);
+        starpu_ssize_t sz = starpu_memory_get_total(m);
+        if (sz > 0)
+            fprintf(f, "  node %u  %s  %.1f GiB\n", m, name, (double)sz / (1024.0 * 1024 * 1024));
+        else
+            fprintf(f, "  node %u  %s\n", m, name);
+    }
+    hwloc_topology_t topo;
+    if (hwloc_topology_init(&topo) == 0 && hwloc_topology_load(topo) == 0) {
+        int pk = hwloc_get_nbobjs_by_type(topo, HWLOC_OBJ_PACKAGE);
+        int numa = hwloc_get_nbobjs_by_type(topo, HWLOC_OBJ_NUMANODE);
+        int cores = hwloc_get_nbobjs_by_type(topo, HWLOC_OBJ_CORE);
+        int pus = hwloc_get_nbobjs_by_type(topo, HWLOC_OBJ_PU);
+        fprintf(f, "topology (hwloc): %d package(s), %d NUMA node(s), %d core(s), %d PU(s)\n", pk, numa, cores, pus);
+        hwloc_obj_t root = hwloc_get_root_obj(topo);
+        const char *cpu = hwloc_obj_get_info_by_name(root, "CPUModel");
+        if (!cpu && pk > 0) cpu = hwloc_obj_get_info_by_name(hwloc_get_obj_by_type(topo, HWLOC_OBJ_PACKAGE, 0), "CPUModel");
+        if (cpu) fprintf(f, "  cpu model: %s\n", cpu);
+        hwloc_topology_destroy(topo);
+    }
+}
+
+em_stats em_get_stats(void)
+{
+    return (em_stats){em__live_tensors, em__live_storages, em__handles, em__pooled, em__tasks};
+}

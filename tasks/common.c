@@ -1,0 +1,68 @@
+/* Shared front-end helpers: broadcasting, dtype promotion, internal casts. */
+#include "runtime/internal.h"
+
+#include <string.h>
+
+em_status em__broadcast_shapes(const int64_t *a, int na, const int64_t *b, int nb, int64_t *out, int *nout, const char *op)
+{
+    int n = na > nb ? na : nb;
+    for (int i = 0; i < n; i++) {
+        int64_t da = i < n - na ? 1 : a[i - (n - na)];
+        int64_t db = i < n - nb ? 1 : b[i - (n - nb)];
+        if (da != db && da != 1 && db != 1) {
+            char sa[160], sb[160];
+            return em__set_error(EM_ERR_SHAPE, "%s: shapes %s and %s cannot be broadcast (dim %d: %lld vs %lld)", op,
+                                 em_shape_str(a, na, sa, sizeof sa), em_shape_str(b, nb, sb, sizeof sb), i,
+                                 (long long)da, (long long)db);
+        }
+        out[i] = da == 1 ? db : da;
+    }
+    *nout = n;
+    return EM_OK;
+}
+
+em_tensor *em__broadcast_view(const em_tensor *t, const int64_t *shape, int ndim)
+{
+    int64_t st[EM_MAX_DIMS];
+    int lead = ndim - t->ndim;
+    for (int i = 0; i < ndim; i++) {
+        if (i < lead) {
+            st[i] = 0;
+        } else {
+            int64_t d = t->shape[i - lead];
+            st[i] = (d == 1 && shape[i] != 1) ? 0 : t->strides[i - lead];
+        }
+    }
+    return em__tensor_view(t, shape, st, ndim, t->offset);
+}
+
+static int rank_of(em_dtype d)
+{
+    switch (d) {
+    case EM_BOOL: return 0;
+    case EM_U8: return 1;
+    case EM_I32: return 2;
+    case EM_I64: return 3;
+    case EM_F32: return 4;
+    case EM_F64: return 5;
+    default: return -1;
+    }
+}
+
+em_dtype em__promote(em_dtype a, em_dtype b)
+{
+    return rank_of(a) >= rank_of(b) ? a : b;
+}
+
+em_tensor *em__as_dtype(const em_tensor *t, em_dtype dt)
+{
+    if (t->dtype == dt) return em_tensor_retain((em_tensor *)t);
+    em_tensor *out = em__tensor_new(dt, t->shape, t->ndim);
+    if (!out) return NULL;
+    em_op op = {.kind = EM_OP_COPY, .n_in = 1, .n_out = 1, .in = {(em_tensor *)t}, .out = {out}};
+    if (em__task_submit(&op, NULL, NULL) != EM_OK) {
+        em_tensor_release(out);
+        return NULL;
+    }
+    return out;
+}

@@ -1,0 +1,129 @@
+/* Creation ops: each is one fill task on a fresh (pooled) storage. */
+#include "runtime/internal.h"
+
+#include <math.h>
+#include <pthread.h>
+#include <string.h>
+
+static em_tensor *fill_op(enum em_op_kind kind, const int64_t *shape, int ndim, em_dtype dt, const union em_op_params *p)
+{
+    em_tensor *out = em__tensor_new(dt, shape, ndim);
+    if (!out) return NULL;
+    return em__run1(kind, NULL, 0, out, p, NULL);
+}
+
+em_tensor *em_full(const int64_t *shape, int ndim, em_dtype dt, double value)
+{
+    union em_op_params p = {.s = {.a = value}};
+    return fill_op(EM_OP_FILL, shape, ndim, dt, &p);
+}
+
+em_tensor *em_empty(const int64_t *shape, int ndim, em_dtype dt)
+{
+    /* Initialised to zero: an uninitialised StarPU handle cannot be read. */
+    return em_full(shape, ndim, dt, 0.0);
+}
+em_tensor *em_zeros(const int64_t *shape, int ndim, em_dtype dt) { return em_full(shape, ndim, dt, 0.0); }
+em_tensor *em_ones(const int64_t *shape, int ndim, em_dtype dt) { return em_full(shape, ndim, dt, 1.0); }
+
+em_tensor *em_full_like(const em_tensor *t, double value)
+{
+    if (!t) return em__fail(EM_ERR_INVALID, "em_full_like: input is NULL");
+    return em_full(t->shape, t->ndim, t->dtype, value);
+}
+em_tensor *em_zeros_like(const em_tensor *t) { return em_full_like(t, 0.0); }
+em_tensor *em_ones_like(const em_tensor *t) { return em_full_like(t, 1.0); }
+em_tensor *em_scalar(double value, em_dtype dt) { return em_full(NULL, 0, dt, value); }
+
+em_tensor *em_arange(double start, double end, double step, em_dtype dt)
+{
+    if (step == 0 || !isfinite(step) || !isfinite(start) || !isfinite(end))
+        return em__fail(EM_ERR_INVALID, "em_arange: step must be non-zero and bounds finite (start %g, end %g, step %g)", start, end, step);
+    if ((end - start) / step < 0)
+        return em__fail(EM_ERR_INVALID, "em_arange: step %g does not go from %g towards %g", step, start, end);
+    int64_t n = (int64_t)ceil((end - start) / step);
+    union em_op_params p = {.range = {.start = start, .step = step, .end = end, .n = n}};
+    return fill_op(EM_OP_ARANGE, &n, 1, dt, &p);
+}
+
+em_tensor *em_linspace(double start, double end, int64_t steps, em_dtype dt)
+{
+    if (steps < 0) return em__fail(EM_ERR_INVALID, "em_linspace: steps must be >= 0, got %lld", (long long)steps);
+    double step = steps > 1 ? (end - start) / (double)(steps - 1) : 0.0;
+    union em_op_params p = {.range = {.start = start, .step = step, .end = end, .n = steps, .linspace = 1}};
+    return fill_op(EM_OP_ARANGE, &steps, 1, dt, &p);
+}
+
+em_tensor *em_eye(int64_t n, int64_t m, em_dtype dt)
+{
+    if (m <= 0) m = n;
+    if (n < 0) return em__fail(EM_ERR_INVALID, "em_eye: n must be >= 0, got %lld", (long long)n);
+    int64_t shape[2] = {n, m};
+    return fill_op(EM_OP_EYE, shape, 2, dt, NULL);
+}
+
+/* ---- random ---------------------------------------------------------------- */
+
+static uint64_t g_seed = 0x853c49e6748fea9bULL, g_offset;
+static pthread_mutex_t g_rng_lock = PTHREAD_MUTEX_INITIALIZER;
+
+void em_manual_seed(uint64_t seed)
+{
+    pthread_mutex_lock(&g_rng_lock);
+    g_seed = seed;
+    g_offset = 0;
+    pthread_mutex_unlock(&g_rng_lock);
+}
+
+void em_rng_get_state(uint64_t *seed, uint64_t *offset)
+{
+    pthread_mutex_lock(&g_rng_lock);
+    if (seed) *seed = g_seed;
+    if (offset) *offset = g_offset;
+    pthread_mutex_unlock(&g_rng_lock);
+}
+
+void em_rng_set_state(uint64_t seed, uint64_t offset)
+{
+    pthread_mutex_lock(&g_rng_lock);
+    g_seed = seed;
+    g_offset = offset;
+    pthread_mutex_unlock(&g_rng_lock);
+}
+
+static em_tensor *rand_op(enum em_op_kind kind, const int64_t *shape, int ndim, em_dtype dt, double a, double b, const char *name)
+{
+    if (kind != EM_OP_RAND_BERNOULLI && !em_dtype_is_float(dt))
+        return em__fail(EM_ERR_DTYPE, "%s: dtype must be float32 or float64, got %s", name, em_dtype_name(dt));
+    if (ndim < 0 || ndim > EM_MAX_DIMS)
+        return em__fail(EM_ERR_SHAPE, "%s: rank %d is out of range (0..%d)", name, ndim, EM_MAX_DIMS);
+    int64_t n = em__numel(shape, ndim);
+    union em_op_params p;
+    memset(&p, 0, sizeof p);
+    pthread_mutex_lock(&g_rng_lock);
+    p.rng.seed = g_seed;
+    p.rng.offset = g_offset;
+    g_offset += (uint64_t)(n > 0 ? n : 0);
+    pthread_mutex_unlock(&g_rng_lock);
+    p.rng.a = a;
+    p.rng.b = b;
+    return fill_op(kind, shape, ndim, dt, &p);
+}
+
+em_tensor *em_rand_uniform(const int64_t *shape, int ndim, em_dtype dt, double low, double high)
+{
+    if (!(low <= high)) return em__fail(EM_ERR_INVALID, "em_rand_uniform: low %g must be <= high %g", low, high);
+    return rand_op(EM_OP_RAND_UNIFORM, shape, ndim, dt, low, high, "em_rand_uniform");
+}
+
+em_tensor *em_rand_normal(const int64_t *shape, int ndim, em_dtype dt, double mean, double std)
+{
+    if (!(std >= 0)) return em__fail(EM_ERR_INVALID, "em_rand_normal: std must be >= 0, got %g", std);
+    return rand_op(EM_OP_RAND_NORMAL, shape, ndim, dt, mean, std, "em_rand_normal");
+}
+
+em_tensor *em_rand_bernoulli(const int64_t *shape, int ndim, em_dtype dt, double p)
+{
+    if (!(p >= 0 && p <= 1)) return em__fail(EM_ERR_INVALID, "em_rand_bernoulli: p must be in [0, 1], got %g", p);
+    return rand_op(EM_OP_RAND_BERNOULLI, shape, ndim, dt, p, 0, "em_rand_bernoulli");
+}

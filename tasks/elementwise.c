@@ -1,0 +1,207 @@
+/* Element-wise ops: unary, tensor-scalar, binary with broadcasting, where. */
+#include "runtime/internal.h"
+
+#include <math.h>
+#include <string.h>
+
+static bool float_math(enum em_op_kind k)
+{
+    switch (k) {
+    case EM_OP_EXP: case EM_OP_LOG: case EM_OP_LOG1P: case EM_OP_SQRT: case EM_OP_RSQRT:
+    case EM_OP_RECIPROCAL: case EM_OP_SIN: case EM_OP_COS: case EM_OP_TANH: case EM_OP_SIGMOID:
+    case EM_OP_GELU: case EM_OP_GELU_TANH: case EM_OP_SILU: case EM_OP_SOFTPLUS: case EM_OP_ERF:
+    case EM_OP_ELU: case EM_OP_DIV_SCALAR: case EM_OP_DIV:
+        return true;
+    default:
+        return false;
+    }
+}
+
+static bool supported(em_dtype dt)
+{
+    return dt == EM_F32 || dt == EM_F64 || dt == EM_I32 || dt == EM_I64 || dt == EM_U8 || dt == EM_BOOL;
+}
+
+/* Computes `kind` on a (with scalar params p). Scalar ops with a non-integral
+ * scalar promote integer inputs to f32. */
+static em_tensor *unary(enum em_op_kind kind, const em_tensor *a, double sa, double sb, const char *name)
+{
+    if (!a) return em__fail(EM_ERR_INVALID, "%s: input is NULL", name);
+    if (!supported(a->dtype)) return em__fail(EM_ERR_DTYPE, "%s: dtype %s is not supported", name, em_dtype_name(a->dtype));
+    em_dtype cdt = a->dtype;
+    bool is_float = em_dtype_is_float(cdt);
+    bool scalar_op = kind >= EM_OP_ADD_SCALAR && kind <= EM_OP_GE_SCALAR;
+    if (!is_float && (float_math(kind) || (scalar_op && sa != floor(sa)) ||
+                      ((kind == EM_OP_POW_SCALAR) && (sa != floor(sa) || sa < 0)) ||
+                      (kind == EM_OP_CLAMP && ((isfinite(sa) && sa != floor(sa)) || (isfinite(sb) && sb != floor(sb)))) ||
+                      kind == EM_OP_LEAKY_RELU))
+        cdt = EM_F32;
+    if (cdt == EM_BOOL && (kind == EM_OP_NEG || kind == EM_OP_ADD_SCALAR || kind == EM_OP_SUB_SCALAR ||
+                           kind == EM_OP_RSUB_SCALAR || kind == EM_OP_MUL_SCALAR || kind == EM_OP_SQUARE ||
+                           kind == EM_OP_POW_SCALAR || kind == EM_OP_REMAINDER_SCALAR))
+        cdt = kind == EM_OP_NEG ? EM_BOOL : EM_I64;
+    if (cdt == EM_BOOL && kind == EM_OP_NEG)
+        return em__fail(EM_ERR_DTYPE, "%s: negation of a bool tensor is not supported, use em_logical_not", name);
+    em_dtype odt = (em__optab[kind].flags & F_CMP) ? EM_BOOL : cdt;
+    em_tensor *in = em__as_dtype(a, cdt);
+    if (!in) return NULL;
+    em_tensor *out = em__tensor_new(odt, a->shape, a->ndim);
+    if (!out) {
+        em_tensor_release(in);
+        return NULL;
+    }
+    union em_op_params p;
+    memset(&p, 0, sizeof p);
+    p.s.a = sa;
+    p.s.b = sb;
+    const em_tensor *orig[1] = {a};
+    em_tensor *r = em__run1(kind, &in, 1, out, &p, orig);
+    em_tensor_release(in);
+    return r;
+}
+
+#define UNARY(fn, KIND) \
+    em_tensor *em_##fn(const em_tensor *a) { return unary(EM_OP_##KIND, a, 0, 0, "em_" #fn); }
+UNARY(neg, NEG)
+UNARY(abs, ABS)
+UNARY(sign, SIGN)
+UNARY(exp, EXP)
+UNARY(log, LOG)
+UNARY(log1p, LOG1P)
+UNARY(sqrt, SQRT)
+UNARY(rsqrt, RSQRT)
+UNARY(reciprocal, RECIPROCAL)
+UNARY(square, SQUARE)
+UNARY(sin, SIN)
+UNARY(cos, COS)
+UNARY(tanh, TANH)
+UNARY(sigmoid, SIGMOID)
+UNARY(relu, RELU)
+UNARY(gelu, GELU)
+UNARY(gelu_tanh, GELU_TANH)
+UNARY(silu, SILU)
+UNARY(softplus, SOFTPLUS)
+UNARY(erf, ERF)
+UNARY(floor, FLOOR)
+UNARY(ceil, CEIL)
+UNARY(round, ROUND)
+UNARY(logical_not, LOGICAL_NOT)
+
+em_tensor *em_clamp(const em_tensor *a, double lo, double hi)
+{
+    if (lo > hi) return em__fail(EM_ERR_INVALID, "em_clamp: min %g is greater than max %g", lo, hi);
+    return unary(EM_OP_CLAMP, a, lo, hi, "em_clamp");
+}
+em_tensor *em_pow_scalar(const em_tensor *a, double e) { return unary(EM_OP_POW_SCALAR, a, e, 0, "em_pow_scalar"); }
+em_tensor *em_leaky_relu(const em_tensor *a, double s) { return unary(EM_OP_LEAKY_RELU, a, s, 0, "em_leaky_relu"); }
+em_tensor *em_elu(const em_tensor *a, double alpha) { return unary(EM_OP_ELU, a, alpha, 0, "em_elu"); }
+
+#define SCALAR(fn, KIND) \
+    em_tensor *em_##fn(const em_tensor *a, double s) { return unary(EM_OP_##KIND, a, s, 0, "em_" #fn); }
+SCALAR(add_scalar, ADD_SCALAR)
+SCALAR(sub_scalar, SUB_SCALAR)
+SCALAR(rsub_scalar, RSUB_SCALAR)
+SCALAR(mul_scalar, MUL_SCALAR)
+SCALAR(div_scalar, DIV_SCALAR)
+SCALAR(maximum_scalar, MAXIMUM_SCALAR)
+SCALAR(minimum_scalar, MINIMUM_SCALAR)
+SCALAR(remainder_scalar, REMAINDER_SCALAR)
+SCALAR(eq_scalar, EQ_SCALAR)
+SCALAR(ne_scalar, NE_SCALAR)
+SCALAR(lt_scalar, LT_SCALAR)
+SCALAR(le_scalar, LE_SCALAR)
+SCALAR(gt_scalar, GT_SCALAR)
+SCALAR(ge_scalar, GE_SCALAR)
+
+/* n-ary element-wise: promote to one dtype, broadcast, one task. */
+static em_tensor *nary(enum em_op_kind kind, const em_tensor *const *ins, int n, em_dtype cdt, em_dtype odt, const char *name,
+                       const union em_op_params *p)
+{
+    int64_t shape[EM_MAX_DIMS];
+    int nd = ins[0]->ndim;
+    memcpy(shape, ins[0]->shape, sizeof(int64_t) * (size_t)nd);
+    for (int i = 1; i < n; i++) {
+        int64_t tmp[EM_MAX_DIMS];
+        int ntmp;
+        if (em__broadcast_shapes(shape, nd, ins[i]->shape, ins[i]->ndim, tmp, &ntmp, name) != EM_OK) return NULL;
+        memcpy(shape, tmp, sizeof tmp);
+        nd = ntmp;
+    }
+    em_tensor *views[EM_OP_MAX_IN] = {0};
+    em_tensor *out = NULL, *r = NULL;
+    for (int i = 0; i < n; i++) {
+        em_dtype want = (kind == EM_OP_WHERE && i == 0) ? EM_BOOL : cdt;
+        em_tensor *c = em__as_dtype(ins[i], want);
+        if (!c) goto done;
+        views[i] = em__broadcast_view(c, shape, nd);
+        em_tensor_release(c);
+        if (!views[i]) goto done;
+    }
+    out = em__tensor_new(odt, shape, nd);
+    if (!out) goto done;
+    r = em__run1(kind, views, n, out, p, ins);
+done:
+    for (int i = 0; i < n; i++) em_tensor_release(views[i]);
+    return r;
+}
+
+static em_tensor *binary(enum em_op_kind kind, const em_tensor *a, const em_tensor *b, const char *name)
+{
+    if (!a || !b) return em__fail(EM_ERR_INVALID, "%s: input %s is NULL", name, !a ? "a" : "b");
+    if (!supported(a->dtype) || !supported(b->dtype))
+        return em__fail(EM_ERR_DTYPE, "%s: dtype %s is not supported", name, em_dtype_name(supported(a->dtype) ? b->dtype : a->dtype));
+    em_dtype cdt = em__promote(a->dtype, b->dtype);
+    if (float_math(kind) && !em_dtype_is_float(cdt)) cdt = EM_F32;
+    if (kind == EM_OP_POW && !em_dtype_is_float(cdt)) cdt = EM_F32;
+    if (cdt == EM_BOOL && (kind == EM_OP_ADD || kind == EM_OP_SUB || kind == EM_OP_MUL || kind == EM_OP_REMAINDER))
+        cdt = kind == EM_OP_SUB ? EM_I64 : cdt;
+    em_dtype odt = (em__optab[kind].flags & F_CMP) ? EM_BOOL : cdt;
+    const em_tensor *ins[2] = {a, b};
+    return nary(kind, ins, 2, cdt, odt, name, NULL);
+}
+
+#define BINARY(fn, KIND) \
+    em_tensor *em_##fn(const em_tensor *a, const em_tensor *b) { return binary(EM_OP_##KIND, a, b, "em_" #fn); }
+BINARY(add, ADD)
+BINARY(sub, SUB)
+BINARY(mul, MUL)
+BINARY(div, DIV)
+BINARY(pow, POW)
+BINARY(maximum, MAXIMUM)
+BINARY(minimum, MINIMUM)
+BINARY(remainder, REMAINDER)
+BINARY(eq, EQ)
+BINARY(ne, NE)
+BINARY(lt, LT)
+BINARY(le, LE)
+BINARY(gt, GT)
+BINARY(ge, GE)
+BINARY(logical_and, LOGICAL_AND)
+BINARY(logical_or, LOGICAL_OR)
+
+em_tensor *em_where(const em_tensor *mask, const em_tensor *a, const em_tensor *b)
+{
+    if (!mask || !a || !b) return em__fail(EM_ERR_INVALID, "em_where: input %s is NULL", !mask ? "mask" : !a ? "a" : "b");
+    em_dtype cdt = em__promote(a->dtype, b->dtype);
+    const em_tensor *ins[3] = {mask, a, b};
+    return nary(EM_OP_WHERE, ins, 3, cdt, cdt, "em_where", NULL);
+}
+
+em_tensor *em_masked_fill(const em_tensor *a, const em_tensor *mask, double value)
+{
+    if (!a || !mask) return em__fail(EM_ERR_INVALID, "em_masked_fill: input %s is NULL", !a ? "a" : "mask");
+    if (mask->dtype != EM_BOOL) return em__fail(EM_ERR_DTYPE, "em_masked_fill: mask must be bool, got %s", em_dtype_name(mask->dtype));
+    int64_t shape[EM_MAX_DIMS];
+    int nd;
+    if (em__broadcast_shapes(a->shape, a->ndim, mask->shape, mask->ndim, shape, &nd, "em_masked_fill") != EM_OK) return NULL;
+    if (nd != a->ndim || memcmp(shape, a->shape, sizeof(int64_t) * (size_t)nd) != 0) {
+        char sa[160], sm[160];
+        return em__fail(EM_ERR_SHAPE, "em_masked_fill: mask of shape %s does not broadcast to the input's shape %s",
+                        em_shape_str(mask->shape, mask->ndim, sm, sizeof sm), em_shape_str(a->shape, a->ndim, sa, sizeof sa));
+    }
+    em_scope_begin();
+    em_tensor *v = em_scalar(value, a->dtype);
+    em_tensor *r = em_keep(em_where(mask, v, a));
+    em_scope_end();
+    return r;
+}

@@ -1,0 +1,168 @@
+/* The single submission funnel and the op table.
+ *
+ * Every op function validates its inputs, allocates its outputs and builds an
+ * em_op, then calls em__submit(). The funnel turns the op into StarPU task(s)
+ * through codelets generated from the op table (tasks/ops.def) and lets
+ * autodiff record it. */
+#include "runtime/internal.h"
+
+#include <starpu.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define NONE NULL
+/* CPU kernels (devices/cpu). */
+void em_cpu_unary(void *buffers[], void *cl_arg);
+void em_cpu_binary(void *buffers[], void *cl_arg);
+void em_cpu_where(void *buffers[], void *cl_arg);
+void em_cpu_reduce(void *buffers[], void *cl_arg);
+void em_cpu_softmax(void *buffers[], void *cl_arg);
+void em_cpu_matmul(void *buffers[], void *cl_arg);
+void em_cpu_copy(void *buffers[], void *cl_arg);
+void em_cpu_index(void *buffers[], void *cl_arg);
+void em_cpu_fill(void *buffers[], void *cl_arg);
+void em_cpu_optim(void *buffers[], void *cl_arg);
+
+em_status em__matmul_submit(em_op *op); /* tasks/matmul.c: tiling */
+
+em_optab_entry em__optab[EM_OP_COUNT] = {
+#define X(E, nm, nin, nout, fl, fn) [EM_OP_##E] = {.name = nm, .n_in = nin, .n_out = nout, .flags = fl, .cpu = fn},
+#include "tasks/ops.def"
+#undef X
+};
+
+void (*em__autodiff_record)(const em_op *op);
+
+static struct starpu_codelet g_cl[EM_OP_COUNT];
+static struct starpu_perfmodel g_model[EM_OP_COUNT];
+static char g_symbol[EM_OP_COUNT][48];
+
+/* History models are keyed by the shapes, not only the byte sizes: hash the
+ * op kind, the operand descriptors and the params (NNTile's footprint idea). */
+static uint32_t footprint(struct starpu_task *task)
+{
+    const em_kargs *k = task->cl_arg;
+    uint32_t h = starpu_hash_crc32c_be_n(&k->kind, sizeof k->kind, 0);
+    for (int i = 0; i < k->n_in; i++) {
+        h = starpu_hash_crc32c_be_n(k->in[i].shape, sizeof(int64_t) * (size_t)k->in[i].ndim, h);
+        h = starpu_hash_crc32c_be_n(&k->in[i].dtype, sizeof k->in[i].dtype, h);
+    }
+    for (int i = 0; i < k->n_out; i++) h = starpu_hash_crc32c_be_n(k->out[i].shape, sizeof(int64_t) * (size_t)k->out[i].ndim, h);
+    return h;
+}
+
+em_status em__codelets_init(void)
+{
+    em__optab[EM_OP_MATMUL].submit = em__matmul_submit;
+    for (int k = 0; k < EM_OP_COUNT; k++) {
+        const em_optab_entry *e = &em__optab[k];
+        if (!e->name) return em__set_error(EM_ERR_RUNTIME, "op table entry %d is empty", k);
+        if (e->flags & F_VIEW) continue;
+        struct starpu_codelet *cl = &g_cl[k];
+        memset(cl, 0, sizeof *cl);
+        cl->cpu_funcs[0] = e->cpu;
+        cl->cpu_funcs_name[0] = e->name;
+        cl->nbuffers = STARPU_VARIABLE_NBUFFERS;
+        cl->name = e->name;
+        snprintf(g_symbol[k], sizeof g_symbol[k], "ember_%s", e->name);
+        memset(&g_model[k], 0, sizeof g_model[k]);
+        g_model[k].type = STARPU_HISTORY_BASED;
+        g_model[k].symbol = g_symbol[k];
+        g_model[k].footprint = footprint;
+        cl->model = &g_model[k];
+    }
+    return EM_OK;
+}
+
+void em__codelets_shutdown(void) {}
+
+void em__kargs_from_op(const em_op *op, em_kargs *k)
+{
+    memset(k, 0, sizeof *k);
+    k->kind = op->kind;
+    k->n_in = op->n_in;
+    k->n_out = op->n_out;
+    for (int i = 0; i < op->n_in; i++) em__tdesc(op->in[i], &k->in[i]);
+    for (int i = 0; i < op->n_out; i++) em__tdesc(op->out[i], &k->out[i]);
+    k->p = op->p;
+}
+
+em_status em__task_submit(const em_op *op, const em_kargs *kin, void *const *handles_override)
+{
+    struct starpu_task *task = starpu_task_create();
+    em_kargs *k = malloc(sizeof *k);
+    if (!task || !k) {
+        free(k);
+        return em__set_error(EM_ERR_NOMEM, "out of memory creating a task");
+    }
+    if (kin)
+        *k = *kin;
+    else
+        em__kargs_from_op(op, k);
+    task->cl = &g_cl[op->kind];
+    task->cl_arg = k;
+    task->cl_arg_size = sizeof *k;
+    task->cl_arg_free = 1;
+    int nb = 0;
+    for (int i = 0; i < op->n_in; i++, nb++) {
+        task->handles[nb] = handles_override ? handles_override[nb] : op->in[i]->storage->handle;
+        task->modes[nb] = STARPU_R;
+    }
+    for (int i = 0; i < op->n_out; i++, nb++) {
+        task->handles[nb] = handles_override ? handles_override[nb] : op->out[i]->storage->handle;
+        /* An output that does not cover its whole storage keeps the rest: RW. */
+        task->modes[nb] = (!handles_override && em__covers_storage(op->out[i])) ? STARPU_W : STARPU_RW;
+    }
+    task->nbuffers = nb;
+    em_placement pl = em__placement();
+    if (pl.where) task->where = (int32_t)pl.where;
+    if (pl.worker >= 0) {
+        task->execute_on_a_specific_worker = 1;
+        task->workerid = (unsigned)pl.worker;
+    }
+    task->detach = 1;
+    int ret = starpu_task_submit(task);
+    if (ret == -ENODEV && pl.where != STARPU_CPU) {
+        /* No kernel for this op on the chosen device: run it on the CPU, explicitly. */
+        em_log_msg(EM_LOG_DEBUG, "op %s has no kernel for the current device: running on CPU", em__optab[op->kind].name);
+        task->where = STARPU_CPU;
+        task->execute_on_a_specific_worker = 0;
+        ret = starpu_task_submit(task);
+    }
+    if (ret != 0) {
+        task->destroy = 0;
+        starpu_task_destroy(task);
+        return em__set_error(ret == -ENODEV ? EM_ERR_DEVICE : EM_ERR_RUNTIME, "op %s: task submission failed (%d)",
+                             em__optab[op->kind].name, ret);
+    }
+    __atomic_add_fetch(&em__tasks, 1, __ATOMIC_RELAXED);
+    return EM_OK;
+}
+
+em_status em__submit(em_op *op)
+{
+    const em_optab_entry *e = &em__optab[op->kind];
+    if (!(e->flags & F_VIEW)) {
+        em_status st = e->submit ? e->submit(op) : em__task_submit(op, NULL, NULL);
+        if (st != EM_OK) return st;
+    }
+    if (em__autodiff_record && (e->flags & F_DIFF)) em__autodiff_record(op);
+    return EM_OK;
+}
+
+em_tensor *em__run1(enum em_op_kind kind, em_tensor *const *in, int n_in, em_tensor *out, const union em_op_params *p,
+                    const em_tensor *const *orig_in)
+{
+    em_op op = {.kind = kind, .n_in = n_in, .n_out = 1};
+    for (int i = 0; i < n_in; i++) {
+        op.in[i] = in[i];
+        op.orig_in[i] = orig_in ? orig_in[i] : NULL;
+    }
+    op.out[0] = out;
+    if (p) op.p = *p;
+    if (em__submit(&op) != EM_OK) {
+        em_tensor_release(out);
+        return NULL;
+    }
+    return em__publish(out);
+}

@@ -1,0 +1,103 @@
+#include "testutil.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+int em_test_setup(void **state)
+{
+    (void)state;
+    em_config c = em_config_default();
+    if (em_init(&c) != EM_OK) {
+        fprintf(stderr, "em_init failed: %s\n", em_last_error());
+        return -1;
+    }
+    return 0;
+}
+
+int em_test_teardown(void **state)
+{
+    (void)state;
+    em_shutdown();
+    return 0;
+}
+
+double *em_test_values(const em_tensor *t)
+{
+    assert_non_null(t);
+    int64_t n = em_tensor_numel(t);
+    size_t es = em_dtype_size(em_tensor_dtype(t));
+    char *raw = malloc((size_t)(n ? n : 1) * es);
+    double *v = malloc(sizeof(double) * (size_t)(n ? n : 1));
+    assert_non_null(raw);
+    assert_non_null(v);
+    if (em_to_host(t, raw, (size_t)n * es) != EM_OK) fail_msg("em_to_host: %s", em_last_error());
+    for (int64_t i = 0; i < n; i++) {
+        const char *p = raw + i * (int64_t)es;
+        switch (em_tensor_dtype(t)) {
+        case EM_F32: v[i] = *(const float *)p; break;
+        case EM_F64: v[i] = *(const double *)p; break;
+        case EM_I32: v[i] = *(const int32_t *)p; break;
+        case EM_I64: v[i] = (double)*(const int64_t *)p; break;
+        default: v[i] = *(const uint8_t *)p; break;
+        }
+    }
+    free(raw);
+    return v;
+}
+
+void em_test_assert_shape(const em_tensor *t, int ndim, const int64_t *shape)
+{
+    assert_non_null(t);
+    char a[200], b[200];
+    if (em_tensor_ndim(t) != ndim || (ndim && memcmp(em_tensor_shape(t), shape, sizeof(int64_t) * (size_t)ndim)))
+        fail_msg("shape %s, expected %s", em_shape_str(em_tensor_shape(t), em_tensor_ndim(t), a, sizeof a),
+                 em_shape_str(shape, ndim, b, sizeof b));
+}
+
+void em_test_assert_close(const em_tensor *t, const double *want, int64_t n, double rtol, double atol)
+{
+    if (!t) fail_msg("tensor is NULL: %s", em_last_error());
+    if (em_tensor_numel(t) != n) fail_msg("numel %lld, expected %lld", (long long)em_tensor_numel(t), (long long)n);
+    double *v = em_test_values(t);
+    for (int64_t i = 0; i < n; i++) {
+        bool ok = (isnan(want[i]) && isnan(v[i])) || (isinf(want[i]) && v[i] == want[i]) ||
+                  fabs(v[i] - want[i]) <= atol + rtol * fabs(want[i]);
+        if (!ok) {
+            double got = v[i];
+            free(v);
+            fail_msg("element %lld: got %.9g, expected %.9g", (long long)i, got, want[i]);
+        }
+    }
+    free(v);
+}
+
+void em_test_assert_error(const em_tensor *r, ...)
+{
+    if (r) fail_msg("expected an error, got a tensor");
+    const char *msg = em_last_error();
+    va_list ap;
+    va_start(ap, r);
+    const char *s;
+    while ((s = va_arg(ap, const char *)))
+        if (!strstr(msg, s)) {
+            va_end(ap);
+            fail_msg("error message '%s' does not contain '%s'", msg, s);
+        }
+    va_end(ap);
+}
+
+em_tensor *em_test_f32(const float *v, const int64_t *shape, int ndim)
+{
+    em_tensor *t = em_from_host(v, shape, ndim, EM_F32);
+    if (!t) fail_msg("em_from_host: %s", em_last_error());
+    return t;
+}
+
+em_tensor *em_test_f64(const double *v, const int64_t *shape, int ndim)
+{
+    em_tensor *t = em_from_host(v, shape, ndim, EM_F64);
+    if (!t) fail_msg("em_from_host: %s", em_last_error());
+    return t;
+}

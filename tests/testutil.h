@@ -1,0 +1,35 @@
+/* Helpers shared by the cmocka tests. */
+#ifndef EMBER_TESTUTIL_H
+#define EMBER_TESTUTIL_H
+
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include "ember/ember.h"
+
+/* cmocka group setup/teardown that start and stop the runtime. */
+int em_test_setup(void **state);
+int em_test_teardown(void **state);
+
+/* Reads t (any dtype) into a malloc'd double array; fails the test on error. */
+double *em_test_values(const em_tensor *t);
+/* Asserts shape equality. */
+void em_test_assert_shape(const em_tensor *t, int ndim, const int64_t *shape);
+/* Asserts |t[i] - want[i]| <= atol + rtol*|want[i]| for all i (shape must match numel n). */
+void em_test_assert_close(const em_tensor *t, const double *want, int64_t n, double rtol, double atol);
+/* Asserts that an op returned NULL and the error message contains all the given substrings (NULL-terminated). */
+void em_test_assert_error(const em_tensor *r, ...);
+/* f32 tensor from a literal list. */
+em_tensor *em_test_f32(const float *v, const int64_t *shape, int ndim);
+em_tensor *em_test_f64(const double *v, const int64_t *shape, int ndim);
+
+#define SHAPE(...) ((const int64_t[]){__VA_ARGS__})
+#define NDIM(...) ((int)(sizeof((int64_t[]){__VA_ARGS__}) / sizeof(int64_t)))
+#define F32(shape_list, ...) em_test_f32((const float[]){__VA_ARGS__}, SHAPE shape_list, NDIM shape_list)
+#define F64(shape_list, ...) em_test_f64((const double[]){__VA_ARGS__}, SHAPE shape_list, NDIM shape_list)
+#define VALS(...) ((const double[]){__VA_ARGS__}), ((int64_t)(sizeof((double[]){__VA_ARGS__}) / sizeof(double)))
+
+#endif

@@ -1,0 +1,55 @@
+/* The `ember` command-line program. */
+#include "ember/ember.h"
+
+#include <getopt.h>
+#include <stdio.h>
+#include <string.h>
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+            "usage: ember <command> [options]\n\n"
+            "commands:\n"
+            "  devices     list workers, devices, memory nodes and the hwloc topology\n"
+            "  version     print the version\n\n"
+            "Run 'ember <command> --help' for a command's options.\n");
+}
+
+static int cmd_devices(int argc, char **argv)
+{
+    static const struct option opts[] = {{"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
+    int c;
+    while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+        if (c == 'h') {
+            printf("usage: ember devices\n\nLists StarPU workers (CPU cores, GPUs, OpenCL devices), memory nodes\n"
+                   "and the hwloc topology. EMBER_DEVICE, EMBER_NCPU, EMBER_NCUDA, EMBER_NOPENCL and\n"
+                   "EMBER_SCHED are honoured.\n");
+            return 0;
+        }
+        return 2;
+    }
+    if (em_init(NULL) != EM_OK) {
+        fprintf(stderr, "ember devices: %s\n", em_last_error());
+        return 1;
+    }
+    em_print_devices(stdout);
+    em_shutdown();
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {
+        usage(stdout);
+        return argc < 2 ? 2 : 0;
+    }
+    const char *cmd = argv[1];
+    if (!strcmp(cmd, "devices")) return cmd_devices(argc - 1, argv + 1);
+    if (!strcmp(cmd, "version") || !strcmp(cmd, "--version")) {
+        printf("ember %s\n", EMBER_VERSION_STRING);
+        return 0;
+    }
+    fprintf(stderr, "ember: unknown command '%s'\n\n", cmd);
+    usage(stderr);
+    return 2;
+}
