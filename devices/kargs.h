@@ -8,7 +8,7 @@
 
 #define EM_KARGS_MAX_DIMS 8
 #define EM_KARGS_MAX_IN 4
-#define EM_KARGS_MAX_OUT 2
+#define EM_KARGS_MAX_OUT 4
 
 /** One operand: dtype (em_dtype), rank, sizes, strides and offset in elements
  *  from the start of its StarPU buffer. */
@@ -23,7 +23,7 @@ typedef struct em_tdesc {
 /** Op parameters (the union member used depends on the op kind). */
 union em_op_params {
     struct { double a, b; int32_t i; } s;        /* scalars: clamp lo/hi, exponent, slope, fill */
-    struct { int32_t nkeep; double correction; } red; /* reductions: kept dims first, reduced last */
+    struct { int32_t nkeep; uint32_t mask; int32_t keepdim; double correction; } red; /* reductions: kept dims first, reduced last; mask = reduced dims of the original input */
     struct { int32_t dim; } axis;                  /* softmax, gather, scatter, index_select, cat */
     struct { int64_t start; int64_t step; int32_t dim; } slice;
     struct { double start, step, end; int64_t n; int32_t linspace; } range;

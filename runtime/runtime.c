@@ -185,6 +185,8 @@ em_status em_init(const em_config *user)
     openblas_set_num_threads(1);
     g_initialized = true;
     em_status st = em__codelets_init();
+    if (st == EM_OK) st = em__cuda_init();
+    if (st == EM_OK) st = em__opencl_init();
     if (st != EM_OK) {
         em_shutdown();
         return st;
@@ -217,6 +219,8 @@ void em_shutdown(void)
     if (!g_initialized) return;
     starpu_task_wait_for_all();
     em__pool_drain();
+    em__opencl_shutdown();
+    em__cuda_shutdown();
     em__codelets_shutdown();
     starpu_shutdown();
     g_initialized = false;

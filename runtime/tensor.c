@@ -220,6 +220,7 @@ int64_t em_tensor_dim(const em_tensor *t, int d)
 bool em_tensor_is_contiguous(const em_tensor *t)
 {
     if (!t) return false;
+    if (em_tensor_numel(t) == 0) return true; /* as PyTorch: empty tensors are contiguous */
     int64_t s = 1;
     for (int i = t->ndim - 1; i >= 0; i--) {
         if (t->shape[i] != 1 && t->strides[i] != s) return false;
@@ -268,6 +269,7 @@ void em__tdesc(const em_tensor *t, em_tdesc *d)
 
 em_tensor *em_from_host(const void *data, const int64_t *shape, int ndim, em_dtype dt)
 {
+    if (ndim > 0 && !shape) return em__fail(EM_ERR_INVALID, "em_from_host: shape is NULL");
     if (!data && em__numel(shape, ndim) > 0) return em__fail(EM_ERR_INVALID, "em_from_host: data is NULL");
     em_tensor *t = em__tensor_new(dt, shape, ndim);
     if (!t) return NULL;
@@ -415,7 +417,7 @@ static void print_rec(sbuf *b, const em_tensor *t, const double *vals, int dim, 
             if (i + 1 < n) sb_put(b, ", ");
         } else {
             int64_t stride = em__numel(t->shape + dim + 1, t->ndim - dim - 1);
-            int64_t sub = i * stride;
+            int64_t sub = *pos + i * stride;
             print_rec(b, t, vals, dim + 1, &sub, f, indent + 1);
             if (i + 1 < n) {
                 sb_put(b, ",");

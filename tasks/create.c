@@ -97,6 +97,7 @@ static em_tensor *rand_op(enum em_op_kind kind, const int64_t *shape, int ndim, 
         return em__fail(EM_ERR_DTYPE, "%s: dtype must be float32 or float64, got %s", name, em_dtype_name(dt));
     if (ndim < 0 || ndim > EM_MAX_DIMS)
         return em__fail(EM_ERR_SHAPE, "%s: rank %d is out of range (0..%d)", name, ndim, EM_MAX_DIMS);
+    if (ndim > 0 && !shape) return em__fail(EM_ERR_INVALID, "%s: shape is NULL", name);
     int64_t n = em__numel(shape, ndim);
     union em_op_params p;
     memset(&p, 0, sizeof p);

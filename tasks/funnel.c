@@ -33,6 +33,14 @@ em_optab_entry em__optab[EM_OP_COUNT] = {
 
 void (*em__autodiff_record)(const em_op *op);
 
+/* Weak defaults: a build without a device backend has no kernels for it. */
+__attribute__((weak)) em_kernel_fn em__cuda_kernels[EM_OP_COUNT];
+__attribute__((weak)) em_kernel_fn em__opencl_kernels[EM_OP_COUNT];
+__attribute__((weak)) em_status em__cuda_init(void) { return EM_OK; }
+__attribute__((weak)) void em__cuda_shutdown(void) {}
+__attribute__((weak)) em_status em__opencl_init(void) { return EM_OK; }
+__attribute__((weak)) void em__opencl_shutdown(void) {}
+
 static struct starpu_codelet g_cl[EM_OP_COUNT];
 static struct starpu_perfmodel g_model[EM_OP_COUNT];
 static char g_symbol[EM_OP_COUNT][48];
@@ -62,6 +70,14 @@ em_status em__codelets_init(void)
         memset(cl, 0, sizeof *cl);
         cl->cpu_funcs[0] = e->cpu;
         cl->cpu_funcs_name[0] = e->name;
+        if (em__cuda_kernels[k]) {
+            cl->cuda_funcs[0] = em__cuda_kernels[k];
+            cl->cuda_flags[0] = STARPU_CUDA_ASYNC;
+        }
+        if (em__opencl_kernels[k]) {
+            cl->opencl_funcs[0] = em__opencl_kernels[k];
+            cl->opencl_flags[0] = STARPU_OPENCL_ASYNC;
+        }
         cl->nbuffers = STARPU_VARIABLE_NBUFFERS;
         cl->name = e->name;
         snprintf(g_symbol[k], sizeof g_symbol[k], "ember_%s", e->name);
@@ -111,7 +127,7 @@ em_status em__task_submit(const em_op *op, const em_kargs *kin, void *const *han
     for (int i = 0; i < op->n_out; i++, nb++) {
         task->handles[nb] = handles_override ? handles_override[nb] : op->out[i]->storage->handle;
         /* An output that does not cover its whole storage keeps the rest: RW. */
-        task->modes[nb] = (!handles_override && em__covers_storage(op->out[i])) ? STARPU_W : STARPU_RW;
+        task->modes[nb] = (!handles_override && !(em__optab[op->kind].flags & F_INPLACE) && em__covers_storage(op->out[i])) ? STARPU_W : STARPU_RW;
     }
     task->nbuffers = nb;
     em_placement pl = em__placement();

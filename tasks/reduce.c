@@ -91,6 +91,9 @@ static em_tensor *reduce(enum em_op_kind kind, const em_tensor *a, const int *di
     memset(&p, 0, sizeof p);
     p.red.nkeep = nk;
     p.red.correction = correction;
+    p.red.keepdim = keepdim;
+    for (int i = 0; i < a->ndim; i++)
+        if (mask[i]) p.red.mask |= 1u << i;
     const em_tensor *orig[1] = {a};
     em_tensor *r = em__run1(kind, &view, 1, out, &p, orig);
     em_tensor_release(view);
@@ -162,7 +165,8 @@ em_tensor *em_mean_all(const em_tensor *a) { return em_mean(a, NULL, 0, false); 
 em_tensor *em_std(const em_tensor *a, const int *dims, int ndims, double correction, bool keepdim)
 {
     em_scope_begin();
-    em_tensor *r = em_keep(em_sqrt(em_var(a, dims, ndims, correction, keepdim)));
+    em_tensor *v = em_var(a, dims, ndims, correction, keepdim);
+    em_tensor *r = v ? em_keep(em_sqrt(v)) : NULL; /* keep em_var's error message */
     em_scope_end();
     return r;
 }

@@ -1,5 +1,5 @@
 /* The `ember` command-line program. */
-#include "ember/ember.h"
+#include "tools/tools.h"
 
 #include <getopt.h>
 #include <stdio.h>
@@ -10,6 +10,9 @@ static void usage(FILE *f)
     fprintf(f,
             "usage: ember <command> [options]\n\n"
             "commands:\n"
+            "  train       train a classifier on Fashion-MNIST (the main job)\n"
+            "  eval        evaluate a checkpoint: loss, accuracy, confusion matrix\n"
+            "  predict     predicted classes with probabilities for chosen test images\n"
             "  devices     list workers, devices, memory nodes and the hwloc topology\n"
             "  version     print the version\n\n"
             "Run 'ember <command> --help' for a command's options.\n");
@@ -45,6 +48,9 @@ int main(int argc, char **argv)
     }
     const char *cmd = argv[1];
     if (!strcmp(cmd, "devices")) return cmd_devices(argc - 1, argv + 1);
+    if (!strcmp(cmd, "train")) return em_tool_train(argc - 1, argv + 1);
+    if (!strcmp(cmd, "eval")) return em_tool_eval(argc - 1, argv + 1);
+    if (!strcmp(cmd, "predict")) return em_tool_predict(argc - 1, argv + 1);
     if (!strcmp(cmd, "version") || !strcmp(cmd, "--version")) {
         printf("ember %s\n", EMBER_VERSION_STRING);
         return 0;

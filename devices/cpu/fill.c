@@ -42,8 +42,10 @@ void em_cpu_fill(void *buffers[], void *cl_arg)
         if (k->p.range.linspace) {
             /* as torch.linspace: first half from start, second half from end */
             int64_t half = n / 2;
-            for (int64_t i = 0; i < n; i++)
-                store_elem(o->dtype, Y, i, i < half ? start + step * (double)i : end - step * (double)(n - 1 - i));
+            if (n == 1) store_elem(o->dtype, Y, 0, start); /* torch.linspace(a, b, 1) == [a] */
+            else
+                for (int64_t i = 0; i < n; i++)
+                    store_elem(o->dtype, Y, i, i < half ? start + step * (double)i : end - step * (double)(n - 1 - i));
         } else {
             for (int64_t i = 0; i < n; i++) store_elem(o->dtype, Y, i, start + step * (double)i);
         }

@@ -1,0 +1,29 @@
+/* Autodiff internals: the node recorded per differentiable op. */
+#ifndef EMBER_AUTODIFF_INTERNAL_H
+#define EMBER_AUTODIFF_INTERNAL_H
+
+#include "runtime/internal.h"
+
+typedef struct em_node {
+    int refcount;            /* owned by the output tensor */
+    enum em_op_kind kind;
+    union em_op_params p;
+    int n_in;
+    em_tensor **in;          /* user-facing inputs (retained) */
+    em_tensor *out_alias;    /* output saved for rules that need it (shares storage) */
+    int out_ndim;
+    int64_t out_shape[EM_MAX_DIMS];
+    em_dtype out_dtype;
+    uint64_t seq;            /* creation order */
+    bool cleared;            /* saved tensors freed after backward */
+} em_node;
+
+/** Applies the backward rule of n->kind: given the output gradient g, sets
+ *  gin[i] (a tensor of in[i]'s shape, owned by the current scope or g itself)
+ *  for the inputs that require grad. Runs under no-grad. */
+em_status em__backward_rule(em_node *n, em_tensor *g, em_tensor **gin);
+
+/** Sums g over the broadcast dims so it gets @p shape (scoped result). */
+em_tensor *em__sum_to(em_tensor *g, const int64_t *shape, int ndim);
+
+#endif

@@ -1,0 +1,180 @@
+/* CPU kernels for the indexing ops: gather, index_select, scatter,
+ * scatter_add, one_hot. The contracts are described at the top of
+ * tasks/index.c. Index operands are i64. Every index value is checked against
+ * the size of its dim: an out-of-range value reads as 0 (gather,
+ * index_select), is skipped (scatter, scatter_add) or gives an all-zero row
+ * (one_hot); nothing is ever read or written out of bounds. */
+#include "devices/cpu/cpu.h"
+
+#include <string.h>
+
+/* ---- gather / index_select ------------------------------------------------ */
+
+/* Iterates over out's shape with operands (out, index, a with its dim stride
+ * zeroed); the selected element of a adds index * a.strides[dim]. */
+#define GATHER_T(T)                                                                                   \
+    do {                                                                                              \
+        const T *A_ = (const T *)a;                                                                   \
+        T *Y_ = (T *)y;                                                                               \
+        EM_ITER_FOREACH_ROW(&it)                                                                      \
+        {                                                                                             \
+            const int64_t so_ = it.inner_st[0], si_ = it.inner_st[1], sa_ = it.inner_st[2];           \
+            T *yp_ = Y_ + it.off[0];                                                                  \
+            const int64_t *ip_ = I + it.off[1];                                                       \
+            const T *ap_ = A_ + it.off[2];                                                            \
+            for (int64_t j = 0; j < it.inner; j++) {                                                  \
+                const int64_t v_ = ip_[j * si_];                                                      \
+                yp_[j * so_] = (v_ >= 0 && v_ < n) ? ap_[j * sa_ + v_ * sd] : (T)0;                    \
+            }                                                                                         \
+        }                                                                                             \
+    } while (0)
+
+static void gather(const em_kargs *k, void **bufs, bool index_select)
+{
+    const em_tdesc *A = &k->in[0], *Ix = &k->in[1], *O = &k->out[0];
+    const int dim = k->p.axis.dim;
+    const void *a = bufs[0];
+    const int64_t *I = (const int64_t *)bufs[1];
+    void *y = bufs[2];
+    int64_t ist[EM_KARGS_MAX_DIMS], ast[EM_KARGS_MAX_DIMS];
+    for (int d = 0; d < O->ndim; d++) {
+        ast[d] = d == dim ? 0 : A->strides[d];
+        if (index_select)
+            ist[d] = d == dim ? Ix->strides[0] : 0;
+        else
+            ist[d] = Ix->strides[d];
+    }
+    const int64_t *st[3] = {O->strides, ist, ast};
+    const int64_t off[3] = {O->offset, Ix->offset, A->offset};
+    em_iter it;
+    em_iter_init(&it, O->ndim, O->shape, 3, st, off);
+    const int64_t n = A->shape[dim], sd = A->strides[dim];
+    switch (em_cpu_dtype_size(A->dtype)) {
+    case 1: GATHER_T(uint8_t); break;
+    case 4: GATHER_T(uint32_t); break;
+    case 8: GATHER_T(uint64_t); break;
+    default: em_cpu_bad_kind("gather dtype", A->dtype);
+    }
+}
+
+/* ---- scatter / scatter_add ------------------------------------------------ */
+
+/* out <- self (same dtype), strided to strided. */
+static void copy_same(const em_tdesc *S, const void *s, const em_tdesc *O, void *y)
+{
+    const int64_t *st[2] = {O->strides, S->strides};
+    const int64_t off[2] = {O->offset, S->offset};
+    em_iter it;
+    em_iter_init(&it, O->ndim, O->shape, 2, st, off);
+    const size_t es = em_cpu_dtype_size(O->dtype);
+    EM_ITER_FOREACH_ROW(&it)
+    {
+        char *yp = (char *)y + it.off[0] * (int64_t)es;
+        const char *sp = (const char *)s + it.off[1] * (int64_t)es;
+        const int64_t so = it.inner_st[0], si = it.inner_st[1];
+        if (so == 1 && si == 1) {
+            memcpy(yp, sp, (size_t)it.inner * es);
+        } else {
+            for (int64_t j = 0; j < it.inner; j++) memcpy(yp + j * so * (int64_t)es, sp + j * si * (int64_t)es, es);
+        }
+    }
+}
+
+/* Iterates over index's shape with operands (index, src, out with its dim
+ * stride zeroed). OP(dst, val) combines. */
+#define SCATTER_T(T, OP)                                                                              \
+    do {                                                                                              \
+        const T *S_ = (const T *)src;                                                                 \
+        T *Y_ = (T *)y;                                                                               \
+        EM_ITER_FOREACH_ROW(&it)                                                                      \
+        {                                                                                             \
+            const int64_t si_ = it.inner_st[0], ss_ = it.inner_st[1], so_ = it.inner_st[2];           \
+            const int64_t *ip_ = I + it.off[0];                                                       \
+            const T *sp_ = S_ + it.off[1];                                                            \
+            T *yp_ = Y_ + it.off[2];                                                                  \
+            for (int64_t j = 0; j < it.inner; j++) {                                                  \
+                const int64_t v_ = ip_[j * si_];                                                      \
+                if (v_ < 0 || v_ >= n) continue;                                                      \
+                OP(yp_[j * so_ + v_ * sd], sp_[j * ss_]);                                             \
+            }                                                                                         \
+        }                                                                                             \
+    } while (0)
+
+#define SET_(dst, v) ((dst) = (v))
+#define ADD_(dst, v) ((dst) += (v))
+#define OR_(dst, v) ((dst) = (uint8_t)((dst) || (v)))
+
+static void scatter(const em_kargs *k, void **bufs)
+{
+    const em_tdesc *Sf = &k->in[0], *Ix = &k->in[1], *Sr = &k->in[2], *O = &k->out[0];
+    const int dim = k->p.axis.dim;
+    const int64_t *I = (const int64_t *)bufs[1];
+    const void *src = bufs[2];
+    void *y = bufs[3];
+    copy_same(Sf, bufs[0], O, y);
+    int64_t ost[EM_KARGS_MAX_DIMS];
+    for (int d = 0; d < O->ndim; d++) ost[d] = d == dim ? 0 : O->strides[d];
+    const int64_t *st[3] = {Ix->strides, Sr->strides, ost};
+    const int64_t off[3] = {Ix->offset, Sr->offset, O->offset};
+    em_iter it;
+    em_iter_init(&it, Ix->ndim, Ix->shape, 3, st, off);
+    const int64_t n = O->shape[dim], sd = O->strides[dim];
+    if (k->kind == EM_OP_SCATTER) {
+        switch (em_cpu_dtype_size(O->dtype)) {
+        case 1: SCATTER_T(uint8_t, SET_); break;
+        case 4: SCATTER_T(uint32_t, SET_); break;
+        case 8: SCATTER_T(uint64_t, SET_); break;
+        default: em_cpu_bad_kind("scatter dtype", O->dtype);
+        }
+        return;
+    }
+    switch (O->dtype) {
+    case EM_F32: SCATTER_T(float, ADD_); break;
+    case EM_F64: SCATTER_T(double, ADD_); break;
+    case EM_I32: SCATTER_T(int32_t, ADD_); break;
+    case EM_I64: SCATTER_T(int64_t, ADD_); break;
+    case EM_U8: SCATTER_T(uint8_t, ADD_); break;
+    case EM_BOOL: SCATTER_T(uint8_t, OR_); break;
+    default: em_cpu_bad_kind("scatter_add dtype", O->dtype);
+    }
+}
+
+/* ---- one_hot ---------------------------------------------------------------- */
+
+static void one_hot(const em_kargs *k, void **bufs)
+{
+    const em_tdesc *Ix = &k->in[0], *O = &k->out[0];
+    const int64_t *I = (const int64_t *)bufs[0];
+    int64_t *Y = (int64_t *)bufs[1];
+    const int nd = Ix->ndim;
+    const int64_t C = k->p.onehot.num_classes, sc = O->strides[nd];
+    const int64_t *st[2] = {Ix->strides, O->strides};
+    const int64_t off[2] = {Ix->offset, O->offset};
+    em_iter it;
+    em_iter_init(&it, nd, Ix->shape, 2, st, off);
+    EM_ITER_FOREACH_ROW(&it)
+    {
+        const int64_t si = it.inner_st[0], so = it.inner_st[1];
+        for (int64_t j = 0; j < it.inner; j++) {
+            const int64_t v = I[it.off[0] + j * si];
+            int64_t *row = Y + it.off[1] + j * so;
+            for (int64_t c = 0; c < C; c++) row[c * sc] = 0;
+            if (v >= 0 && v < C) row[v * sc] = 1;
+        }
+    }
+}
+
+void em_cpu_index(void *buffers[], void *cl_arg)
+{
+    const em_kargs *k = cl_arg;
+    void *bufs[EM_KARGS_MAX_IN + EM_KARGS_MAX_OUT];
+    for (int i = 0; i < k->n_in + k->n_out; i++) bufs[i] = em_cpu_ptr(buffers[i]);
+    switch (k->kind) {
+    case EM_OP_GATHER: gather(k, bufs, false); break;
+    case EM_OP_INDEX_SELECT: gather(k, bufs, true); break;
+    case EM_OP_SCATTER:
+    case EM_OP_SCATTER_ADD: scatter(k, bufs); break;
+    case EM_OP_ONE_HOT: one_hot(k, bufs); break;
+    default: em_cpu_bad_kind("index", k->kind);
+    }
+}

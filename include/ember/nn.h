@@ -1,0 +1,288 @@
+/* Ember neural-network modules, parameter initializers and loss functions.
+ *
+ * Modules
+ * -------
+ * A module (em_module) is a node of a named tree, as torch.nn.Module:
+ *   - parameters: named leaf tensors that require gradients ("weight", "bias");
+ *   - buffers: named tensors that are state but not parameters (running stats);
+ *   - children: named sub-modules ("fc1", "0", "layers").
+ * Parameter keys are the dotted paths PyTorch uses ("fc1.weight",
+ * "layers.0.bias"), so SafeTensors files written by either side line up.
+ * Visiting order is registration order, depth first (own parameters before
+ * children's), as torch.nn.Module.named_parameters().
+ *
+ * Behaviour comes from a vtable (type name, forward, free of the private
+ * data). Built-in layers (Linear, Embedding, ...) are modules made with
+ * em_module_new; users write their own modules the same way:
+ *
+ *     static em_tensor *mlp_forward(em_module *m, const em_tensor *x) {
+ *         em_scope_begin();
+ *         em_tensor *h = em_relu(em_module_forward(em_module_get_child(m, "fc1"), x));
+ *         em_tensor *y = em_keep(em_module_forward(em_module_get_child(m, "fc2"), h));
+ *         em_scope_end();
+ *         return y;
+ *     }
+ *     static const em_module_vtable MLP = {"MLP", mlp_forward, NULL};
+ *     em_module *m = em_module_new(&MLP, NULL);
+ *     em_module_add_child(m, "fc1", em_linear_new(2, 8, true));
+ *     em_module_add_child(m, "fc2", em_linear_new(8, 1, true));
+ *
+ * Ownership: a module owns its parameters, buffers, children and private
+ * data; em_module_free releases them all. Tensors a module hands out
+ * (em_module_get_param, visitors) are borrowed. Forward returns a NEW
+ * reference with the usual tensor.h rules (owned by the current scope, or by
+ * the caller outside any scope).
+ *
+ * Built-in layers create their parameters as float32 leaves with
+ * requires_grad set, owned by the module alone (not by any scope), whatever
+ * scope is open when the module is built: building a model inside a
+ * training step's scope is safe.
+ *
+ * Errors: NULL / negative em_status plus em_last_error(), never an abort.
+ */
+#ifndef EMBER_NN_H
+#define EMBER_NN_H
+
+#include "ember/autograd.h"
+#include "ember/tensor.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct em_module em_module;
+
+/** What makes a module kind. forward returns a new reference (see above) or
+ *  NULL with an error set; free_impl releases the private data passed to
+ *  em_module_new (NULL = nothing to free / free()). */
+typedef struct em_module_vtable {
+    const char *type_name;                                     /**< "Linear", "MLP", ... */
+    em_tensor *(*forward)(em_module *m, const em_tensor *x);   /**< NULL: module cannot be called */
+    void (*free_impl)(void *impl);                             /**< NULL: impl is left alone */
+} em_module_vtable;
+
+/** Visitor over named tensors: @p key is the full dotted key ("fc1.weight"),
+ *  valid during the call only; @p t is borrowed. */
+typedef void (*em_tensor_visitor)(const char *key, em_tensor *t, void *ud);
+
+/** New empty module (training mode) of kind @p vt (must outlive the module),
+ *  with private data @p impl (owned: released by vt->free_impl). */
+EM_API em_module *em_module_new(const em_module_vtable *vt, void *impl);
+/** Frees the module, its children, private data, and releases its tensors.
+ *  NULL is a no-op. */
+EM_API void em_module_free(em_module *m);
+EM_API void *em_module_impl(const em_module *m);
+EM_API const char *em_module_type_name(const em_module *m);
+
+/** Registers parameter @p name (no '.', unique among this module's
+ *  parameters, buffers and children). The module takes its own reference
+ *  (em_tensor_retain: the caller's reference, scoped or not, is unaffected)
+ *  and sets requires_grad (float dtypes only: EM_ERR_DTYPE otherwise;
+ *  non-leaf: EM_ERR_STATE). */
+EM_API em_status em_module_add_param(em_module *m, const char *name, em_tensor *param);
+/** Registers buffer @p name (a new reference; requires_grad untouched). */
+EM_API em_status em_module_add_buffer(em_module *m, const char *name, em_tensor *buf);
+/** Registers child @p name; the parent takes ownership of @p child (also when
+ *  this fails: then the child is freed). */
+EM_API em_status em_module_add_child(em_module *m, const char *name, em_module *child);
+
+/** Parameter by dotted key relative to @p m ("weight", "fc1.weight",
+ *  "layers.0.bias"); borrowed; NULL + EM_ERR_INVALID naming the key when absent. */
+EM_API em_tensor *em_module_get_param(const em_module *m, const char *key);
+EM_API em_tensor *em_module_get_buffer(const em_module *m, const char *key);
+/** Child by dotted key ("encoder.layers.0"); borrowed; NULL when absent. */
+EM_API em_module *em_module_get_child(const em_module *m, const char *key);
+EM_API int em_module_num_children(const em_module *m);
+/** i-th child in registration order (borrowed), its name in *name when non-NULL. */
+EM_API em_module *em_module_child_at(const em_module *m, int i, const char **name);
+
+/** Calls @p cb for every parameter, own first then children recursively, in
+ *  registration order, with PyTorch keys. */
+EM_API em_status em_module_visit_params(const em_module *m, em_tensor_visitor cb, void *ud);
+/** Same for buffers. */
+EM_API em_status em_module_visit_buffers(const em_module *m, em_tensor_visitor cb, void *ud);
+/** Number of parameters (tensors), recursively. */
+EM_API int em_module_num_param_tensors(const em_module *m);
+/** Writes up to @p max parameters (borrowed) in visiting order into @p out
+ *  (may be NULL to count); returns the total count, or < 0 on error. */
+EM_API int em_module_parameters(const em_module *m, em_tensor **out, int max);
+/** Number of scalars in all parameters (torch: sum(p.numel() for p in m.parameters())). */
+EM_API int64_t em_module_num_params(const em_module *m);
+
+/** Sets training mode on @p m and all its children (torch Module.train(mode));
+ *  em_module_train(m, false) is eval(). */
+EM_API void em_module_train(em_module *m, bool training);
+EM_API bool em_module_is_training(const em_module *m);
+/** Turns requires_grad off (freeze) / on (unfreeze) for every parameter. */
+EM_API em_status em_module_freeze(em_module *m);
+EM_API em_status em_module_unfreeze(em_module *m);
+/** Runs the module: vt->forward(m, x). NULL input -> NULL. */
+EM_API em_tensor *em_module_forward(em_module *m, const em_tensor *x);
+
+/* ---- initializers (in place; formulas as torch.nn.init) ------------------
+ * All run under no-grad and overwrite @p t (float dtype) with em_copy_ from a
+ * draw of the global seeded generator (em_manual_seed), so they are
+ * reproducible. They return EM_OK or a negative status. */
+
+/** Fan mode for Kaiming init: preserve the variance of the forward (fan_in)
+ *  or backward (fan_out) pass. */
+typedef enum em_fan_mode { EM_FAN_IN = 0, EM_FAN_OUT = 1 } em_fan_mode;
+
+/** Non-linearities for em_init_calculate_gain. */
+typedef enum em_nonlinearity {
+    EM_NONLIN_LINEAR = 0,  /**< also conv*d, sigmoid: gain 1 */
+    EM_NONLIN_SIGMOID,     /**< 1 */
+    EM_NONLIN_TANH,        /**< 5/3 */
+    EM_NONLIN_RELU,        /**< sqrt(2) */
+    EM_NONLIN_LEAKY_RELU,  /**< sqrt(2 / (1 + negative_slope^2)) */
+    EM_NONLIN_SELU,        /**< 3/4 */
+} em_nonlinearity;
+
+/** torch.nn.init.calculate_gain(nonlinearity, param); @p param is the
+ *  leaky_relu negative slope (ignored otherwise; a negative value means the
+ *  PyTorch default 0.01). */
+EM_API double em_init_calculate_gain(em_nonlinearity nl, double param);
+/** torch.nn.init._calculate_fan_in_and_fan_out: for shape [out, in, k...]
+ *  fan_in = in * prod(k), fan_out = out * prod(k). Rank < 2: EM_ERR_SHAPE. */
+EM_API em_status em_init_fans(const em_tensor *t, int64_t *fan_in, int64_t *fan_out);
+EM_API em_status em_init_constant_(em_tensor *t, double value);
+EM_API em_status em_init_zeros_(em_tensor *t);
+EM_API em_status em_init_ones_(em_tensor *t);
+/** U(a, b). */
+EM_API em_status em_init_uniform_(em_tensor *t, double a, double b);
+/** N(mean, std^2). */
+EM_API em_status em_init_normal_(em_tensor *t, double mean, double std);
+/** U(-bound, bound), bound = gain * sqrt(3 / fan), gain =
+ *  calculate_gain(nl, a) (He et al. 2015; torch.nn.init.kaiming_uniform_). */
+EM_API em_status em_init_kaiming_uniform_(em_tensor *t, double a, em_fan_mode mode, em_nonlinearity nl);
+/** N(0, std^2), std = gain / sqrt(fan) (torch.nn.init.kaiming_normal_). */
+EM_API em_status em_init_kaiming_normal_(em_tensor *t, double a, em_fan_mode mode, em_nonlinearity nl);
+/** U(-a, a), a = gain * sqrt(6 / (fan_in + fan_out)) (Glorot & Bengio 2010;
+ *  torch.nn.init.xavier_uniform_). */
+EM_API em_status em_init_xavier_uniform_(em_tensor *t, double gain);
+/** N(0, std^2), std = gain * sqrt(2 / (fan_in + fan_out)) (torch.nn.init.xavier_normal_). */
+EM_API em_status em_init_xavier_normal_(em_tensor *t, double gain);
+
+/* ---- layers ---------------------------------------------------------------
+ * Constructors return a new module (free with em_module_free, or hand it to a
+ * parent) or NULL with an error. Parameters are float32. */
+
+/** torch.nn.Linear: y = x W^T + b. x [..., in_features] -> [..., out_features].
+ *  weight [out_features, in_features] ~ kaiming_uniform(a = sqrt(5)) i.e.
+ *  U(-1/sqrt(in), 1/sqrt(in)); bias [out_features] ~ U(-1/sqrt(in), 1/sqrt(in)).
+ *  Keys: "weight", "bias". */
+EM_API em_module *em_linear_new(int64_t in_features, int64_t out_features, bool bias);
+/** torch.nn.Embedding: integer (i64/i32) indices of any shape S -> S +
+ *  [embedding_dim]; weight [num_embeddings, embedding_dim] ~ N(0, 1). */
+EM_API em_module *em_embedding_new(int64_t num_embeddings, int64_t embedding_dim);
+/** torch.nn.Dropout(p): in training, zeroes each element with probability p
+ *  and scales the rest by 1/(1-p); in eval mode the identity. 0 <= p <= 1. */
+EM_API em_module *em_dropout_new(double p);
+/** torch.nn.LayerNorm over the last @p ndim dims of shape @p normalized_shape:
+ *  y = (x - E[x]) / sqrt(Var[x] + eps) * weight + bias (biased variance).
+ *  elementwise_affine adds weight (ones) and bias (zeros) of that shape.
+ *  PyTorch default eps = 1e-5. */
+EM_API em_module *em_layer_norm_new(const int64_t *normalized_shape, int ndim, double eps, bool elementwise_affine);
+/** torch.nn.RMSNorm over the last dim of size @p dim: y = x / sqrt(mean(x^2) +
+ *  eps) * weight, weight [dim] = ones. eps < 0 means PyTorch's default
+ *  (eps=None: the machine epsilon of x's dtype). */
+EM_API em_module *em_rms_norm_new(int64_t dim, double eps);
+/** torch.nn.Sequential: children named "0", "1", ...; forward chains them.
+ *  Takes ownership of the @p n modules (also on failure). */
+EM_API em_module *em_sequential_new(em_module *const *mods, int n);
+/** Appends @p child (ownership taken) as the next numbered child. */
+EM_API em_status em_sequential_append(em_module *seq, em_module *child);
+
+/* activation modules (no parameters) */
+EM_API em_module *em_identity_new(void);
+EM_API em_module *em_relu_new(void);
+/** negative_slope: PyTorch default 0.01. */
+EM_API em_module *em_leaky_relu_new(double negative_slope);
+/** tanh_approximate = false: exact erf form (PyTorch approximate='none'). */
+EM_API em_module *em_gelu_new(bool tanh_approximate);
+EM_API em_module *em_silu_new(void);
+EM_API em_module *em_sigmoid_new(void);
+EM_API em_module *em_tanh_new(void);
+/** torch.nn.Softplus(beta=1, threshold=20): log(1 + exp(beta x)) / beta, and
+ *  x where beta x > threshold. */
+EM_API em_module *em_softplus_new(double beta, double threshold);
+/** alpha: PyTorch default 1.0. */
+EM_API em_module *em_elu_new(double alpha);
+
+/* ---- functional forms ----------------------------------------------------- */
+
+/** y = x W^T + b; x [..., in], weight [out, in], bias [out] or NULL. */
+EM_API em_tensor *em_linear(const em_tensor *x, const em_tensor *weight, const em_tensor *bias);
+/** Dropout with probability @p p when @p training (else a view of x). */
+EM_API em_tensor *em_dropout(const em_tensor *x, double p, bool training);
+/** Layer norm over the last @p ndim dims; weight/bias of those dims or NULL. */
+EM_API em_tensor *em_layer_norm(const em_tensor *x, int ndim, const em_tensor *weight, const em_tensor *bias, double eps);
+/** RMS norm over the last dim; weight [D] or NULL; eps < 0: dtype epsilon. */
+EM_API em_tensor *em_rms_norm(const em_tensor *x, const em_tensor *weight, double eps);
+
+/* ---- losses ----------------------------------------------------------------
+ * Written with ordinary differentiable ops, so em_backward covers them.
+ * Shapes are checked: mismatches are EM_ERR_SHAPE errors that name the
+ * shapes; class targets must be int64 (EM_ERR_DTYPE otherwise). Results are
+ * 0-d for MEAN/SUM, per-element for NONE. */
+
+typedef enum em_reduction {
+    EM_REDUCTION_MEAN = 0, /**< PyTorch default */
+    EM_REDUCTION_SUM = 1,
+    EM_REDUCTION_NONE = 2,
+} em_reduction;
+
+/** Options of em_cross_entropy / em_nll_loss (torch.nn.functional names). */
+typedef struct em_cross_entropy_opts {
+    em_reduction reduction;   /**< MEAN */
+    int64_t ignore_index;     /**< -100: targets equal to it add nothing (loss 0) */
+    double label_smoothing;   /**< 0.0; in [0, 1]; cross-entropy only */
+    const em_tensor *weight;  /**< NULL, or [C] class weights (borrowed) */
+} em_cross_entropy_opts;
+/** The PyTorch defaults above. */
+EM_API em_cross_entropy_opts em_cross_entropy_opts_default(void);
+
+/** torch.nn.functional.cross_entropy from @p logits [N, C] (float) and class
+ *  indices @p target [N] (i64); opts NULL = defaults. With w_i = weight[y_i]
+ *  (1 without weights) and 0 for ignored targets, lp = log_softmax(logits):
+ *    nll_i    = -w_i * lp[i, y_i]
+ *    smooth_i = -sum_c weight[c] * lp[i, c]   (0 for ignored targets)
+ *    loss_i   = (1 - ls) * nll_i + ls / C * smooth_i
+ *  MEAN divides the sum by sum_i w_i over non-ignored targets (PyTorch's
+ *  weighted mean: NaN when every target is ignored), SUM sums, NONE returns
+ *  [N]. (ATen cross_entropy_loss_label_smoothing.) */
+EM_API em_tensor *em_cross_entropy(const em_tensor *logits, const em_tensor *target, const em_cross_entropy_opts *opts);
+/** torch.nn.functional.nll_loss on log-probabilities [N, C]: the nll_i term
+ *  above (label_smoothing must be 0). */
+EM_API em_tensor *em_nll_loss(const em_tensor *log_probs, const em_tensor *target, const em_cross_entropy_opts *opts);
+/** (x - y)^2, shapes equal. */
+EM_API em_tensor *em_mse_loss(const em_tensor *input, const em_tensor *target, em_reduction reduction);
+/** |x - y|. */
+EM_API em_tensor *em_l1_loss(const em_tensor *input, const em_tensor *target, em_reduction reduction);
+/** z = |x - y|: 0.5 z^2 / beta if z < beta else z - 0.5 beta (beta = 0: L1).
+ *  PyTorch default beta = 1.0. */
+EM_API em_tensor *em_smooth_l1_loss(const em_tensor *input, const em_tensor *target, double beta, em_reduction reduction);
+/** z = |x - y|: 0.5 z^2 if z < delta else delta (z - 0.5 delta). delta > 0,
+ *  PyTorch default 1.0. */
+EM_API em_tensor *em_huber_loss(const em_tensor *input, const em_tensor *target, double delta, em_reduction reduction);
+
+/** Options of em_binary_cross_entropy_with_logits. */
+typedef struct em_bce_opts {
+    em_reduction reduction;      /**< MEAN */
+    const em_tensor *weight;     /**< NULL or per-element weight broadcast to the input */
+    const em_tensor *pos_weight; /**< NULL or weight of positive examples, broadcast
+                                      to the input (typically [C] for [N, C]) */
+} em_bce_opts;
+EM_API em_bce_opts em_bce_opts_default(void);
+/** torch.nn.functional.binary_cross_entropy_with_logits:
+ *    loss = (1 - y) x + lw * log(1 + exp(-x)),  lw = 1 + (pos_weight - 1) y
+ *  (without pos_weight: max(x, 0) - x y + log1p(exp(-|x|))), then * weight.
+ *  Computed as (1 - y) softplus(x) + pos_weight y softplus(-x), which is the
+ *  same function without cancellation at large |x| (exact for y in {0, 1}).
+ *  input and target (float, values in [0, 1]) of one shape. */
+EM_API em_tensor *em_binary_cross_entropy_with_logits(const em_tensor *input, const em_tensor *target, const em_bce_opts *opts);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

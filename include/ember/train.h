@@ -1,0 +1,96 @@
+/* Ember training: checkpoints, the Learner loop, metrics.
+ *
+ * A checkpoint is one SafeTensors file: model parameters under "model.<key>"
+ * (PyTorch keys, e.g. "model.0.weight"), optimizer state under
+ * "optim.<key>", and metadata (epoch, step, RNG state, scheduler step, best
+ * metric, plus caller-supplied entries such as the model's configuration).
+ * It is written atomically, so an interrupted save never leaves a partial
+ * file. Resuming restores all of it, so a resumed run continues exactly
+ * where the saved one stopped (data order is a function of seed and epoch).
+ */
+#ifndef EMBER_TRAIN_H
+#define EMBER_TRAIN_H
+
+#include "ember/data.h"
+#include "ember/nn.h"
+#include "ember/optim.h"
+#include "ember/store.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/** What a checkpoint records besides tensors. */
+typedef struct em_checkpoint_info {
+    int64_t epoch;        /**< epochs completed                         */
+    int64_t step;         /**< optimizer steps completed                */
+    double best_metric;   /**< best monitored validation metric so far  */
+    int64_t best_epoch;   /**< epoch (1-based) that reached best_metric */
+    int64_t bad_epochs;   /**< epochs without improvement (early stopping) */
+    uint64_t rng_seed, rng_offset; /**< global generator (em_rng_get_state) */
+} em_checkpoint_info;
+
+/** Saves model (+ optimizer and scheduler when non-NULL) atomically to @p path.
+ *  @p meta adds caller metadata (e.g. "ember.model" = "mlp:784-256-128-10"). */
+EM_API em_status em_checkpoint_save(const char *path, const em_module *model, const em_optim *opt,
+                                    const em_lr_scheduler *sched, const em_checkpoint_info *info,
+                                    const em_st_kv *meta, size_t n_meta);
+/** Loads a checkpoint into model (and opt/sched when non-NULL) and fills info.
+ *  Everything is validated before anything changes: a missing or extra model
+ *  key, a shape or dtype mismatch (a checkpoint of another model) is an error
+ *  naming the file and key, and the model is left untouched. */
+EM_API em_status em_checkpoint_load(const char *path, em_module *model, em_optim *opt, em_lr_scheduler *sched,
+                                    em_checkpoint_info *info);
+
+/** Per-epoch metrics. Validation fields are NAN when there is no validation set. */
+typedef struct em_epoch_metrics {
+    int64_t epoch;          /**< 1-based */
+    double train_loss, train_accuracy;
+    double val_loss, val_accuracy, val_top5;
+    double lr;              /**< learning rate at the end of the epoch */
+    double samples_per_s;   /**< training samples per second            */
+    double epoch_time_s;    /**< wall time of the train + validation phases */
+} em_epoch_metrics;
+
+typedef struct em_learner_config {
+    int64_t epochs;           /**< total epochs (default 10)                                */
+    const char *out_dir;      /**< checkpoints + metrics.csv go here; NULL = none           */
+    const char *resume;       /**< checkpoint to resume from; NULL = fresh start           */
+    int progress;             /**< 1 bar on a terminal, 0 plain lines, -1 auto (default)    */
+    int64_t early_stopping_patience; /**< stop after this many epochs without improvement; 0 = off */
+    bool monitor_loss;        /**< monitor val loss (lower is better) instead of val accuracy */
+    double clip_grad_norm;    /**< > 0: clip by global norm                                   */
+    em_cross_entropy_opts loss; /**< cross-entropy options (label smoothing, ...)           */
+    bool sched_per_step;      /**< step the scheduler every batch (default: every epoch)     */
+    const em_st_kv *meta;     /**< extra checkpoint metadata (model configuration)           */
+    size_t n_meta;
+    FILE *log;                /**< where progress goes (default stdout)                       */
+} em_learner_config;
+
+EM_API em_learner_config em_learner_config_default(void);
+
+/** Trains @p model with cross-entropy on @p train (and evaluates on @p val
+ *  when non-NULL) for cfg->epochs epochs: per epoch it prints metrics, appends
+ *  a line to out_dir/metrics.csv, saves out_dir/checkpoint.safetensors and,
+ *  on improvement, out_dir/best.safetensors. Writes up to @p max_history
+ *  entries into @p history and their count into @p n_history (both may be
+ *  NULL). */
+EM_API em_status em_learner_fit(em_module *model, em_optim *opt, em_lr_scheduler *sched, em_loader *train,
+                                em_loader *val, const em_learner_config *cfg, em_epoch_metrics *history,
+                                int max_history, int *n_history);
+
+/** Evaluation results. */
+typedef struct em_eval_result {
+    double loss, accuracy, top5;
+    int64_t samples;
+} em_eval_result;
+
+/** Evaluates under no-grad in eval mode. @p confusion, when non-NULL, receives
+ *  a num_classes x num_classes matrix (row = true class, column = predicted). */
+EM_API em_status em_evaluate(em_module *model, em_loader *data, int64_t num_classes, em_eval_result *out,
+                             int64_t *confusion);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

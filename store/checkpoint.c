@@ -1,0 +1,218 @@
+/* Checkpoints: model + optimizer state + scheduler + progress in one
+ * SafeTensors file, written atomically (em_safetensors_save). */
+#include "ember/train.h"
+#include "runtime/internal.h"
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct named {
+    char **names;
+    em_tensor **ts;
+    size_t n, cap;
+    const char *prefix;
+    em_status st;
+} named;
+
+static void collect(const char *key, em_tensor *t, void *ud)
+{
+    named *c = ud;
+    if (c->st != EM_OK) return;
+    if (c->n == c->cap) {
+        size_t cap = c->cap ? c->cap * 2 : 32;
+        char **nn = realloc(c->names, sizeof *nn * cap);
+        if (nn) c->names = nn;
+        em_tensor **nt = realloc(c->ts, sizeof *nt * cap);
+        if (nt) c->ts = nt;
+        if (!nn || !nt) {
+            c->st = em__set_error(EM_ERR_NOMEM, "out of memory");
+            return;
+        }
+        c->cap = cap;
+    }
+    size_t len = strlen(c->prefix) + strlen(key) + 1;
+    char *s = malloc(len);
+    if (!s) {
+        c->st = em__set_error(EM_ERR_NOMEM, "out of memory");
+        return;
+    }
+    snprintf(s, len, "%s%s", c->prefix, key);
+    c->names[c->n] = s;
+    c->ts[c->n] = em_tensor_retain(t); /* visitors may hand out temporaries */
+    c->n++;
+}
+
+static void named_free(named *c)
+{
+    for (size_t i = 0; i < c->n; i++) {
+        free(c->names[i]);
+        em_tensor_release(c->ts[i]);
+    }
+    free(c->names);
+    free(c->ts);
+}
+
+#define META_MAX 64
+
+em_status em_checkpoint_save(const char *path, const em_module *model, const em_optim *opt, const em_lr_scheduler *sched,
+                             const em_checkpoint_info *info, const em_st_kv *meta, size_t n_meta)
+{
+    if (!path || !model) return em__set_error(EM_ERR_INVALID, "em_checkpoint_save: %s is NULL", !path ? "path" : "model");
+    if (n_meta > META_MAX - 16) return em__set_error(EM_ERR_INVALID, "em_checkpoint_save: too many metadata entries");
+    named c = {.prefix = "model."};
+    em_module_visit_params(model, collect, &c);
+    if (opt && c.st == EM_OK) {
+        c.prefix = "optim.";
+        em_optim_state_visit(opt, collect, &c);
+    }
+    if (c.st != EM_OK) {
+        named_free(&c);
+        return c.st;
+    }
+    char vals[16][48];
+    em_st_kv kv[META_MAX];
+    size_t k = 0;
+    em_checkpoint_info z = {0};
+    if (!info) info = &z;
+#define PUT(K_, fmt, v)                                          \
+    do {                                                         \
+        snprintf(vals[k], sizeof vals[k], fmt, v);               \
+        kv[k] = (em_st_kv){.key = K_, .value = vals[k]};         \
+        k++;                                                     \
+    } while (0)
+    PUT("ember.format", "%s", "checkpoint-1");
+    PUT("ember.epoch", "%" PRId64, info->epoch);
+    PUT("ember.step", "%" PRId64, info->step);
+    PUT("ember.best_metric", "%.17g", info->best_metric);
+    PUT("ember.best_epoch", "%" PRId64, info->best_epoch);
+    PUT("ember.bad_epochs", "%" PRId64, info->bad_epochs);
+    PUT("ember.rng_seed", "%" PRIu64, info->rng_seed);
+    PUT("ember.rng_offset", "%" PRIu64, info->rng_offset);
+    PUT("ember.sched_step", "%" PRId64, sched ? em_lr_scheduler_get_step(sched) : (int64_t)0);
+    PUT("ember.lr", "%.17g", opt ? em_optim_get_lr(opt) : 0.0);
+    PUT("ember.optim_kind", "%s", opt ? em_optim_kind_name(em_optim_get_config(opt)->kind) : "none");
+    PUT("ember.optim_nparams", "%d", opt ? em_optim_num_params(opt) : 0);
+#undef PUT
+    /* per-parameter step counters in one comma-separated string */
+    char *steps = NULL;
+    if (opt) {
+        int np = em_optim_num_params(opt);
+        steps = malloc((size_t)np * 21 + 2);
+        if (!steps) {
+            named_free(&c);
+            return em__set_error(EM_ERR_NOMEM, "out of memory");
+        }
+        size_t pos = 0;
+        steps[0] = 0;
+        for (int i = 0; i < np; i++)
+            pos += (size_t)snprintf(steps + pos, 22, i ? ",%" PRId64 : "%" PRId64, em_optim_get_step(opt, i));
+        kv[k++] = (em_st_kv){.key = "ember.optim_steps", .value = steps};
+    }
+    for (size_t i = 0; i < n_meta; i++) kv[k++] = meta[i];
+    em_status st = em_safetensors_save(path, (const char *const *)c.names, c.ts, c.n, kv, k);
+    free(steps);
+    named_free(&c);
+    return st;
+}
+
+static bool parse_i64(const char *s, int64_t *out)
+{
+    if (!s) return false;
+    char *end;
+    long long v = strtoll(s, &end, 10);
+    if (end == s || *end) return false;
+    *out = v;
+    return true;
+}
+
+em_status em_checkpoint_load(const char *path, em_module *model, em_optim *opt, em_lr_scheduler *sched,
+                             em_checkpoint_info *info)
+{
+    if (!path || !model) return em__set_error(EM_ERR_INVALID, "em_checkpoint_load: %s is NULL", !path ? "path" : "model");
+    em_st_file *f = em_safetensors_open(path);
+    if (!f) return em_last_status();
+    em_status st = EM_OK;
+    const char *fmt = em_safetensors_metadata(f, "ember.format");
+    if (!fmt || strcmp(fmt, "checkpoint-1") != 0) {
+        st = em__set_error(EM_ERR_FORMAT, "%s: not an Ember checkpoint (metadata 'ember.format' is %s)", path,
+                           fmt ? fmt : "missing");
+        goto out;
+    }
+    /* model: every parameter key must be present with its shape; no extra model.* keys */
+    named c = {.prefix = "model."};
+    em_module_visit_params(model, collect, &c);
+    if (c.st != EM_OK) {
+        st = c.st;
+        named_free(&c);
+        goto out;
+    }
+    size_t nfile_model = 0;
+    for (size_t i = 0; i < em_safetensors_count(f); i++)
+        if (!strncmp(em_safetensors_at(f, i)->name, "model.", 6)) nfile_model++;
+    if (nfile_model != c.n) {
+        for (size_t i = 0; i < em_safetensors_count(f); i++) {
+            const char *nm = em_safetensors_at(f, i)->name;
+            if (strncmp(nm, "model.", 6)) continue;
+            bool known = false;
+            for (size_t j = 0; j < c.n && !known; j++) known = !strcmp(c.names[j], nm);
+            if (!known) {
+                st = em__set_error(EM_ERR_FORMAT, "%s: unexpected key '%s' (a checkpoint of another model? it has %zu model "
+                                   "tensors, this model %zu)", path, nm, nfile_model, c.n);
+                break;
+            }
+        }
+    }
+    if (st == EM_OK) st = em_safetensors_load_from(f, (const char *const *)c.names, c.ts, c.n, false);
+    named_free(&c);
+    if (st != EM_OK) goto out;
+    if (opt) {
+        const char *kind = em_safetensors_metadata(f, "ember.optim_kind");
+        if (kind && strcmp(kind, em_optim_kind_name(em_optim_get_config(opt)->kind)) != 0) {
+            st = em__set_error(EM_ERR_FORMAT, "%s: optimizer state is for %s, this run uses %s", path, kind,
+                               em_optim_kind_name(em_optim_get_config(opt)->kind));
+            goto out;
+        }
+        for (size_t i = 0; i < em_safetensors_count(f) && st == EM_OK; i++) {
+            const em_st_tensor *t = em_safetensors_at(f, i);
+            if (strncmp(t->name, "optim.", 6)) continue;
+            em_tensor *v = em_safetensors_tensor(f, t->name);
+            if (!v) {
+                st = em_last_status();
+                break;
+            }
+            em__scope_remove(v);
+            st = em_optim_state_set(opt, t->name + 6, v);
+            if (st != EM_OK) em__set_error(st, "%s: optimizer state '%s': %s", path, t->name, em_last_error());
+            em_tensor_release(v);
+        }
+        const char *steps = em_safetensors_metadata(f, "ember.optim_steps");
+        for (int i = 0; steps && st == EM_OK && i < em_optim_num_params(opt); i++) {
+            em_optim_set_step(opt, i, strtoll(steps, (char **)&steps, 10));
+            if (*steps == ',') steps++;
+        }
+        const char *lr = em_safetensors_metadata(f, "ember.lr");
+        if (st == EM_OK && lr) em_optim_set_lr(opt, strtod(lr, NULL));
+    }
+    if (st == EM_OK && sched) {
+        int64_t s = 0;
+        if (parse_i64(em_safetensors_metadata(f, "ember.sched_step"), &s)) em_lr_scheduler_set_step(sched, s);
+    }
+    if (st == EM_OK && info) {
+        memset(info, 0, sizeof *info);
+        int64_t v;
+        if (parse_i64(em_safetensors_metadata(f, "ember.epoch"), &v)) info->epoch = v;
+        if (parse_i64(em_safetensors_metadata(f, "ember.step"), &v)) info->step = v;
+        if (parse_i64(em_safetensors_metadata(f, "ember.best_epoch"), &v)) info->best_epoch = v;
+        if (parse_i64(em_safetensors_metadata(f, "ember.bad_epochs"), &v)) info->bad_epochs = v;
+        const char *b = em_safetensors_metadata(f, "ember.best_metric");
+        info->best_metric = b ? strtod(b, NULL) : 0;
+        const char *rs = em_safetensors_metadata(f, "ember.rng_seed"), *ro = em_safetensors_metadata(f, "ember.rng_offset");
+        info->rng_seed = rs ? strtoull(rs, NULL, 10) : 0;
+        info->rng_offset = ro ? strtoull(ro, NULL, 10) : 0;
+    }
+out:
+    em_safetensors_close(f);
+    return st;
+}

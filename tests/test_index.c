@@ -1,0 +1,196 @@
+/* Indexing ops: gather, scatter, scatter_add, index_select, one_hot
+ * (tasks/index.c, devices/cpu/index.c). Expected values follow PyTorch
+ * (several are the examples of the PyTorch documentation). */
+#include "testutil.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#define CLOSE(t, ...) em_test_assert_close((t), VALS(__VA_ARGS__), 0, 0)
+#define ASSERT_SHAPE(t, ...) em_test_assert_shape((t), NDIM(__VA_ARGS__), SHAPE(__VA_ARGS__))
+
+static em_tensor *i64_tensor(const int64_t *v, const int64_t *shape, int nd)
+{
+    em_tensor *t = em_from_host(v, shape, nd, EM_I64);
+    if (!t) fail_msg("em_from_host: %s", em_last_error());
+    return t;
+}
+static em_tensor *i32_tensor(const int32_t *v, const int64_t *shape, int nd)
+{
+    em_tensor *t = em_from_host(v, shape, nd, EM_I32);
+    if (!t) fail_msg("em_from_host: %s", em_last_error());
+    return t;
+}
+#define I64(shape_list, ...) i64_tensor((const int64_t[]){__VA_ARGS__}, SHAPE shape_list, NDIM shape_list)
+#define I32(shape_list, ...) i32_tensor((const int32_t[]){__VA_ARGS__}, SHAPE shape_list, NDIM shape_list)
+
+static void test_gather(void **state)
+{
+    (void)state;
+    em_scope_begin();
+    em_tensor *t = F32((2, 2), 1, 2, 3, 4);
+    em_tensor *idx = I64((2, 2), 0, 0, 1, 0);
+    /* torch.gather(t, 1, [[0,0],[1,0]]) = [[1,1],[4,3]] */
+    em_tensor *g1 = em_gather(t, 1, idx);
+    ASSERT_SHAPE(g1, 2, 2);
+    assert_int_equal(em_tensor_dtype(g1), EM_F32);
+    CLOSE(g1, 1, 1, 4, 3);
+    /* dim 0: out[i][j] = t[idx[i][j]][j] = [[1,2],[3,2]] */
+    CLOSE(em_gather(t, 0, idx), 1, 2, 3, 2);
+    CLOSE(em_gather(t, -2, idx), 1, 2, 3, 2);
+    /* index smaller than the input; i32 index */
+    em_tensor *a = F32((3, 3), 1, 2, 3, 4, 5, 6, 7, 8, 9);
+    em_tensor *g2 = em_gather(a, 1, I32((2, 1), 2, 0));
+    ASSERT_SHAPE(g2, 2, 1);
+    CLOSE(g2, 3, 4);
+    em_tensor *g3 = em_gather(a, 0, I64((1, 3), 2, 1, 0));
+    CLOSE(g3, 7, 5, 3);
+    /* strided input (transposed) */
+    CLOSE(em_gather(em_transpose(a, 0, 1), 1, I64((2, 2), 0, 2, 1, 1)), 1, 7, 5, 5);
+    /* 3-D, dim 2 */
+    em_tensor *b = F32((2, 2, 3), 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11);
+    CLOSE(em_gather(b, 2, I64((2, 2, 1), 2, 0, 1, 2)), 2, 3, 7, 11);
+    /* out-of-range and negative indices read as 0 (documented) */
+    CLOSE(em_gather(t, 1, I64((2, 2), 5, 1, -1, 0)), 0, 2, 0, 3);
+    /* integer data */
+    em_tensor *ti = I32((2, 3), 10, 20, 30, 40, 50, 60);
+    em_tensor *gi = em_gather(ti, 1, I64((2, 2), 2, 1, 0, 0));
+    assert_int_equal(em_tensor_dtype(gi), EM_I32);
+    CLOSE(gi, 30, 20, 40, 40);
+    em_scope_end();
+}
+
+static void test_scatter(void **state)
+{
+    (void)state;
+    em_scope_begin();
+    em_tensor *src = F32((2, 5), 1, 2, 3, 4, 5, 6, 7, 8, 9, 10);
+    em_tensor *z = em_zeros(SHAPE(3, 5), 2, EM_F32);
+    /* PyTorch docs: zeros(3,5).scatter_(0, [[0,1,2,0]], src) */
+    em_tensor *s0 = em_scatter(z, 0, I64((1, 4), 0, 1, 2, 0), src);
+    ASSERT_SHAPE(s0, 3, 5);
+    CLOSE(s0, 1, 0, 0, 4, 0, 0, 2, 0, 0, 0, 0, 0, 3, 0, 0);
+    /* zeros(3,5).scatter_(1, [[0,1,2],[0,1,4]], src) */
+    em_tensor *s1 = em_scatter(z, 1, I64((2, 3), 0, 1, 2, 0, 1, 4), src);
+    CLOSE(s1, 1, 2, 3, 0, 0, 6, 7, 0, 0, 8, 0, 0, 0, 0, 0);
+    /* the input is not modified */
+    CLOSE(z, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0);
+    /* non-zero self, strided self, src cast to self's dtype */
+    em_tensor *self = F32((2, 2), 1, 2, 3, 4);
+    int64_t sv[2] = {7, 8};
+    em_tensor *si = em_from_host(sv, SHAPE(1, 2), 2, EM_I64);
+    CLOSE(em_scatter(em_transpose(self, 0, 1), 1, I64((1, 2), 1, 0), si), 8, 7, 2, 4);
+    /* out-of-range indices are skipped */
+    CLOSE(em_scatter(self, 0, I64((1, 2), 3, -1), src), 1, 2, 3, 4);
+    em_scope_end();
+}
+
+static void test_scatter_add(void **state)
+{
+    (void)state;
+    em_scope_begin();
+    em_tensor *ones = em_ones(SHAPE(2, 5), 2, EM_F32);
+    em_tensor *z = em_zeros(SHAPE(3, 5), 2, EM_F32);
+    /* PyTorch docs: zeros(3,5).scatter_add_(0, [[0,1,2,0,0]], ones(2,5)) */
+    CLOSE(em_scatter_add(z, 0, I64((1, 5), 0, 1, 2, 0, 0), ones), 1, 0, 0, 1, 1, 0, 1, 0, 0, 0, 0, 0, 1, 0, 0);
+    /* ... with index [[0,1,2,0,0],[0,1,2,2,2]] */
+    CLOSE(em_scatter_add(z, 0, I64((2, 5), 0, 1, 2, 0, 0, 0, 1, 2, 2, 2), ones), 2, 0, 0, 1, 1, 0, 2, 0, 0, 0, 0, 0, 2, 1, 1);
+    /* dim 1 with duplicates into a non-zero self */
+    em_tensor *a = em_ones(SHAPE(2, 3), 2, EM_F32);
+    em_tensor *src = F32((2, 3), 1, 2, 3, 4, 5, 6);
+    CLOSE(em_scatter_add(a, 1, I64((2, 3), 0, 0, 2, 1, 1, 1), src), 4, 1, 4, 1, 16, 1);
+    /* integer dtype, i32 index */
+    em_tensor *ai = I32((4), 0, 0, 0, 0);
+    em_tensor *r = em_scatter_add(ai, 0, I32((5), 1, 3, 1, 1, 9), I32((5), 1, 2, 3, 4, 5));
+    assert_int_equal(em_tensor_dtype(r), EM_I32);
+    CLOSE(r, 0, 8, 0, 2);
+    em_scope_end();
+}
+
+static void test_index_select(void **state)
+{
+    (void)state;
+    em_scope_begin();
+    em_tensor *a = F32((3, 4), 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12);
+    em_tensor *r0 = em_index_select(a, 0, I64((2), 2, 0));
+    ASSERT_SHAPE(r0, 2, 4);
+    CLOSE(r0, 9, 10, 11, 12, 1, 2, 3, 4);
+    em_tensor *r1 = em_index_select(a, 1, I32((3), 3, 1, 1));
+    ASSERT_SHAPE(r1, 3, 3);
+    CLOSE(r1, 4, 2, 2, 8, 6, 6, 12, 10, 10);
+    em_tensor *r2 = em_index_select(em_transpose(a, 0, 1), -1, I64((2), 1, 2));
+    ASSERT_SHAPE(r2, 4, 2);
+    CLOSE(r2, 5, 9, 6, 10, 7, 11, 8, 12);
+    /* strided index (every other element of [2, 9, 0, 9]) */
+    CLOSE(em_index_select(a, 0, em_slice(I64((4), 2, 9, 0, 9), 0, 0, 4, 2)), 9, 10, 11, 12, 1, 2, 3, 4);
+    /* out-of-range rows are zero (documented) */
+    CLOSE(em_index_select(a, 0, I64((2), 3, 1)), 0, 0, 0, 0, 5, 6, 7, 8);
+    /* 0-d index picks one row */
+    int64_t one = 1;
+    ASSERT_SHAPE(em_index_select(a, 0, em_from_host(&one, NULL, 0, EM_I64)), 1, 4);
+    em_test_assert_error(em_index_select(a, 0, I64((1, 2), 0, 1)), "em_index_select", "1-D", "[1, 2]", NULL);
+    em_scope_end();
+}
+
+static void test_one_hot(void **state)
+{
+    (void)state;
+    em_scope_begin();
+    em_tensor *o = em_one_hot(I64((3), 0, 2, 1), 3);
+    ASSERT_SHAPE(o, 3, 3);
+    assert_int_equal(em_tensor_dtype(o), EM_I64);
+    CLOSE(o, 1, 0, 0, 0, 0, 1, 0, 1, 0);
+    em_tensor *o2 = em_one_hot(I32((2, 1), 1, 3), 3); /* 3 is out of range: an all-zero row */
+    ASSERT_SHAPE(o2, 2, 1, 3);
+    CLOSE(o2, 0, 1, 0, 0, 0, 0);
+    em_tensor *o3 = em_one_hot(em_transpose(I64((2, 2), 0, 1, 2, 3), 0, 1), 4);
+    CLOSE(o3, 1, 0, 0, 0, 0, 0, 1, 0, 0, 1, 0, 0, 0, 0, 0, 1);
+    em_test_assert_error(em_one_hot(I64((2), 0, 1), 0), "em_one_hot", "num_classes", NULL);
+    em_test_assert_error(em_one_hot(F32((2), 0, 1), 2), "em_one_hot", "float32", NULL);
+    assert_int_equal(em_last_status(), EM_ERR_DTYPE);
+    em_scope_end();
+}
+
+static void test_errors(void **state)
+{
+    (void)state;
+    em_scope_begin();
+    em_tensor *a = F32((2, 3), 1, 2, 3, 4, 5, 6);
+    em_tensor *idx = I64((2, 2), 0, 1, 1, 0);
+    em_tensor *fidx = F32((2, 2), 0, 1, 1, 0);
+    /* wrong index dtype */
+    em_test_assert_error(em_gather(a, 1, fidx), "em_gather", "float32", NULL);
+    assert_int_equal(em_last_status(), EM_ERR_DTYPE);
+    em_test_assert_error(em_scatter(a, 1, fidx, a), "em_scatter", "float32", NULL);
+    em_test_assert_error(em_scatter_add(a, 1, fidx, a), "em_scatter_add", "float32", NULL);
+    em_test_assert_error(em_index_select(a, 0, F32((1), 0)), "em_index_select", "float32", NULL);
+    /* NULL inputs */
+    em_test_assert_error(em_gather(NULL, 0, idx), "em_gather", "NULL", NULL);
+    em_test_assert_error(em_gather(a, 0, NULL), "em_gather", "NULL", NULL);
+    em_test_assert_error(em_scatter(a, 0, idx, NULL), "em_scatter", "NULL", NULL);
+    em_test_assert_error(em_index_select(NULL, 0, idx), "NULL", NULL);
+    em_test_assert_error(em_one_hot(NULL, 3), "NULL", NULL);
+    /* bad dim */
+    em_test_assert_error(em_gather(a, 2, idx), "em_gather", "dim 2", NULL);
+    em_test_assert_error(em_scatter_add(a, -3, idx, a), "em_scatter_add", "dim -3", NULL);
+    em_test_assert_error(em_index_select(a, 5, I64((1), 0)), "em_index_select", "dim 5", NULL);
+    /* shapes */
+    em_test_assert_error(em_gather(a, 1, I64((3), 0, 1, 2)), "em_gather", "[3]", "[2, 3]", NULL);
+    em_test_assert_error(em_gather(a, 1, I64((3, 1), 0, 1, 2)), "em_gather", "[3, 1]", "dim 0", NULL);
+    em_test_assert_error(em_scatter(a, 1, I64((2, 4), 0, 0, 0, 0, 0, 0, 0, 0), a), "em_scatter", "[2, 4]", "src", NULL);
+    em_test_assert_error(em_one_hot(em_zeros(SHAPE(1, 1, 1, 1, 1, 1, 1, 2), 8, EM_I64), 3), "em_one_hot", "rank 9", NULL);
+    em_scope_end();
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_gather),
+        cmocka_unit_test(test_scatter),
+        cmocka_unit_test(test_scatter_add),
+        cmocka_unit_test(test_index_select),
+        cmocka_unit_test(test_one_hot),
+        cmocka_unit_test(test_errors),
+    };
+    return cmocka_run_group_tests(tests, em_test_setup, em_test_teardown);
+}

@@ -1,0 +1,450 @@
+/* `ember train`, `ember eval`, `ember predict`. */
+#include "tools/tools.h"
+
+#include <errno.h>
+#include <getopt.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const char *FMNIST_CLASSES[10] = {"T-shirt/top", "Trouser", "Pullover", "Dress", "Coat",
+                                         "Sandal",      "Shirt",   "Sneaker",  "Bag",   "Ankle boot"};
+
+/* Parses "256,128" into sizes. Returns the count or -1. */
+static int parse_list(const char *s, int64_t *out, int max, long long minval)
+{
+    int n = 0;
+    while (s && *s) {
+        char *end;
+        long long v = strtoll(s, &end, 10);
+        if (end == s || v < minval || n == max) return -1;
+        out[n++] = v;
+        s = *end == ',' ? end + 1 : end;
+        if (*end && *end != ',') return -1;
+    }
+    return n;
+}
+
+/* "mlp:784-256-128-10" (optionally ":dropout=0.2") */
+em_module *em_tool_build_model(const char *spec, char *err, size_t nerr)
+{
+    int64_t sizes[16];
+    int n = 0;
+    double dropout = 0;
+    if (strncmp(spec, "mlp:", 4) != 0) {
+        snprintf(err, nerr, "unknown model '%s' (expected mlp:IN-H1-...-OUT)", spec);
+        return NULL;
+    }
+    const char *p = spec + 4;
+    while (*p && *p != ':') {
+        char *end;
+        long long v = strtoll(p, &end, 10);
+        if (end == p || v <= 0 || n == 16) {
+            snprintf(err, nerr, "bad model spec '%s'", spec);
+            return NULL;
+        }
+        sizes[n++] = v;
+        p = end;
+        if (*p == '-') p++;
+    }
+    if (!strncmp(p, ":dropout=", 9)) dropout = strtod(p + 9, NULL);
+    if (n < 2) {
+        snprintf(err, nerr, "model spec '%s' needs at least input and output sizes", spec);
+        return NULL;
+    }
+    em_module *seq = em_sequential_new(NULL, 0);
+    if (!seq || em_sequential_append(seq, em_tool_flatten_new()) != EM_OK) {
+        snprintf(err, nerr, "%s", em_last_error());
+        em_module_free(seq);
+        return NULL;
+    }
+    for (int i = 0; i + 1 < n; i++) {
+        em_module *lin = em_linear_new(sizes[i], sizes[i + 1], true);
+        if (!lin || em_sequential_append(seq, lin) != EM_OK) goto fail;
+        if (i + 2 < n) {
+            if (em_sequential_append(seq, em_relu_new()) != EM_OK) goto fail;
+            if (dropout > 0 && em_sequential_append(seq, em_dropout_new(dropout)) != EM_OK) goto fail;
+        }
+    }
+    return seq;
+fail:
+    snprintf(err, nerr, "%s", em_last_error());
+    em_module_free(seq);
+    return NULL;
+}
+
+static int init_runtime(const char *device)
+{
+    em_config c = em_config_default();
+    if (device) c.device = device;
+    if (em_init(&c) != EM_OK) {
+        fprintf(stderr, "ember: %s\n", em_last_error());
+        return 1;
+    }
+    return 0;
+}
+
+static void train_help(void)
+{
+    printf("usage: ember train [options]\n\n"
+           "Trains an MLP classifier on Fashion-MNIST (or any MNIST-layout folder) and\n"
+           "prints per-epoch metrics; checkpoints and metrics.csv go to --out.\n\n"
+           "  --data DIR             MNIST-layout folder (default %s)\n"
+           "  --hidden LIST          hidden layer sizes (default 256,128)\n"
+           "  --dropout P            dropout after each hidden layer (default 0)\n"
+           "  --epochs N             epochs (default 10)\n"
+           "  --batch-size N         batch size (default 64)\n"
+           "  --optimizer NAME       adam, adamw, sgd, rmsprop, adagrad (default adam)\n"
+           "  --lr X                 learning rate (default 1e-3; sgd 0.05)\n"
+           "  --momentum X           SGD/RMSprop momentum (default 0.9 for sgd)\n"
+           "  --weight-decay X       weight decay (default 0)\n"
+           "  --scheduler NAME       constant, step, cosine, exponential, warmup-cosine (default constant)\n"
+           "  --label-smoothing X    cross-entropy label smoothing (default 0)\n"
+           "  --clip-grad-norm X     clip gradients by global norm (default off)\n"
+           "  --patience N           early stopping after N epochs without val improvement (default off)\n"
+           "  --seed N               seed for initialisation, shuffling and dropout (default 0)\n"
+           "  --device DEV           cpu, cuda:N, opencl:N, auto (default: EMBER_DEVICE or cpu)\n"
+           "  --workers N            data-loader threads (default 1)\n"
+           "  --out DIR              output directory (default runs/fashion-mnist)\n"
+           "  --resume FILE          resume from a checkpoint (e.g. runs/fashion-mnist/checkpoint.safetensors)\n"
+           "  --progress / --no-progress   force the progress bar on / off\n",
+           EM_FASHION_MNIST_DIR);
+}
+
+int em_tool_train(int argc, char **argv)
+{
+    const char *data = EM_FASHION_MNIST_DIR, *hidden = "256,128", *optname = "adam", *schedname = "constant";
+    const char *device = NULL, *out = "runs/fashion-mnist", *resume = NULL;
+    int64_t epochs = 10, batch = 64, patience = 0;
+    double lr = NAN, momentum = NAN, wd = 0, smoothing = 0, clip = 0, dropout = 0;
+    uint64_t seed = 0;
+    int workers = 1, progress = -1;
+    enum { O_HIDDEN = 256, O_LR, O_MOM, O_WD, O_SCHED, O_LS, O_CLIP, O_PAT, O_WORKERS, O_RESUME, O_PROG, O_NOPROG, O_DROP };
+    static const struct option opts[] = {
+        {"data", required_argument, 0, 'd'},         {"hidden", required_argument, 0, O_HIDDEN},
+        {"epochs", required_argument, 0, 'e'},       {"batch-size", required_argument, 0, 'b'},
+        {"optimizer", required_argument, 0, 'o'},    {"lr", required_argument, 0, O_LR},
+        {"momentum", required_argument, 0, O_MOM},   {"weight-decay", required_argument, 0, O_WD},
+        {"scheduler", required_argument, 0, O_SCHED}, {"label-smoothing", required_argument, 0, O_LS},
+        {"clip-grad-norm", required_argument, 0, O_CLIP}, {"patience", required_argument, 0, O_PAT},
+        {"seed", required_argument, 0, 's'},         {"device", required_argument, 0, 'D'},
+        {"workers", required_argument, 0, O_WORKERS}, {"out", required_argument, 0, 'O'},
+        {"resume", required_argument, 0, O_RESUME},  {"progress", no_argument, 0, O_PROG},
+        {"no-progress", no_argument, 0, O_NOPROG},   {"dropout", required_argument, 0, O_DROP},
+        {"help", no_argument, 0, 'h'},               {0, 0, 0, 0}};
+    int c;
+    optind = 1;
+    while ((c = getopt_long(argc, argv, "d:e:b:o:s:D:O:h", opts, NULL)) != -1) {
+        switch (c) {
+        case 'd': data = optarg; break;
+        case O_HIDDEN: hidden = optarg; break;
+        case 'e': epochs = strtoll(optarg, NULL, 10); break;
+        case 'b': batch = strtoll(optarg, NULL, 10); break;
+        case 'o': optname = optarg; break;
+        case O_LR: lr = strtod(optarg, NULL); break;
+        case O_MOM: momentum = strtod(optarg, NULL); break;
+        case O_WD: wd = strtod(optarg, NULL); break;
+        case O_SCHED: schedname = optarg; break;
+        case O_LS: smoothing = strtod(optarg, NULL); break;
+        case O_CLIP: clip = strtod(optarg, NULL); break;
+        case O_PAT: patience = strtoll(optarg, NULL, 10); break;
+        case 's': seed = strtoull(optarg, NULL, 10); break;
+        case 'D': device = optarg; break;
+        case O_WORKERS: workers = atoi(optarg); break;
+        case 'O': out = optarg; break;
+        case O_RESUME: resume = optarg; break;
+        case O_PROG: progress = 1; break;
+        case O_NOPROG: progress = 0; break;
+        case O_DROP: dropout = strtod(optarg, NULL); break;
+        case 'h': train_help(); return 0;
+        default: fprintf(stderr, "see 'ember train --help'\n"); return 2;
+        }
+    }
+    if (optind < argc) {
+        fprintf(stderr, "ember train: unexpected argument '%s' (see --help)\n", argv[optind]);
+        return 2;
+    }
+    if (epochs < 1 || batch < 1 || workers < 0) {
+        fprintf(stderr, "ember train: --epochs and --batch-size must be >= 1, --workers >= 0\n");
+        return 2;
+    }
+    int64_t hs[16];
+    int nh = parse_list(hidden, hs, 14, 1);
+    if (nh < 0) {
+        fprintf(stderr, "ember train: bad --hidden '%s' (expected e.g. 256,128)\n", hidden);
+        return 2;
+    }
+    em_optim_kind kind;
+    if (em_tool_parse_optim(optname, &kind) != 0) {
+        fprintf(stderr, "ember train: unknown optimizer '%s' (adam, adamw, sgd, rmsprop, adagrad)\n", optname);
+        return 2;
+    }
+    if (init_runtime(device)) return 1;
+    int rc = 1;
+    em_dataset *tr = NULL, *te = NULL;
+    em_loader *ltr = NULL, *lte = NULL;
+    em_module *model = NULL;
+    em_optim *opt = NULL;
+    em_lr_scheduler *sched = NULL;
+    em_manual_seed(seed);
+    tr = em_mnist_open(data, true);
+    te = tr ? em_mnist_open(data, false) : NULL;
+    if (!tr || !te) {
+        fprintf(stderr, "ember train: %s\n", em_last_error());
+        goto done;
+    }
+    char spec[256];
+    int k = snprintf(spec, sizeof spec, "mlp:%lld", (long long)em_dataset_num_features(tr));
+    for (int i = 0; i < nh; i++) k += snprintf(spec + k, sizeof spec - (size_t)k, "-%lld", (long long)hs[i]);
+    k += snprintf(spec + k, sizeof spec - (size_t)k, "-%lld", (long long)(tr->num_classes > 0 ? tr->num_classes : 10));
+    if (dropout > 0) snprintf(spec + k, sizeof spec - (size_t)k, ":dropout=%g", dropout);
+    char err[512];
+    model = em_tool_build_model(spec, err, sizeof err);
+    if (!model) {
+        fprintf(stderr, "ember train: %s\n", err);
+        goto done;
+    }
+    em_optim_config oc = em_optim_config_default(kind);
+    if (!isnan(lr)) oc.lr = lr;
+    else if (kind == EM_OPTIM_SGD) oc.lr = 0.05;
+    if (!isnan(momentum)) oc.momentum = momentum;
+    else if (kind == EM_OPTIM_SGD) oc.momentum = 0.9;
+    if (wd > 0) oc.weight_decay = wd;
+    opt = em_optim_new_for_module(&oc, model);
+    if (!opt) {
+        fprintf(stderr, "ember train: %s\n", em_last_error());
+        goto done;
+    }
+    sched = em_tool_make_scheduler(schedname, oc.lr, epochs);
+    if (!sched) {
+        fprintf(stderr, "ember train: unknown scheduler '%s' (constant, step, cosine, exponential, warmup-cosine)\n", schedname);
+        goto done;
+    }
+    em_loader_options lo = em_loader_options_default();
+    lo.batch_size = batch;
+    lo.shuffle = true;
+    lo.seed = seed;
+    lo.num_workers = workers;
+    lo.mean = EM_FASHION_MNIST_MEAN;
+    lo.std = EM_FASHION_MNIST_STD;
+    ltr = em_loader_new(tr, &lo);
+    lo.shuffle = false;
+    lo.batch_size = batch > 1000 ? batch : 1000;
+    lte = em_loader_new(te, &lo);
+    if (!ltr || !lte) {
+        fprintf(stderr, "ember train: %s\n", em_last_error());
+        goto done;
+    }
+    char dev[32];
+    printf("ember train: model %s (%lld parameters), %s lr %g, batch %lld, %lld epochs, device %s, %d CPU workers\n", spec,
+           (long long)em_module_num_params(model), em_optim_kind_name(kind), oc.lr, (long long)batch, (long long)epochs,
+           em_device_str(em_get_device(), dev, sizeof dev), em_worker_count(EM_DEVICE_CPU));
+    printf("data: %s (%lld train, %lld test samples)\n", data, (long long)em_dataset_length(tr), (long long)em_dataset_length(te));
+    em_learner_config cfg = em_learner_config_default();
+    cfg.epochs = epochs;
+    cfg.out_dir = out;
+    cfg.resume = resume;
+    cfg.progress = progress;
+    cfg.early_stopping_patience = patience;
+    cfg.clip_grad_norm = clip;
+    cfg.loss.label_smoothing = smoothing;
+    em_st_kv meta[2] = {{.key = "ember.model", .value = spec}, {.key = "ember.data", .value = data}};
+    cfg.meta = meta;
+    cfg.n_meta = 2;
+    em_epoch_metrics hist[1024];
+    int nhist = 0;
+    if (em_learner_fit(model, opt, sched, ltr, lte, &cfg, hist, 1024, &nhist) != EM_OK) {
+        fprintf(stderr, "ember train: %s\n", em_last_error());
+        goto done;
+    }
+    if (nhist > 0) {
+        const em_epoch_metrics *m = &hist[nhist - 1];
+        double tsum = 0;
+        for (int i = 0; i < nhist; i++) tsum += hist[i].epoch_time_s;
+        printf("final test accuracy %.4f (loss %.4f) after %lld epochs; mean epoch time %.2fs; checkpoints in %s/\n",
+               m->val_accuracy, m->val_loss, (long long)m->epoch, tsum / nhist, out);
+    }
+    rc = 0;
+done:
+    em_lr_scheduler_free(sched);
+    em_optim_free(opt);
+    em_module_free(model);
+    em_loader_free(ltr);
+    em_loader_free(lte);
+    em_dataset_free(tr);
+    em_dataset_free(te);
+    em_shutdown();
+    return rc;
+}
+
+/* Opens a checkpoint, builds its model from the 'ember.model' metadata and loads it. */
+static em_module *load_model(const char *ckpt)
+{
+    em_st_file *f = em_safetensors_open(ckpt);
+    if (!f) {
+        fprintf(stderr, "ember: %s\n", em_last_error());
+        return NULL;
+    }
+    const char *spec = em_safetensors_metadata(f, "ember.model");
+    char err[512];
+    em_module *m = spec ? em_tool_build_model(spec, err, sizeof err) : NULL;
+    if (!spec) fprintf(stderr, "ember: %s: no 'ember.model' metadata: not a checkpoint written by ember train\n", ckpt);
+    else if (!m) fprintf(stderr, "ember: %s: %s\n", ckpt, err);
+    em_safetensors_close(f);
+    if (!m) return NULL;
+    if (em_checkpoint_load(ckpt, m, NULL, NULL, NULL) != EM_OK) {
+        fprintf(stderr, "ember: %s\n", em_last_error());
+        em_module_free(m);
+        return NULL;
+    }
+    return m;
+}
+
+int em_tool_eval(int argc, char **argv)
+{
+    const char *ckpt = NULL, *data = EM_FASHION_MNIST_DIR, *device = NULL;
+    int64_t batch = 1000;
+    static const struct option opts[] = {{"checkpoint", required_argument, 0, 'c'}, {"data", required_argument, 0, 'd'},
+                                         {"batch-size", required_argument, 0, 'b'}, {"device", required_argument, 0, 'D'},
+                                         {"help", no_argument, 0, 'h'},             {0, 0, 0, 0}};
+    int c;
+    optind = 1;
+    while ((c = getopt_long(argc, argv, "c:d:b:D:h", opts, NULL)) != -1) {
+        switch (c) {
+        case 'c': ckpt = optarg; break;
+        case 'd': data = optarg; break;
+        case 'b': batch = strtoll(optarg, NULL, 10); break;
+        case 'D': device = optarg; break;
+        case 'h':
+            printf("usage: ember eval --checkpoint FILE [--data DIR] [--batch-size N] [--device DEV]\n\n"
+                   "Evaluates a checkpoint written by 'ember train' on the test split: loss,\n"
+                   "accuracy, top-5 accuracy and the confusion matrix (rows: true class).\n");
+            return 0;
+        default: fprintf(stderr, "see 'ember eval --help'\n"); return 2;
+        }
+    }
+    if (!ckpt) {
+        fprintf(stderr, "ember eval: --checkpoint FILE is required\n");
+        return 2;
+    }
+    if (init_runtime(device)) return 1;
+    int rc = 1;
+    em_module *m = load_model(ckpt);
+    em_dataset *te = m ? em_mnist_open(data, false) : NULL;
+    em_loader *l = NULL;
+    if (m && !te) fprintf(stderr, "ember eval: %s\n", em_last_error());
+    if (te) {
+        em_loader_options lo = em_loader_options_default();
+        lo.batch_size = batch;
+        lo.mean = EM_FASHION_MNIST_MEAN;
+        lo.std = EM_FASHION_MNIST_STD;
+        l = em_loader_new(te, &lo);
+    }
+    int64_t C = te && te->num_classes > 0 ? te->num_classes : 10;
+    int64_t *conf = calloc((size_t)(C * C), sizeof *conf);
+    em_eval_result r;
+    if (l && conf && em_evaluate(m, l, C, &r, conf) == EM_OK) {
+        printf("checkpoint %s on %s (%lld samples)\n", ckpt, data, (long long)r.samples);
+        printf("test loss %.4f  accuracy %.4f  top-5 accuracy %.4f\n", r.loss, r.accuracy, r.top5);
+        printf("confusion matrix (rows: true class, columns: predicted)\n      ");
+        for (int64_t j = 0; j < C; j++) printf("%6lld", (long long)j);
+        printf("\n");
+        for (int64_t i = 0; i < C; i++) {
+            printf("%4lld  ", (long long)i);
+            for (int64_t j = 0; j < C; j++) printf("%6lld", (long long)conf[i * C + j]);
+            if (C == 10) printf("  %s", FMNIST_CLASSES[i]);
+            printf("\n");
+        }
+        rc = 0;
+    } else if (l) {
+        fprintf(stderr, "ember eval: %s\n", em_last_error());
+    }
+    free(conf);
+    em_loader_free(l);
+    em_dataset_free(te);
+    em_module_free(m);
+    em_shutdown();
+    return rc;
+}
+
+int em_tool_predict(int argc, char **argv)
+{
+    const char *ckpt = NULL, *data = EM_FASHION_MNIST_DIR, *device = NULL, *idxs = "0,1,2,3,4";
+    int topk = 3;
+    static const struct option opts[] = {{"checkpoint", required_argument, 0, 'c'}, {"data", required_argument, 0, 'd'},
+                                         {"index", required_argument, 0, 'i'},      {"top", required_argument, 0, 't'},
+                                         {"device", required_argument, 0, 'D'},     {"help", no_argument, 0, 'h'},
+                                         {0, 0, 0, 0}};
+    int c;
+    optind = 1;
+    while ((c = getopt_long(argc, argv, "c:d:i:t:D:h", opts, NULL)) != -1) {
+        switch (c) {
+        case 'c': ckpt = optarg; break;
+        case 'd': data = optarg; break;
+        case 'i': idxs = optarg; break;
+        case 't': topk = atoi(optarg); break;
+        case 'D': device = optarg; break;
+        case 'h':
+            printf("usage: ember predict --checkpoint FILE [--index 0,1,2] [--top K] [--data DIR] [--device DEV]\n\n"
+                   "Prints the predicted classes with probabilities for the chosen test images.\n");
+            return 0;
+        default: fprintf(stderr, "see 'ember predict --help'\n"); return 2;
+        }
+    }
+    int64_t index[256];
+    int n = parse_list(idxs, index, 256, 0);
+    if (!ckpt || n <= 0) {
+        fprintf(stderr, "ember predict: --checkpoint FILE is required and --index must list image numbers\n");
+        return 2;
+    }
+    if (init_runtime(device)) return 1;
+    int rc = 1;
+    em_module *m = load_model(ckpt);
+    em_dataset *te = m ? em_mnist_open(data, false) : NULL;
+    if (m && !te) fprintf(stderr, "ember predict: %s\n", em_last_error());
+    if (te) {
+        em_module_train(m, false);
+        em_no_grad_begin();
+        int64_t F = em_dataset_num_features(te), C = te->num_classes > 0 ? te->num_classes : 10;
+        float *x = malloc(sizeof(float) * (size_t)F);
+        double *p = malloc(sizeof(double) * (size_t)C);
+        rc = 0;
+        for (int i = 0; i < n && x && p; i++) {
+            int64_t y;
+            if (index[i] < 0 || index[i] >= em_dataset_length(te) || em_dataset_get(te, index[i], x, &y) != EM_OK) {
+                fprintf(stderr, "ember predict: image %lld: %s\n", (long long)index[i],
+                        index[i] < 0 || index[i] >= em_dataset_length(te) ? "out of range" : em_last_error());
+                rc = 1;
+                continue;
+            }
+            for (int64_t j = 0; j < F; j++) x[j] = (x[j] - EM_FASHION_MNIST_MEAN) / EM_FASHION_MNIST_STD;
+            em_scope_begin();
+            int64_t shape[2] = {1, F};
+            em_tensor *probs = em_softmax(em_module_forward(m, em_from_host(x, shape, 2, EM_F32)), 1);
+            em_tensor *pd = em_cast(probs, EM_F64);
+            if (!pd || em_to_host(pd, p, sizeof(double) * (size_t)C) != EM_OK) {
+                fprintf(stderr, "ember predict: %s\n", em_last_error());
+                rc = 1;
+            } else {
+                printf("image %lld (true: %s):", (long long)index[i], C == 10 ? FMNIST_CLASSES[y] : "?");
+                for (int t = 0; t < topk && t < C; t++) {
+                    int best = -1;
+                    for (int j = 0; j < C; j++)
+                        if (p[j] >= 0 && (best < 0 || p[j] > p[best])) best = j;
+                    printf("  %s %.3f", C == 10 ? FMNIST_CLASSES[best] : "class", p[best]);
+                    p[best] = -1;
+                }
+                printf("\n");
+            }
+            em_scope_end();
+        }
+        free(x);
+        free(p);
+        em_no_grad_end();
+    }
+    em_dataset_free(te);
+    em_module_free(m);
+    em_shutdown();
+    return rc;
+}

@@ -1,0 +1,278 @@
+/* The Learner: epochs of train + validation, metrics, progress, metrics log,
+ * checkpoints (every epoch + best), early stopping, resume. */
+#include "ember/train.h"
+#include "runtime/internal.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+em_learner_config em_learner_config_default(void)
+{
+    return (em_learner_config){.epochs = 10, .progress = -1, .loss = em_cross_entropy_opts_default()};
+}
+
+/* Device-side running sums, read on the host only when printed. */
+typedef struct running {
+    em_tensor *loss_sum; /* f32 0-d: sum of per-batch mean loss * batch size */
+    em_tensor *correct;  /* i64 0-d */
+    em_tensor *correct5; /* i64 0-d */
+    int64_t samples;
+} running;
+
+/* Adds a batch to the running sums. Called inside the step's scope: the new
+ * sums get an extra reference of ours so they outlive it. */
+static void running_add(running *r, em_tensor *loss, em_tensor *logits, em_tensor *y, int64_t bsz, bool top5)
+{
+    em_tensor *l = em_mul_scalar(em_cast(em_detach(loss), EM_F32), (double)bsz);
+    em_tensor *hit = em_sum_all(em_eq(em_argmax(logits, 1, false), y));
+    em_tensor *nl = em_tensor_retain(r->loss_sum ? em_add(r->loss_sum, l) : l);
+    em_tensor *nc = em_tensor_retain(r->correct ? em_add(r->correct, hit) : hit);
+    em_tensor *n5 = NULL;
+    if (top5) {
+        /* rank of the target logit = number of logits strictly greater; top-5 hit when rank < 5 */
+        int64_t yshape[2] = {bsz, 1};
+        em_tensor *target_logit = em_gather(logits, 1, em_reshape(y, yshape, 2));
+        em_tensor *rank = em_sum(em_gt(logits, target_logit), (const int[]){1}, 1, false);
+        em_tensor *h5 = em_sum_all(em_lt_scalar(rank, 5.0));
+        n5 = em_tensor_retain(r->correct5 ? em_add(r->correct5, h5) : h5);
+    }
+    em_tensor_release(r->loss_sum);
+    em_tensor_release(r->correct);
+    em_tensor_release(r->correct5);
+    r->loss_sum = nl;
+    r->correct = nc;
+    r->correct5 = n5;
+    r->samples += bsz;
+}
+
+static void running_read(const running *r, double *loss, double *acc, double *top5)
+{
+    double v = NAN;
+    *loss = *acc = NAN;
+    if (top5) *top5 = NAN;
+    if (r->samples == 0) return;
+    if (r->loss_sum && em_item(r->loss_sum, &v) == EM_OK) *loss = v / (double)r->samples;
+    if (r->correct && em_item(r->correct, &v) == EM_OK) *acc = v / (double)r->samples;
+    if (top5 && r->correct5 && em_item(r->correct5, &v) == EM_OK) *top5 = v / (double)r->samples;
+}
+
+static void running_free(running *r)
+{
+    em_tensor_release(r->loss_sum);
+    em_tensor_release(r->correct);
+    em_tensor_release(r->correct5);
+    memset(r, 0, sizeof *r);
+}
+
+static void progress(FILE *f, bool bar, const char *phase, int64_t epoch, int64_t epochs, int64_t done, int64_t total,
+                     double elapsed, double loss)
+{
+    double frac = total > 0 ? (double)done / (double)total : 1.0;
+    double eta = frac > 0 ? elapsed * (1.0 - frac) / frac : 0;
+    if (bar) {
+        char b[31];
+        int fill = (int)(frac * 30);
+        for (int i = 0; i < 30; i++) b[i] = i < fill ? '#' : (i == fill ? '>' : '.');
+        b[30] = 0;
+        fprintf(f, "\r%s %3lld/%lld [%s] %5lld/%lld  loss %.4f  %.1fs  ETA %.1fs ", phase, (long long)epoch,
+                (long long)epochs, b, (long long)done, (long long)total, loss, elapsed, eta);
+    } else {
+        fprintf(f, "%s epoch %lld/%lld: batch %lld/%lld  loss %.4f  elapsed %.1fs  ETA %.1fs\n", phase, (long long)epoch,
+                (long long)epochs, (long long)done, (long long)total, loss, elapsed, eta);
+    }
+    fflush(f);
+}
+
+/* One pass over @p data. train: optimizer steps; else no-grad evaluation. */
+static em_status run_epoch(em_module *model, em_optim *opt, em_lr_scheduler *sched, em_loader *data, const em_learner_config *cfg,
+                           bool train, int64_t epoch, int64_t *step, running *r, int64_t *confusion, int64_t num_classes,
+                           bool bar, FILE *log)
+{
+    em_status st = em_loader_start_epoch(data, epoch - 1);
+    if (st != EM_OK) return st;
+    em_module_train(model, train);
+    if (!train) em_no_grad_begin();
+    int64_t total = em_loader_num_batches(data), done = 0;
+    int64_t report_every = total / 10 > 0 ? total / 10 : 1;
+    double t0 = now_s();
+    em_tensor **params = NULL;
+    int np = 0;
+    if (train && cfg->clip_grad_norm > 0) {
+        np = em_module_num_param_tensors(model);
+        params = malloc(sizeof *params * (size_t)(np ? np : 1));
+        if (!params) return em__set_error(EM_ERR_NOMEM, "out of memory");
+        em_module_parameters(model, params, np);
+    }
+    const em_batch *b;
+    while ((b = em_loader_next(data))) {
+        em_scope_begin();
+        em_tensor *x = NULL, *y = NULL;
+        st = em_batch_to_tensors(b, &x, &y);
+        em_tensor *logits = st == EM_OK ? em_module_forward(model, x) : NULL;
+        em_tensor *loss = logits ? em_cross_entropy(logits, y, &cfg->loss) : NULL;
+        if (!loss) {
+            st = em_last_status() ? em_last_status() : EM_ERR_RUNTIME;
+            em_scope_end();
+            break;
+        }
+        if (train) {
+            em_grads *g = em_backward(loss);
+            if (!g) {
+                st = em_last_status();
+                em_scope_end();
+                break;
+            }
+            if (params) em_clip_grad_norm(g, params, np, cfg->clip_grad_norm, 2.0);
+            st = em_optim_step(opt, g);
+            em_grads_free(g);
+            (*step)++;
+            if (sched && cfg->sched_per_step) em_lr_scheduler_step(sched, opt);
+        }
+        running_add(r, loss, logits, y, b->size, !train);
+        if (confusion) {
+            int64_t B = b->size;
+            int64_t *pred = malloc(sizeof *pred * (size_t)B);
+            if (pred && em_to_host(em_argmax(logits, 1, false), pred, sizeof *pred * (size_t)B) == EM_OK)
+                for (int64_t i = 0; i < B; i++)
+                    if (b->y[i] >= 0 && b->y[i] < num_classes && pred[i] >= 0 && pred[i] < num_classes)
+                        confusion[b->y[i] * num_classes + pred[i]]++;
+            free(pred);
+        }
+        em_scope_end();
+        if (st != EM_OK) break;
+        done++;
+        if (log && (done % report_every == 0 || done == total) && (bar || done % (report_every * 5) == 0 || done == total)) {
+            double l, a;
+            running_read(r, &l, &a, NULL);
+            progress(log, bar, train ? "train" : "valid", epoch, cfg->epochs, done, total, now_s() - t0, l);
+        }
+    }
+    if (st == EM_OK && em_last_status() < 0 && !b) st = em_last_status(); /* loader error */
+    if (bar && log) fputc('\n', log);
+    free(params);
+    if (!train) em_no_grad_end();
+    return st;
+}
+
+static em_status ensure_dir(const char *dir)
+{
+    if (mkdir(dir, 0755) == 0 || errno == EEXIST) return EM_OK;
+    return em__set_error(EM_ERR_IO, "cannot create output directory %s: %s", dir, strerror(errno));
+}
+
+static em_status append_metrics(const char *dir, const em_epoch_metrics *m)
+{
+    char path[4096];
+    snprintf(path, sizeof path, "%s/metrics.csv", dir);
+    bool fresh = access(path, F_OK) != 0;
+    FILE *f = fopen(path, "a");
+    if (!f) return em__set_error(EM_ERR_IO, "cannot open %s: %s", path, strerror(errno));
+    if (fresh) fprintf(f, "epoch,train_loss,train_accuracy,val_loss,val_accuracy,val_top5,lr,samples_per_s,epoch_time_s\n");
+    fprintf(f, "%lld,%.6f,%.6f,%.6f,%.6f,%.6f,%.8g,%.1f,%.3f\n", (long long)m->epoch, m->train_loss, m->train_accuracy,
+            m->val_loss, m->val_accuracy, m->val_top5, m->lr, m->samples_per_s, m->epoch_time_s);
+    return fclose(f) == 0 ? EM_OK : em__set_error(EM_ERR_IO, "cannot write %s", path);
+}
+
+em_status em_learner_fit(em_module *model, em_optim *opt, em_lr_scheduler *sched, em_loader *train, em_loader *val,
+                         const em_learner_config *cfg_in, em_epoch_metrics *history, int max_history, int *n_history)
+{
+    if (!model || !opt || !train)
+        return em__set_error(EM_ERR_INVALID, "em_learner_fit: %s is NULL", !model ? "model" : !opt ? "optimizer" : "train loader");
+    em_learner_config cfg = cfg_in ? *cfg_in : em_learner_config_default();
+    FILE *log = cfg.log ? cfg.log : stdout;
+    bool bar = cfg.progress == 1 || (cfg.progress < 0 && isatty(fileno(log)));
+    if (n_history) *n_history = 0;
+    em_checkpoint_info info = {.best_metric = cfg.monitor_loss ? INFINITY : -INFINITY};
+    if (cfg.resume) {
+        em_status st = em_checkpoint_load(cfg.resume, model, opt, sched, &info);
+        if (st != EM_OK) return st;
+        em_rng_set_state(info.rng_seed, info.rng_offset);
+        fprintf(log, "resumed from %s at epoch %lld (step %lld)\n", cfg.resume, (long long)info.epoch, (long long)info.step);
+    }
+    if (cfg.out_dir && ensure_dir(cfg.out_dir) != EM_OK) return em_last_status();
+    if (sched && !cfg.resume) em_optim_set_lr(opt, em_lr_scheduler_get_lr(sched));
+    for (int64_t epoch = info.epoch + 1; epoch <= cfg.epochs; epoch++) {
+        em_epoch_metrics m = {.epoch = epoch, .val_loss = NAN, .val_accuracy = NAN, .val_top5 = NAN};
+        running r = {0};
+        double t0 = now_s();
+        em_status st = run_epoch(model, opt, sched, train, &cfg, true, epoch, &info.step, &r, NULL, 0, bar, log);
+        double dummy;
+        if (st == EM_OK) running_read(&r, &m.train_loss, &m.train_accuracy, &dummy);
+        em_sync();
+        double t_train = now_s() - t0;
+        m.samples_per_s = t_train > 0 ? (double)r.samples / t_train : 0;
+        running_free(&r);
+        if (st == EM_OK && val) {
+            st = run_epoch(model, opt, sched, val, &cfg, false, epoch, &info.step, &r, NULL, 0, bar, log);
+            if (st == EM_OK) running_read(&r, &m.val_loss, &m.val_accuracy, &m.val_top5);
+            running_free(&r);
+        }
+        if (st != EM_OK) return st;
+        if (sched && !cfg.sched_per_step) em_lr_scheduler_step(sched, opt);
+        m.lr = em_optim_get_lr(opt);
+        m.epoch_time_s = now_s() - t0;
+        fprintf(log,
+                "epoch %lld/%lld  train_loss %.4f  train_acc %.4f  val_loss %.4f  val_acc %.4f  val_top5 %.4f  lr %.3g  "
+                "%.0f samples/s  %.2fs\n",
+                (long long)epoch, (long long)cfg.epochs, m.train_loss, m.train_accuracy, m.val_loss, m.val_accuracy,
+                m.val_top5, m.lr, m.samples_per_s, m.epoch_time_s);
+        fflush(log);
+        if (history && n_history && *n_history < max_history) history[(*n_history)++] = m;
+        /* early stopping / best model */
+        double metric = cfg.monitor_loss ? (val ? m.val_loss : m.train_loss) : (val ? m.val_accuracy : m.train_accuracy);
+        bool better = cfg.monitor_loss ? metric < info.best_metric : metric > info.best_metric;
+        if (better) {
+            info.best_metric = metric;
+            info.best_epoch = epoch;
+            info.bad_epochs = 0;
+        } else {
+            info.bad_epochs++;
+        }
+        info.epoch = epoch;
+        em_rng_get_state(&info.rng_seed, &info.rng_offset);
+        if (cfg.out_dir) {
+            char path[4096];
+            if (append_metrics(cfg.out_dir, &m) != EM_OK) return em_last_status();
+            snprintf(path, sizeof path, "%s/checkpoint.safetensors", cfg.out_dir);
+            if (em_checkpoint_save(path, model, opt, sched, &info, cfg.meta, cfg.n_meta) != EM_OK) return em_last_status();
+            if (better) {
+                snprintf(path, sizeof path, "%s/best.safetensors", cfg.out_dir);
+                if (em_checkpoint_save(path, model, NULL, NULL, &info, cfg.meta, cfg.n_meta) != EM_OK) return em_last_status();
+            }
+        }
+        if (cfg.early_stopping_patience > 0 && info.bad_epochs >= cfg.early_stopping_patience) {
+            fprintf(log, "early stopping: no improvement for %lld epochs (best %.4f at epoch %lld)\n",
+                    (long long)info.bad_epochs, info.best_metric, (long long)info.best_epoch);
+            break;
+        }
+    }
+    return EM_OK;
+}
+
+em_status em_evaluate(em_module *model, em_loader *data, int64_t num_classes, em_eval_result *out, int64_t *confusion)
+{
+    if (!model || !data || !out) return em__set_error(EM_ERR_INVALID, "em_evaluate: NULL argument");
+    em_learner_config cfg = em_learner_config_default();
+    cfg.epochs = 1;
+    running r = {0};
+    if (confusion) memset(confusion, 0, sizeof *confusion * (size_t)(num_classes * num_classes));
+    int64_t step = 0;
+    em_status st = run_epoch(model, NULL, NULL, data, &cfg, false, 1, &step, &r, confusion, num_classes, false, NULL);
+    if (st == EM_OK) running_read(&r, &out->loss, &out->accuracy, &out->top5);
+    out->samples = r.samples;
+    running_free(&r);
+    return st;
+}
