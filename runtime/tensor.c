@@ -348,15 +348,25 @@ em_status em_item(const em_tensor *t, double *out)
 
 /* ---- printing (PyTorch style) --------------------------------------------- */
 
+/* Mirrors torch/_tensor_str.py with the default print options (precision 4,
+ * threshold 1000, edgeitems 3, linewidth 80, sci_mode None). */
+
+#define PR_PRECISION 4
+#define PR_THRESHOLD 1000
+#define PR_EDGEITEMS 3
+#define PR_LINEWIDTH 80
+
 typedef struct sbuf {
     char *s;
     size_t n, cap;
+    bool oom;
 } sbuf;
 
 static void sb_put(sbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static void sb_put(sbuf *b, const char *fmt, ...)
 {
     va_list ap;
+    if (b->oom) return;
     for (;;) {
         va_start(ap, fmt);
         int k = vsnprintf(b->s ? b->s + b->n : NULL, b->s ? b->cap - b->n : 0, fmt, ap);
@@ -368,65 +378,248 @@ static void sb_put(sbuf *b, const char *fmt, ...)
         }
         size_t cap = (b->cap + (size_t)k + 1) * 2;
         char *s = realloc(b->s, cap);
-        if (!s) return;
+        if (!s) {
+            b->oom = true;
+            return;
+        }
         b->s = s;
         b->cap = cap;
     }
 }
 
-typedef struct pfmt {
-    em_dtype dt;
-    bool sci, integral;
-    int width, prec;
-} pfmt;
-
-static void fmt_value(sbuf *b, const pfmt *f, double v)
+static void sb_spaces(sbuf *b, int n)
 {
-    if (f->dt == EM_BOOL) {
-        sb_put(b, "%*s", f->width, v != 0 ? "True" : "False");
-    } else if (!em_dtype_is_float(f->dt)) {
-        sb_put(b, "%*.0f", f->width, v);
-    } else if (isnan(v)) {
-        sb_put(b, "%*s", f->width, "nan");
-    } else if (isinf(v)) {
-        sb_put(b, "%*s", f->width, v > 0 ? "inf" : "-inf");
-    } else if (f->sci) {
-        sb_put(b, "%*.*e", f->width, f->prec, v);
-    } else if (f->integral) {
-        char tmp[64];
-        snprintf(tmp, sizeof tmp, "%.0f.", v);
-        sb_put(b, "%*s", f->width, tmp);
-    } else {
-        sb_put(b, "%*.*f", f->width, f->prec, v);
+    if (n > 0) sb_put(b, "%*s", n, "");
+}
+
+/* Host copy of the tensor's elements (logical order) plus the _Formatter state. */
+typedef struct pctx {
+    em_dtype dt;
+    const unsigned char *raw;
+    size_t es;
+    int ndim;
+    const int64_t *shape;
+    int64_t stride[EM_MAX_DIMS]; /* contiguous strides of the host copy */
+    bool summarize;
+    bool floating, int_mode, sci;
+    int width;
+    /* formatter scan state */
+    bool any;
+    double fmin, fmax;
+} pctx;
+
+static float pr_half_to_float(uint16_t h)
+{
+    uint32_t sign = (uint32_t)(h >> 15) << 31, ex = (h >> 10) & 0x1f, man = h & 0x3ff;
+    float f;
+    if (ex == 0) f = ldexpf((float)man, -24);
+    else if (ex == 31) f = man ? NAN : INFINITY;
+    else f = ldexpf((float)(man | 0x400), (int)ex - 25);
+    return sign ? -f : f;
+}
+
+static float pr_bf16_to_float(uint16_t h)
+{
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+static double pr_get_f(const pctx *c, int64_t i)
+{
+    const void *p = c->raw + (size_t)i * c->es;
+    switch (c->dt) {
+    case EM_F32: {
+        float v;
+        memcpy(&v, p, sizeof v);
+        return v;
+    }
+    case EM_F64: {
+        double v;
+        memcpy(&v, p, sizeof v);
+        return v;
+    }
+    case EM_F16: {
+        uint16_t v;
+        memcpy(&v, p, sizeof v);
+        return pr_half_to_float(v);
+    }
+    case EM_BF16: {
+        uint16_t v;
+        memcpy(&v, p, sizeof v);
+        return pr_bf16_to_float(v);
+    }
+    default: return NAN;
     }
 }
 
-static void print_rec(sbuf *b, const em_tensor *t, const double *vals, int dim, int64_t *pos, const pfmt *f, int indent)
+static int64_t pr_get_i(const pctx *c, int64_t i)
 {
-    int64_t n = t->shape[dim];
-    sb_put(b, "[");
-    bool summarize = em_tensor_numel(t) > 1000 && n > 6;
-    for (int64_t i = 0; i < n; i++) {
-        if (summarize && i == 3) {
-            sb_put(b, dim == t->ndim - 1 ? "..., " : "...,\n%*s", dim == t->ndim - 1 ? 0 : indent + 1, "");
-            i = n - 3;
+    const void *p = c->raw + (size_t)i * c->es;
+    switch (c->dt) {
+    case EM_I32: {
+        int32_t v;
+        memcpy(&v, p, sizeof v);
+        return v;
+    }
+    case EM_I64: {
+        int64_t v;
+        memcpy(&v, p, sizeof v);
+        return v;
+    }
+    case EM_U8:
+    case EM_BOOL: return *(const uint8_t *)p;
+    default: return 0;
+    }
+}
+
+/* The element's text without padding (Formatter.format before the pad). */
+static int fmt_value(char *out, size_t cap, const pctx *c, int64_t i)
+{
+    if (c->dt == EM_BOOL) return snprintf(out, cap, "%s", pr_get_i(c, i) ? "True" : "False");
+    if (!c->floating) return snprintf(out, cap, "%lld", (long long)pr_get_i(c, i));
+    double v = pr_get_f(c, i);
+    if (isnan(v)) return snprintf(out, cap, "nan"); /* Python never signs nan */
+    if (isinf(v)) return snprintf(out, cap, "%s", v > 0 ? "inf" : "-inf");
+    if (c->sci) return snprintf(out, cap, "%.*e", PR_PRECISION, v);
+    if (c->int_mode) return snprintf(out, cap, "%.0f.", v);
+    return snprintf(out, cap, "%.*f", PR_PRECISION, v);
+}
+
+static void put_value(sbuf *b, const pctx *c, int64_t i)
+{
+    char tmp[64];
+    fmt_value(tmp, sizeof tmp, c, i);
+    sb_put(b, "%*s", c->width, tmp);
+}
+
+/* Number of entries of dim d shown, and the index of the k-th one. */
+static bool pr_summarized_dim(const pctx *c, int d) { return c->summarize && c->shape[d] > 2 * PR_EDGEITEMS; }
+
+static int64_t pr_shown_count(const pctx *c, int d) { return pr_summarized_dim(c, d) ? 2 * PR_EDGEITEMS : c->shape[d]; }
+
+static int64_t pr_shown_index(const pctx *c, int d, int64_t k)
+{
+    return (pr_summarized_dim(c, d) && k >= PR_EDGEITEMS) ? c->shape[d] - 2 * PR_EDGEITEMS + k : k;
+}
+
+/* Pass 1 (floats): min/max of |x| over the shown non-zero finite values and
+ * whether they are all integral; pass 2: the width.  Integers: the width. */
+static void pr_scan(pctx *c, int d, int64_t base, int pass)
+{
+    if (d == c->ndim) {
+        if (!c->floating) {
+            char tmp[32];
+            int len = fmt_value(tmp, sizeof tmp, c, base);
+            if (len > c->width) c->width = len;
+            return;
         }
-        int64_t p = *pos + i;
-        if (dim == t->ndim - 1) {
-            fmt_value(b, f, vals[p]);
-            if (i + 1 < n) sb_put(b, ", ");
+        double v = pr_get_f(c, base);
+        if (!isfinite(v) || v == 0) return;
+        if (pass == 1) {
+            double a = fabs(v);
+            if (!c->any || a < c->fmin) c->fmin = a;
+            if (!c->any || a > c->fmax) c->fmax = a;
+            c->any = true;
+            if (v != ceil(v)) c->int_mode = false;
         } else {
-            int64_t stride = em__numel(t->shape + dim + 1, t->ndim - dim - 1);
-            int64_t sub = *pos + i * stride;
-            print_rec(b, t, vals, dim + 1, &sub, f, indent + 1);
-            if (i + 1 < n) {
-                sb_put(b, ",");
-                for (int k = 0; k < t->ndim - dim - 1; k++) sb_put(b, "\n");
-                sb_put(b, "%*s", indent + 1, "");
+            char tmp[64];
+            int len = fmt_value(tmp, sizeof tmp, c, base);
+            if (len > c->width) c->width = len;
+        }
+        return;
+    }
+    int64_t cnt = pr_shown_count(c, d);
+    for (int64_t k = 0; k < cnt; k++) pr_scan(c, d + 1, base + pr_shown_index(c, d, k) * c->stride[d], pass);
+}
+
+static void pr_formatter(pctx *c)
+{
+    c->int_mode = true;
+    c->sci = false;
+    c->width = 1;
+    c->any = false;
+    if (!c->floating) {
+        pr_scan(c, 0, 0, 0);
+        return;
+    }
+    pr_scan(c, 0, 0, 1);
+    if (!c->any) return; /* no valid number: int_mode, width 1 */
+    double ratio = c->fmax / c->fmin;
+    if (c->int_mode)
+        c->sci = ratio > 1000.0 || c->fmax > 1.0e8;
+    else
+        c->sci = ratio > 1000.0 || c->fmax > 1.0e8 || c->fmin < 1.0e-4;
+    pr_scan(c, 0, 0, 2);
+}
+
+/* before data element k: ", " within a line, ",\n" + indent + 1 between lines */
+static void pr_elem_sep(sbuf *b, int64_t k, int per_line, int indent)
+{
+    if (k == 0) return;
+    if (k % per_line == 0) {
+        sb_put(b, ",\n");
+        sb_spaces(b, indent + 1);
+    } else {
+        sb_put(b, ", ");
+    }
+}
+
+/* "," + "\n" * (dim - 1) + " " * (indent + 1) */
+static void pr_slice_sep(sbuf *b, int newlines, int indent)
+{
+    sb_put(b, ",");
+    for (int q = 0; q < newlines; q++) sb_put(b, "\n");
+    sb_spaces(b, indent + 1);
+}
+
+/* _tensor_str_with_formatter / _vector_str */
+static void print_rec(sbuf *b, const pctx *c, int d, int64_t base, int indent)
+{
+    sb_put(b, "[");
+    int64_t cnt = pr_shown_count(c, d);
+    bool dots = pr_summarized_dim(c, d);
+    if (d == c->ndim - 1) {
+        int element_length = c->width + 2;
+        int per_line = (PR_LINEWIDTH - indent) / element_length; /* floor, >= 1 below */
+        if (PR_LINEWIDTH - indent < 0 || per_line < 1) per_line = 1;
+        int64_t k = 0; /* position in the data list, the " ..." element included */
+        for (int64_t j = 0; j < cnt; j++) {
+            if (dots && j == PR_EDGEITEMS) {
+                pr_elem_sep(b, k++, per_line, indent);
+                sb_put(b, " ...");
             }
+            pr_elem_sep(b, k++, per_line, indent);
+            put_value(b, c, base + pr_shown_index(c, d, j) * c->stride[d]);
+        }
+    } else {
+        int newlines = c->ndim - d - 1;
+        for (int64_t j = 0; j < cnt; j++) {
+            if (j > 0) pr_slice_sep(b, newlines, indent);
+            if (dots && j == PR_EDGEITEMS) {
+                sb_put(b, "...");
+                pr_slice_sep(b, newlines, indent);
+            }
+            print_rec(b, c, d + 1, base + pr_shown_index(c, d, j) * c->stride[d], indent + 1);
         }
     }
     sb_put(b, "]");
+}
+
+/* _add_suffixes: ", suffix" or, past the line width, ",\n" + indent + suffix. */
+static void pr_suffix(sbuf *b, int indent, const char *suffix, int64_t *last_line_len)
+{
+    int64_t len = (int64_t)strlen(suffix);
+    if (*last_line_len + len + 2 > PR_LINEWIDTH) {
+        sb_put(b, ",\n");
+        sb_spaces(b, indent);
+        sb_put(b, "%s", suffix);
+        *last_line_len = indent + len;
+    } else {
+        sb_put(b, ", %s", suffix);
+        *last_line_len += len + 2;
+    }
 }
 
 char *em_tensor_to_string(const em_tensor *t)
@@ -434,58 +627,56 @@ char *em_tensor_to_string(const em_tensor *t)
     if (!t) return em__fail(EM_ERR_INVALID, "em_tensor_to_string: tensor is NULL");
     int64_t n = em_tensor_numel(t);
     size_t es = em_dtype_size(t->dtype);
-    char *raw = malloc((size_t)(n ? n : 1) * es);
-    double *vals = malloc(sizeof(double) * (size_t)(n ? n : 1));
-    if (!raw || !vals) {
+    unsigned char *raw = malloc((size_t)(n ? n : 1) * es);
+    if (!raw) return em__fail(EM_ERR_NOMEM, "out of memory");
+    if (n > 0 && em_to_host(t, raw, (size_t)n * es) != EM_OK) {
         free(raw);
-        free(vals);
-        return em__fail(EM_ERR_NOMEM, "out of memory");
-    }
-    if (em_to_host(t, raw, (size_t)n * es) != EM_OK) {
-        free(raw);
-        free(vals);
         return NULL;
     }
-    pfmt f = {.dt = t->dtype, .width = 1, .prec = 4, .integral = true};
-    double amax = 0, amin = INFINITY;
-    for (int64_t i = 0; i < n; i++) {
-        vals[i] = elem_to_double(t->dtype, raw + i * (int64_t)es);
-        double a = fabs(vals[i]);
-        if (!isfinite(vals[i])) continue;
-        if (vals[i] != floor(vals[i])) f.integral = false;
-        if (a > amax) amax = a;
-        if (a > 0 && a < amin) amin = a;
-    }
-    free(raw);
-    if (em_dtype_is_float(t->dtype) && !f.integral && (amax >= 1e8 || (amin < 1e-4 && amin > 0) || (amin > 0 && amax / amin > 1000)))
-        f.sci = true;
-    if (em_dtype_is_float(t->dtype) && f.integral && amax >= 1e8) f.sci = true;
-    /* width = longest formatted value */
-    for (int64_t i = 0; i < n; i++) {
-        sbuf tmp = {0};
-        pfmt g = f;
-        g.width = 1;
-        fmt_value(&tmp, &g, vals[i]);
-        if (tmp.s && (int)tmp.n > f.width) f.width = (int)tmp.n;
-        free(tmp.s);
-    }
+    pctx c = {.dt = t->dtype, .raw = raw, .es = es, .ndim = t->ndim, .shape = t->shape};
+    em__contiguous_strides(t->shape, t->ndim, c.stride);
+    c.floating = em_dtype_is_float(t->dtype);
+    c.summarize = n > PR_THRESHOLD;
+
+    const int indent = 7; /* strlen("tensor(") */
     sbuf b = {0};
     sb_put(&b, "tensor(");
-    if (t->ndim == 0) {
-        fmt_value(&b, &(pfmt){f.dt, f.sci, f.integral, 1, f.prec}, vals[0]);
-    } else if (n == 0) {
-        sb_put(&b, "[]");
-    } else {
-        int64_t pos = 0;
-        print_rec(&b, t, vals, 0, &pos, &f, 7);
-    }
-    if (t->dtype != EM_F32 && t->dtype != EM_I64 && t->dtype != EM_BOOL) sb_put(&b, ", dtype=torch.%s", em_dtype_name(t->dtype));
+    char sfx[4][200];
+    int nsfx = 0;
     if (n == 0) {
-        char sh[160];
-        sb_put(&b, ", size=%s", em_shape_str(t->shape, t->ndim, sh, sizeof sh));
+        sb_put(&b, "[]");
+        if (t->ndim != 1) { /* Python tuple: "(0, 3)", "(0,)" */
+            size_t p = (size_t)snprintf(sfx[nsfx], sizeof sfx[nsfx], "size=(");
+            for (int d = 0; d < t->ndim && p < sizeof sfx[nsfx]; d++)
+                p += (size_t)snprintf(sfx[nsfx] + p, sizeof sfx[nsfx] - p, "%s%lld", d ? ", " : "",
+                                      (long long)t->shape[d]);
+            if (p < sizeof sfx[nsfx]) snprintf(sfx[nsfx] + p, sizeof sfx[nsfx] - p, "%s)", t->ndim == 1 ? "," : "");
+            nsfx++;
+        }
+        if (t->dtype != EM_F32) snprintf(sfx[nsfx++], sizeof sfx[0], "dtype=torch.%s", em_dtype_name(t->dtype));
+    } else {
+        pr_formatter(&c);
+        if (t->ndim == 0) {
+            put_value(&b, &c, 0);
+        } else {
+            print_rec(&b, &c, 0, 0, indent);
+        }
+        if (t->dtype != EM_F32 && t->dtype != EM_I64 && t->dtype != EM_BOOL)
+            snprintf(sfx[nsfx++], sizeof sfx[0], "dtype=torch.%s", em_dtype_name(t->dtype));
+    }
+    if (t->requires_grad && !t->node) snprintf(sfx[nsfx++], sizeof sfx[0], "requires_grad=True");
+    free(raw);
+
+    if (!b.oom && b.s) {
+        const char *nl = strrchr(b.s, '\n');
+        int64_t last_line_len = (int64_t)b.n - (nl ? (int64_t)(nl - b.s) : -1) + 1;
+        for (int i = 0; i < nsfx; i++) pr_suffix(&b, indent, sfx[i], &last_line_len);
     }
     sb_put(&b, ")");
-    free(vals);
+    if (b.oom || !b.s) {
+        free(b.s);
+        return em__fail(EM_ERR_NOMEM, "out of memory");
+    }
     return b.s;
 }
 

@@ -748,6 +748,17 @@ static void test_print_pytorch_edge_cases(void **state)
     /* int64 printed exactly, beyond 2^53 */
     const int64_t big = ((int64_t)1 << 53) + 1;
     bad += soft_str(em_from_host(&big, SHAPE(1), 1, EM_I64), "tensor([9007199254740993])");
+    /* summarised outer dim of a 3-D tensor: "..." separated like the slices (blank lines) */
+    bad += soft_str(em_zeros(SHAPE(7, 1, 200), 3, EM_I64),
+                    "tensor([[[0, 0, 0,  ..., 0, 0, 0]],\n\n        [[0, 0, 0,  ..., 0, 0, 0]],\n\n"
+                    "        [[0, 0, 0,  ..., 0, 0, 0]],\n\n        ...,\n\n        [[0, 0, 0,  ..., 0, 0, 0]],\n\n"
+                    "        [[0, 0, 0,  ..., 0, 0, 0]],\n\n        [[0, 0, 0,  ..., 0, 0, 0]]])");
+    /* a suffix that would pass 80 columns goes on its own line */
+    bad += soft_str(F64((5), 1.5e9, 1.5e9, 1.5e9, 1.5e9, 1.5e9),
+                    "tensor([1.5000e+09, 1.5000e+09, 1.5000e+09, 1.5000e+09, 1.5000e+09],\n"
+                    "       dtype=torch.float64)");
+    /* sci mode pads nan/inf to the width */
+    bad += soft_str(F32((4), NAN, -INFINITY, 0.5, 1e-5), "tensor([       nan,       -inf, 5.0000e-01, 1.0000e-05])");
     if (bad) fail_msg("%d printed form(s) differ from PyTorch's (listed above)", bad);
 }
 

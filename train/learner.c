@@ -167,9 +167,20 @@ static em_status run_epoch(em_module *model, em_optim *opt, em_lr_scheduler *sch
     return st;
 }
 
+/* mkdir -p */
 static em_status ensure_dir(const char *dir)
 {
-    if (mkdir(dir, 0755) == 0 || errno == EEXIST) return EM_OK;
+    char path[4096];
+    if (snprintf(path, sizeof path, "%s", dir) >= (int)sizeof path)
+        return em__set_error(EM_ERR_INVALID, "output directory path is too long");
+    for (char *p = path + 1; *p; p++) {
+        if (*p != '/') continue;
+        *p = 0;
+        if (mkdir(path, 0755) != 0 && errno != EEXIST)
+            return em__set_error(EM_ERR_IO, "cannot create output directory %s: %s", path, strerror(errno));
+        *p = '/';
+    }
+    if (mkdir(path, 0755) == 0 || errno == EEXIST) return EM_OK;
     return em__set_error(EM_ERR_IO, "cannot create output directory %s: %s", dir, strerror(errno));
 }
 

@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# End-to-end checks of `ember train/eval/predict` on Fashion-MNIST with a small
+# MLP: an interrupted + resumed run ends byte-identical to an uninterrupted
+# one; eval reproduces the final test accuracy; bad input fails cleanly and
+# overwrites nothing. Usage: e2e_train.sh path/to/ember
+set -euo pipefail
+EMBER="$1"
+T="$(mktemp -d)"
+trap 'rm -rf "$T"' EXIT
+export STARPU_SILENT=1
+common=(--hidden 32 --batch-size 256 --seed 7 --no-progress --workers 2)
+fail() { echo "FAIL: $*" >&2; exit 1; }
+
+"$EMBER" train "${common[@]}" --epochs 3 --out "$T/a" > "$T/a.log"
+"$EMBER" train "${common[@]}" --epochs 2 --out "$T/b" > "$T/b.log"
+"$EMBER" train "${common[@]}" --epochs 3 --out "$T/b" --resume "$T/b/checkpoint.safetensors" > "$T/b2.log"
+grep -q "resumed from" "$T/b2.log" || fail "resume not reported"
+cmp "$T/a/checkpoint.safetensors" "$T/b/checkpoint.safetensors" || fail "resumed run differs from the uninterrupted one"
+echo "ok: resumed run is byte-identical to the uninterrupted one"
+
+acc_train=$(grep '^final test accuracy' "$T/a.log" | awk '{print $4}')
+acc_eval=$("$EMBER" eval --checkpoint "$T/a/checkpoint.safetensors" | awk '/^test loss/ {print $5}')
+[ "$acc_train" = "$acc_eval" ] || fail "eval accuracy $acc_eval != training's final $acc_train"
+echo "ok: eval reproduces accuracy $acc_eval"
+"$EMBER" predict --checkpoint "$T/a/best.safetensors" --index 0,1 | grep -q "image 1 (true: Pullover)" || fail "predict output"
+echo "ok: predict"
+
+# bad input: nothing is overwritten
+sum_before=$(md5sum "$T/a/checkpoint.safetensors" "$T/a/best.safetensors" "$T/a/metrics.csv")
+if "$EMBER" train "${common[@]}" --hidden 64 --epochs 4 --out "$T/a" --resume "$T/a/checkpoint.safetensors" 2> "$T/err.log" >/dev/null; then
+  fail "resuming with another model succeeded"
+fi
+grep -q "shape" "$T/err.log" || fail "no shape message: $(cat "$T/err.log")"
+head -c 100 "$T/a/checkpoint.safetensors" > "$T/trunc.safetensors"
+if "$EMBER" eval --checkpoint "$T/trunc.safetensors" 2> "$T/err2.log" >/dev/null; then fail "truncated checkpoint accepted"; fi
+grep -q "trunc.safetensors" "$T/err2.log" || fail "error does not name the file: $(cat "$T/err2.log")"
+if "$EMBER" train --data "$T/nonexistent" --epochs 1 --out "$T/c" 2> "$T/err3.log" >/dev/null; then fail "missing data accepted"; fi
+grep -q "nonexistent" "$T/err3.log" || fail "missing-data error does not name the folder"
+[ "$sum_before" = "$(md5sum "$T/a/checkpoint.safetensors" "$T/a/best.safetensors" "$T/a/metrics.csv")" ] || fail "a failed run modified files"
+echo "ok: bad input fails cleanly, nothing overwritten"
+echo "1 passed, 0 failed"
