@@ -33,6 +33,7 @@ PKGS=(build-essential cmake pkg-config git
       libcmocka-dev libopenblas-dev zlib1g-dev libjansson-dev
       pocl-opencl-icd ocl-icd-opencl-dev opencl-headers clinfo
       dataset-fashion-mnist
+      clang libclang-rt-14-dev
       dpkg-dev)
 if [ "$WITH_TORCH" = 1 ]; then PKGS+=(python3-torch python3-numpy); fi
 

@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Builds the libFuzzer targets of the IDX and SafeTensors readers with
+# clang (-fsanitize=fuzzer,address,undefined) and runs each for a short time.
+# Usage: scripts/fuzz.sh [seconds-per-target] [build-dir]   (default 30, build)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+SECS="${1:-30}"
+BUILD="${2:-build}"
+CC_FUZZ="${CC_FUZZ:-clang}"
+command -v "$CC_FUZZ" >/dev/null || { echo "fuzz.sh: $CC_FUZZ not found (scripts/install-deps.sh installs clang)" >&2; exit 1; }
+[ -f "$BUILD/libember.so" ] || { echo "fuzz.sh: build Ember first ($BUILD/libember.so missing)" >&2; exit 1; }
+OUT="$BUILD/fuzz"
+mkdir -p "$OUT"
+PREFIX="${EMBER_DEPS_PREFIX:-/opt/ember-deps}"
+STARPU_CFLAGS=$(PKG_CONFIG_PATH="$PREFIX/lib/pkgconfig" pkg-config --cflags starpu-1.4)
+FLAGS=(-g -O1 -fsanitize=fuzzer,address,undefined -std=gnu11 -Iinclude -I. $STARPU_CFLAGS)
+# The readers and the error functions are compiled in (libember hides its
+# internal symbols); the rest comes from libember.
+"$CC_FUZZ" "${FLAGS[@]}" tests/fuzz/fuzz_idx.c data/idx.c runtime/error.c \
+  -L"$BUILD" -Wl,-rpath,"$PWD/$BUILD" -lember -lz -o "$OUT/fuzz_idx"
+"$CC_FUZZ" "${FLAGS[@]}" tests/fuzz/fuzz_safetensors.c store/safetensors.c runtime/error.c \
+  -L"$BUILD" -Wl,-rpath,"$PWD/$BUILD" -lember -ljansson -o "$OUT/fuzz_safetensors"
+export STARPU_SILENT=1 OCL_ICD_VENDORS=/nonexistent ASAN_OPTIONS=detect_leaks=0
+for t in fuzz_idx fuzz_safetensors; do
+  mkdir -p "$OUT/corpus_$t"
+  echo "fuzz.sh: running $t for ${SECS}s"
+  "$OUT/$t" -max_total_time="$SECS" -max_len=4096 -print_final_stats=1 "$OUT/corpus_$t" 2>"$OUT/$t.log" \
+    || { tail -n 40 "$OUT/$t.log"; echo "fuzz.sh: $t found a crash" >&2; exit 1; }
+  grep -E "stat::number_of_executed_units" "$OUT/$t.log" || true
+done
+echo "fuzz.sh: no crash in ${SECS}s per target"
