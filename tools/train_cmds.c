@@ -99,7 +99,7 @@ static void train_help(void)
            "  --lr X                 learning rate (default 1e-3; sgd 0.05)\n"
            "  --momentum X           SGD/RMSprop momentum (default 0.9 for sgd)\n"
            "  --weight-decay X       weight decay (default 0)\n"
-           "  --scheduler NAME       constant, step, cosine, exponential, warmup-cosine (default constant)\n"
+           "  --scheduler NAME       constant, step, cosine, exponential, warmup-cosine (default cosine)\n"
            "  --label-smoothing X    cross-entropy label smoothing (default 0)\n"
            "  --clip-grad-norm X     clip gradients by global norm (default off)\n"
            "  --patience N           early stopping after N epochs without val improvement (default off)\n"
@@ -114,7 +114,7 @@ static void train_help(void)
 
 int em_tool_train(int argc, char **argv)
 {
-    const char *data = EM_FASHION_MNIST_DIR, *hidden = "256,128", *optname = "adam", *schedname = "constant";
+    const char *data = EM_FASHION_MNIST_DIR, *hidden = "256,128", *optname = "adam", *schedname = "cosine";
     const char *device = NULL, *out = "runs/fashion-mnist", *resume = NULL;
     int64_t epochs = 10, batch = 64, patience = 0;
     double lr = NAN, momentum = NAN, wd = 0, smoothing = 0, clip = 0, dropout = 0;
