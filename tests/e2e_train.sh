@@ -12,7 +12,8 @@ common=(--hidden 32 --batch-size 256 --seed 7 --no-progress --workers 2)
 fail() { echo "FAIL: $*" >&2; exit 1; }
 
 "$EMBER" train "${common[@]}" --epochs 3 --out "$T/a" > "$T/a.log"
-"$EMBER" train "${common[@]}" --epochs 2 --out "$T/b" > "$T/b.log"
+"$EMBER" train "${common[@]}" --epochs 3 --stop-after-epoch 2 --out "$T/b" > "$T/b.log"
+grep -q "stopping after epoch 2" "$T/b.log" || fail "--stop-after-epoch ignored"
 "$EMBER" train "${common[@]}" --epochs 3 --out "$T/b" --resume "$T/b/checkpoint.safetensors" > "$T/b2.log"
 grep -q "resumed from" "$T/b2.log" || fail "resume not reported"
 cmp "$T/a/checkpoint.safetensors" "$T/b/checkpoint.safetensors" || fail "resumed run differs from the uninterrupted one"

@@ -108,6 +108,7 @@ static void train_help(void)
            "  --workers N            data-loader threads (default 1)\n"
            "  --out DIR              output directory (default runs/fashion-mnist)\n"
            "  --resume FILE          resume from a checkpoint (e.g. runs/fashion-mnist/checkpoint.safetensors)\n"
+           "  --stop-after-epoch N   stop after epoch N as if interrupted (resume later with --resume)\n"
            "  --progress / --no-progress   force the progress bar on / off\n",
            EM_FASHION_MNIST_DIR);
 }
@@ -120,7 +121,7 @@ int em_tool_train(int argc, char **argv)
     double lr = NAN, momentum = NAN, wd = 0, smoothing = 0, clip = 0, dropout = 0;
     uint64_t seed = 0;
     int workers = 1, progress = -1;
-    enum { O_HIDDEN = 256, O_LR, O_MOM, O_WD, O_SCHED, O_LS, O_CLIP, O_PAT, O_WORKERS, O_RESUME, O_PROG, O_NOPROG, O_DROP };
+    enum { O_HIDDEN = 256, O_LR, O_MOM, O_WD, O_SCHED, O_LS, O_CLIP, O_PAT, O_WORKERS, O_RESUME, O_PROG, O_NOPROG, O_DROP, O_STOP };
     static const struct option opts[] = {
         {"data", required_argument, 0, 'd'},         {"hidden", required_argument, 0, O_HIDDEN},
         {"epochs", required_argument, 0, 'e'},       {"batch-size", required_argument, 0, 'b'},
@@ -132,7 +133,9 @@ int em_tool_train(int argc, char **argv)
         {"workers", required_argument, 0, O_WORKERS}, {"out", required_argument, 0, 'O'},
         {"resume", required_argument, 0, O_RESUME},  {"progress", no_argument, 0, O_PROG},
         {"no-progress", no_argument, 0, O_NOPROG},   {"dropout", required_argument, 0, O_DROP},
+        {"stop-after-epoch", required_argument, 0, O_STOP},
         {"help", no_argument, 0, 'h'},               {0, 0, 0, 0}};
+    int64_t stop_after = 0;
     int c;
     optind = 1;
     while ((c = getopt_long(argc, argv, "d:e:b:o:s:D:O:h", opts, NULL)) != -1) {
@@ -157,6 +160,7 @@ int em_tool_train(int argc, char **argv)
         case O_PROG: progress = 1; break;
         case O_NOPROG: progress = 0; break;
         case O_DROP: dropout = strtod(optarg, NULL); break;
+        case O_STOP: stop_after = strtoll(optarg, NULL, 10); break;
         case 'h': train_help(); return 0;
         default: fprintf(stderr, "see 'ember train --help'\n"); return 2;
         }
@@ -247,6 +251,7 @@ int em_tool_train(int argc, char **argv)
     cfg.resume = resume;
     cfg.progress = progress;
     cfg.early_stopping_patience = patience;
+    cfg.stop_after_epoch = stop_after;
     cfg.clip_grad_norm = clip;
     cfg.loss.label_smoothing = smoothing;
     em_st_kv meta[2] = {{.key = "ember.model", .value = spec}, {.key = "ember.data", .value = data}};

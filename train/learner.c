@@ -264,6 +264,10 @@ em_status em_learner_fit(em_module *model, em_optim *opt, em_lr_scheduler *sched
                 if (em_checkpoint_save(path, model, NULL, NULL, &info, cfg.meta, cfg.n_meta) != EM_OK) return em_last_status();
             }
         }
+        if (cfg.stop_after_epoch > 0 && epoch >= cfg.stop_after_epoch) {
+            fprintf(log, "stopping after epoch %lld as asked (resume with --resume)\n", (long long)epoch);
+            break;
+        }
         if (cfg.early_stopping_patience > 0 && info.bad_epochs >= cfg.early_stopping_patience) {
             fprintf(log, "early stopping: no improvement for %lld epochs (best %.4f at epoch %lld)\n",
                     (long long)info.bad_epochs, info.best_metric, (long long)info.best_epoch);

@@ -58,6 +58,7 @@ typedef struct em_learner_config {
     const char *resume;       /**< checkpoint to resume from; NULL = fresh start           */
     int progress;             /**< 1 bar on a terminal, 0 plain lines, -1 auto (default)    */
     int64_t early_stopping_patience; /**< stop after this many epochs without improvement; 0 = off */
+    int64_t stop_after_epoch; /**< > 0: return after this epoch as if interrupted (schedules still span `epochs`) */
     bool monitor_loss;        /**< monitor val loss (lower is better) instead of val accuracy */
     double clip_grad_norm;    /**< > 0: clip by global norm                                   */
     em_cross_entropy_opts loss; /**< cross-entropy options (label smoothing, ...)           */
