@@ -1,0 +1,593 @@
+/* CUDA kernels: element-wise unary / tensor-scalar / binary / where / copy+cast.
+ *
+ * Contracts (the same as devices/cpu/elementwise.c, whose expressions are
+ * reproduced here one for one):
+ *   unary  (NEG..GE_SCALAR)  in[0] x, out[0] y: one shape; x strided (may be a
+ *          stride-0 broadcast view), y strided. dtype(y) = dtype(x), or bool
+ *          for F_CMP kinds. Scalars p.s.a / p.s.b are rounded to x's dtype
+ *          (integer comparisons use the doubles) exactly as on the CPU.
+ *   binary (ADD..LOGICAL_OR) in[0] a, in[1] b (same dtype, already broadcast to
+ *          out's shape with stride-0 views), out[0] y (a's dtype or bool).
+ *   where  in[0] mask (bool), in[1] a, in[2] b, out[0] y: all of y's shape,
+ *          a, b, y of one dtype (any element size 1/4/8).
+ *   copy   in[0] x, out[0] y of one shape, any dtypes: y = (dtype(y)) x with
+ *          the CPU's conversion rules (ints go through int64, floats through
+ *          double; to bool is != 0); y may be a strided view into a larger
+ *          storage and only its elements are written.
+ * dtypes: f32, f64, i32, i64, u8, bool (bool computes as u8, except ADD = or,
+ * MUL = and, as the CPU kernel).
+ *
+ * Paths: after merging dims that are contiguous in every operand, a fully
+ * contiguous op is one flat grid-stride loop (f32 -> f32 with float4 loads
+ * and stores when all pointers are 16-byte aligned); anything else walks the
+ * N-d index with 32-bit arithmetic when every offset fits, 64-bit otherwise. */
+#include "devices/cuda/emcuda.h"
+
+#include <type_traits>
+
+using namespace emc;
+
+namespace {
+
+/* ---- math overloads (float / double) ------------------------------------- */
+
+__device__ __forceinline__ float m_fabs(float x) { return fabsf(x); }
+__device__ __forceinline__ double m_fabs(double x) { return fabs(x); }
+__device__ __forceinline__ float m_exp(float x) { return expf(x); }
+__device__ __forceinline__ double m_exp(double x) { return exp(x); }
+__device__ __forceinline__ float m_expm1(float x) { return expm1f(x); }
+__device__ __forceinline__ double m_expm1(double x) { return expm1(x); }
+__device__ __forceinline__ float m_log(float x) { return logf(x); }
+__device__ __forceinline__ double m_log(double x) { return log(x); }
+__device__ __forceinline__ float m_log1p(float x) { return log1pf(x); }
+__device__ __forceinline__ double m_log1p(double x) { return log1p(x); }
+__device__ __forceinline__ float m_sqrt(float x) { return sqrtf(x); }
+__device__ __forceinline__ double m_sqrt(double x) { return sqrt(x); }
+__device__ __forceinline__ float m_sin(float x) { return sinf(x); }
+__device__ __forceinline__ double m_sin(double x) { return sin(x); }
+__device__ __forceinline__ float m_cos(float x) { return cosf(x); }
+__device__ __forceinline__ double m_cos(double x) { return cos(x); }
+__device__ __forceinline__ float m_tanh(float x) { return tanhf(x); }
+__device__ __forceinline__ double m_tanh(double x) { return tanh(x); }
+__device__ __forceinline__ float m_erf(float x) { return erff(x); }
+__device__ __forceinline__ double m_erf(double x) { return erf(x); }
+__device__ __forceinline__ float m_floor(float x) { return floorf(x); }
+__device__ __forceinline__ double m_floor(double x) { return floor(x); }
+__device__ __forceinline__ float m_ceil(float x) { return ceilf(x); }
+__device__ __forceinline__ double m_ceil(double x) { return ceil(x); }
+__device__ __forceinline__ float m_rint(float x) { return rintf(x); } /* nearbyint: half to even */
+__device__ __forceinline__ double m_rint(double x) { return rint(x); }
+__device__ __forceinline__ float m_pow(float x, float y) { return powf(x, y); }
+__device__ __forceinline__ double m_pow(double x, double y) { return pow(x, y); }
+__device__ __forceinline__ float m_fmod(float x, float y) { return fmodf(x, y); }
+__device__ __forceinline__ double m_fmod(double x, double y) { return fmod(x, y); }
+
+/* Python-style remainder (sign of the divisor). */
+template <typename T> __device__ __forceinline__ T fmod_py(T a, T b)
+{
+    T r = m_fmod(a, b);
+    return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r;
+}
+template <typename T> __device__ __forceinline__ T irem(T a, T b)
+{
+    if (b == 0) return 0;
+    T r = (T)(a % b);
+    if constexpr (std::is_signed<T>::value) return (r != 0 && ((r < 0) != (b < 0))) ? (T)(r + b) : r;
+    else return r;
+}
+__device__ __forceinline__ int64_t ipow(int64_t x, int64_t e)
+{
+    int64_t r = 1;
+    while (e > 0) {
+        if (e & 1) r *= x;
+        x *= x;
+        e >>= 1;
+    }
+    return r;
+}
+
+template <typename T> __host__ __device__ constexpr bool is_fp() { return std::is_same<T, float>::value || std::is_same<T, double>::value; }
+
+/* ---- unary functor ---------------------------------------------------------- */
+
+/* y = f(x) for op kind `kind`; OT = T, or uint8_t for F_CMP kinds. */
+template <typename T, typename OT> struct UnaryF {
+    int kind;
+    bool cmp_op; /* F_CMP kind (LOGICAL_NOT, *_SCALAR comparisons) */
+    T sa, sb;
+    double da, db;
+
+    __device__ __forceinline__ OT operator()(T x) const
+    {
+        if constexpr (std::is_same<OT, uint8_t>::value && !std::is_same<T, uint8_t>::value) {
+            return cmp(x);
+        } else if constexpr (std::is_same<T, uint8_t>::value) {
+            /* u8/bool input: OT is u8 for both kinds of op; tell them apart by kind */
+            if (cmp_op) return cmp(x);
+            return (OT)arith(x);
+        } else {
+            return (OT)arith(x);
+        }
+    }
+
+    __device__ __forceinline__ uint8_t cmp(T x) const
+    {
+        if constexpr (is_fp<T>()) {
+            switch (kind) {
+            case EM_OP_LOGICAL_NOT: return x == 0;
+            case EM_OP_EQ_SCALAR: return x == sa;
+            case EM_OP_NE_SCALAR: return x != sa;
+            case EM_OP_LT_SCALAR: return x < sa;
+            case EM_OP_LE_SCALAR: return x <= sa;
+            case EM_OP_GT_SCALAR: return x > sa;
+            case EM_OP_GE_SCALAR: return x >= sa;
+            default: return 0;
+            }
+        } else {
+            switch (kind) {
+            case EM_OP_LOGICAL_NOT: return x == 0;
+            case EM_OP_EQ_SCALAR: return x == da;
+            case EM_OP_NE_SCALAR: return x != da;
+            case EM_OP_LT_SCALAR: return x < da;
+            case EM_OP_LE_SCALAR: return x <= da;
+            case EM_OP_GT_SCALAR: return x > da;
+            case EM_OP_GE_SCALAR: return x >= da;
+            default: return 0;
+            }
+        }
+    }
+
+    __device__ __forceinline__ T arith(T x) const
+    {
+        if constexpr (is_fp<T>()) {
+            switch (kind) {
+            case EM_OP_NEG: return -x;
+            case EM_OP_ABS: return m_fabs(x);
+            case EM_OP_SIGN: return (T)((x > 0) - (x < 0));
+            case EM_OP_EXP: return m_exp(x);
+            case EM_OP_LOG: return m_log(x);
+            case EM_OP_LOG1P: return m_log1p(x);
+            case EM_OP_SQRT: return m_sqrt(x);
+            case EM_OP_RSQRT: return (T)1 / m_sqrt(x);
+            case EM_OP_RECIPROCAL: return (T)1 / x;
+            case EM_OP_SQUARE: return x * x;
+            case EM_OP_SIN: return m_sin(x);
+            case EM_OP_COS: return m_cos(x);
+            case EM_OP_TANH: return m_tanh(x);
+            case EM_OP_SIGMOID: return x >= 0 ? (T)1 / ((T)1 + m_exp(-x)) : m_exp(x) / ((T)1 + m_exp(x));
+            case EM_OP_RELU: return x > 0 ? x : (T)0;
+            case EM_OP_GELU: return (T)0.5 * x * ((T)1 + m_erf(x * (T)0.70710678118654752440));
+            case EM_OP_GELU_TANH:
+                return (T)0.5 * x * ((T)1 + m_tanh((T)0.7978845608028654 * (x + (T)0.044715 * x * x * x)));
+            case EM_OP_SILU: return x >= 0 ? x / ((T)1 + m_exp(-x)) : x * m_exp(x) / ((T)1 + m_exp(x));
+            case EM_OP_SOFTPLUS: return x > (T)20 ? x : m_log1p(m_exp(x));
+            case EM_OP_ERF: return m_erf(x);
+            case EM_OP_FLOOR: return m_floor(x);
+            case EM_OP_CEIL: return m_ceil(x);
+            case EM_OP_ROUND: return m_rint(x);
+            case EM_OP_CLAMP: return x < sa ? sa : (x > sb ? sb : x);
+            case EM_OP_POW_SCALAR:
+                if (sa == (T)2) return x * x;
+                if (sa == (T)0.5) return m_sqrt(x);
+                return m_pow(x, sa);
+            case EM_OP_LEAKY_RELU: return x >= 0 ? x : sa * x;
+            case EM_OP_ELU: return x > 0 ? x : sa * m_expm1(x);
+            case EM_OP_ADD_SCALAR: return x + sa;
+            case EM_OP_SUB_SCALAR: return x - sa;
+            case EM_OP_RSUB_SCALAR: return sa - x;
+            case EM_OP_MUL_SCALAR: return x * sa;
+            case EM_OP_DIV_SCALAR: return x / sa;
+            case EM_OP_MAXIMUM_SCALAR: return (x != x) ? x : (x > sa ? x : sa);
+            case EM_OP_MINIMUM_SCALAR: return (x != x) ? x : (x < sa ? x : sa);
+            case EM_OP_REMAINDER_SCALAR: return fmod_py(x, sa);
+            default: return x;
+            }
+        } else {
+            switch (kind) {
+            case EM_OP_NEG: return (T)(-x);
+            case EM_OP_ABS:
+                if constexpr (std::is_signed<T>::value) return x < 0 ? (T)(-x) : x;
+                else return x;
+            case EM_OP_SIGN:
+                if constexpr (std::is_signed<T>::value) return (T)((x > 0) - (x < 0));
+                else return (T)(x > 0);
+            case EM_OP_SQUARE: return (T)(x * x);
+            case EM_OP_RELU: return x > 0 ? x : (T)0;
+            case EM_OP_FLOOR: case EM_OP_CEIL: case EM_OP_ROUND: return x;
+            case EM_OP_CLAMP: return x < da ? (T)da : (x > db ? (T)db : x);
+            case EM_OP_POW_SCALAR: return (T)ipow((int64_t)x, (int64_t)sa);
+            case EM_OP_ADD_SCALAR: return (T)(x + sa);
+            case EM_OP_SUB_SCALAR: return (T)(x - sa);
+            case EM_OP_RSUB_SCALAR: return (T)(sa - x);
+            case EM_OP_MUL_SCALAR: return (T)(x * sa);
+            case EM_OP_MAXIMUM_SCALAR: return x > sa ? x : sa;
+            case EM_OP_MINIMUM_SCALAR: return x < sa ? x : sa;
+            case EM_OP_REMAINDER_SCALAR: return irem<T>(x, sa);
+            default: return x;
+            }
+        }
+    }
+};
+
+/* ---- binary functor --------------------------------------------------------- */
+
+template <typename T, typename OT> struct BinaryF {
+    int kind;
+    bool is_bool; /* bool operands: ADD = or, MUL = and */
+
+    __device__ __forceinline__ OT operator()(T a, T b) const
+    {
+        switch (kind) {
+        case EM_OP_EQ: return (OT)(a == b);
+        case EM_OP_NE: return (OT)(a != b);
+        case EM_OP_LT: return (OT)(a < b);
+        case EM_OP_LE: return (OT)(a <= b);
+        case EM_OP_GT: return (OT)(a > b);
+        case EM_OP_GE: return (OT)(a >= b);
+        case EM_OP_LOGICAL_AND: return (OT)((a != 0) && (b != 0));
+        case EM_OP_LOGICAL_OR: return (OT)((a != 0) || (b != 0));
+        default: break;
+        }
+        if constexpr (is_fp<T>()) {
+            switch (kind) {
+            case EM_OP_ADD: return (OT)(a + b);
+            case EM_OP_SUB: return (OT)(a - b);
+            case EM_OP_MUL: return (OT)(a * b);
+            case EM_OP_DIV: return (OT)(a / b);
+            case EM_OP_POW: return (OT)m_pow(a, b);
+            case EM_OP_MAXIMUM: return (OT)((a != a || b != b) ? (a + b) : (a > b ? a : b));
+            case EM_OP_MINIMUM: return (OT)((a != a || b != b) ? (a + b) : (a < b ? a : b));
+            case EM_OP_REMAINDER: return (OT)fmod_py(a, b);
+            default: return (OT)0;
+            }
+        } else {
+            if (is_bool) {
+                if (kind == EM_OP_ADD) return (OT)((a != 0) || (b != 0));
+                if (kind == EM_OP_MUL) return (OT)((a != 0) && (b != 0));
+            }
+            switch (kind) {
+            case EM_OP_ADD: return (OT)(a + b);
+            case EM_OP_SUB: return (OT)(a - b);
+            case EM_OP_MUL: return (OT)(a * b);
+            case EM_OP_MAXIMUM: return (OT)(a > b ? a : b);
+            case EM_OP_MINIMUM: return (OT)(a < b ? a : b);
+            case EM_OP_REMAINDER: return (OT)irem<T>(a, b);
+            default: return (OT)0;
+            }
+        }
+    }
+};
+
+/* ---- generic kernels -------------------------------------------------------- */
+
+template <typename T, typename OT, typename F>
+__global__ void k_map1_flat(const T *__restrict__ x, OT *__restrict__ y, int64_t n, F f)
+{
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+        y[i] = f(x[i]);
+}
+
+template <typename F>
+__global__ void k_map1_f4(const float *__restrict__ x, float *__restrict__ y, int64_t n, F f)
+{
+    const int64_t n4 = n / 4;
+    const float4 *x4 = reinterpret_cast<const float4 *>(x);
+    float4 *y4 = reinterpret_cast<float4 *>(y);
+    const int64_t stride = (int64_t)gridDim.x * blockDim.x;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n4; i += stride) {
+        float4 v = x4[i];
+        v.x = f(v.x);
+        v.y = f(v.y);
+        v.z = f(v.z);
+        v.w = f(v.w);
+        y4[i] = v;
+    }
+    for (int64_t i = n4 * 4 + blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += stride) y[i] = f(x[i]);
+}
+
+/* operand 0 = y, 1 = x */
+template <typename T, typename OT, typename IT, typename F>
+__global__ void k_map1_nd(Geom g, const T *__restrict__ x, OT *__restrict__ y, F f)
+{
+    for (IT i = blockIdx.x * (IT)blockDim.x + threadIdx.x; i < (IT)g.n; i += (IT)gridDim.x * blockDim.x) {
+        IT off[2];
+        geom_offsets<2, IT>(g, i, off);
+        y[off[0]] = f(x[off[1]]);
+    }
+}
+
+template <typename T, typename OT, typename F>
+__global__ void k_map2_flat(const T *__restrict__ a, const T *__restrict__ b, OT *__restrict__ y, int64_t n, F f)
+{
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+        y[i] = f(a[i], b[i]);
+}
+
+template <typename F>
+__global__ void k_map2_f4(const float *__restrict__ a, const float *__restrict__ b, float *__restrict__ y, int64_t n, F f)
+{
+    const int64_t n4 = n / 4;
+    const float4 *a4 = reinterpret_cast<const float4 *>(a);
+    const float4 *b4 = reinterpret_cast<const float4 *>(b);
+    float4 *y4 = reinterpret_cast<float4 *>(y);
+    const int64_t stride = (int64_t)gridDim.x * blockDim.x;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n4; i += stride) {
+        float4 u = a4[i], v = b4[i], r;
+        r.x = f(u.x, v.x);
+        r.y = f(u.y, v.y);
+        r.z = f(u.z, v.z);
+        r.w = f(u.w, v.w);
+        y4[i] = r;
+    }
+    for (int64_t i = n4 * 4 + blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += stride) y[i] = f(a[i], b[i]);
+}
+
+/* operand 0 = y, 1 = a, 2 = b */
+template <typename T, typename OT, typename IT, typename F>
+__global__ void k_map2_nd(Geom g, const T *__restrict__ a, const T *__restrict__ b, OT *__restrict__ y, F f)
+{
+    for (IT i = blockIdx.x * (IT)blockDim.x + threadIdx.x; i < (IT)g.n; i += (IT)gridDim.x * blockDim.x) {
+        IT off[3];
+        geom_offsets<3, IT>(g, i, off);
+        y[off[0]] = f(a[off[1]], b[off[2]]);
+    }
+}
+
+/* operand 0 = y, 1 = mask, 2 = a, 3 = b */
+template <typename T, typename IT>
+__global__ void k_where_nd(Geom g, const uint8_t *__restrict__ m, const T *__restrict__ a, const T *__restrict__ b,
+                           T *__restrict__ y)
+{
+    for (IT i = blockIdx.x * (IT)blockDim.x + threadIdx.x; i < (IT)g.n; i += (IT)gridDim.x * blockDim.x) {
+        IT off[4];
+        geom_offsets<4, IT>(g, i, off);
+        y[off[0]] = m[off[1]] ? a[off[2]] : b[off[3]];
+    }
+}
+
+inline bool aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
+
+template <typename T, typename OT, typename F>
+void launch_map1(const Geom &g, const T *x, OT *y, F f, const char *what)
+{
+    if (g.n == 0) return;
+    cudaStream_t s = stream();
+    if (geom_contig(g)) {
+        if constexpr (std::is_same<T, float>::value && std::is_same<OT, float>::value) {
+            if (aligned16(x) && aligned16(y)) {
+                k_map1_f4<<<grid_for((g.n + 3) / 4), kThreads, 0, s>>>(x, y, g.n, f);
+                check_launch(what);
+                return;
+            }
+        }
+        k_map1_flat<<<grid_for(g.n), kThreads, 0, s>>>(x, y, g.n, f);
+    } else if (geom_fits32(g)) {
+        k_map1_nd<T, OT, int32_t><<<grid_for(g.n), kThreads, 0, s>>>(g, x, y, f);
+    } else {
+        k_map1_nd<T, OT, int64_t><<<grid_for(g.n), kThreads, 0, s>>>(g, x, y, f);
+    }
+    check_launch(what);
+}
+
+template <typename T, typename OT, typename F>
+void launch_map2(const Geom &g, const T *a, const T *b, OT *y, F f, const char *what)
+{
+    if (g.n == 0) return;
+    cudaStream_t s = stream();
+    if (geom_contig(g)) {
+        if constexpr (std::is_same<T, float>::value && std::is_same<OT, float>::value) {
+            if (aligned16(a) && aligned16(b) && aligned16(y)) {
+                k_map2_f4<<<grid_for((g.n + 3) / 4), kThreads, 0, s>>>(a, b, y, g.n, f);
+                check_launch(what);
+                return;
+            }
+        }
+        k_map2_flat<<<grid_for(g.n), kThreads, 0, s>>>(a, b, y, g.n, f);
+    } else if (geom_fits32(g)) {
+        k_map2_nd<T, OT, int32_t><<<grid_for(g.n), kThreads, 0, s>>>(g, a, b, y, f);
+    } else {
+        k_map2_nd<T, OT, int64_t><<<grid_for(g.n), kThreads, 0, s>>>(g, a, b, y, f);
+    }
+    check_launch(what);
+}
+
+template <typename T> void unary_t(const em_kargs *k, void *buffers[])
+{
+    const em_tdesc &in = k->in[0], &out = k->out[0];
+    const int64_t *st[2] = {out.strides, in.strides};
+    Geom g = make_geom(out.ndim, out.shape, 2, st);
+    const T *x = (const T *)base(buffers, 0, in);
+    const bool cmp = is_cmp(k->kind);
+    if (cmp && !std::is_same<T, uint8_t>::value) {
+        UnaryF<T, uint8_t> f{k->kind, true, (T)k->p.s.a, (T)k->p.s.b, k->p.s.a, k->p.s.b};
+        launch_map1(g, x, (uint8_t *)base(buffers, 1, out), f, "unary");
+    } else {
+        UnaryF<T, T> f{k->kind, cmp, (T)k->p.s.a, (T)k->p.s.b, k->p.s.a, k->p.s.b};
+        launch_map1(g, x, (T *)base(buffers, 1, out), f, "unary");
+    }
+}
+
+template <typename T> void binary_t(const em_kargs *k, void *buffers[])
+{
+    const em_tdesc &a = k->in[0], &b = k->in[1], &out = k->out[0];
+    const int64_t *st[3] = {out.strides, a.strides, b.strides};
+    Geom g = make_geom(out.ndim, out.shape, 3, st);
+    const T *pa = (const T *)base(buffers, 0, a), *pb = (const T *)base(buffers, 1, b);
+    const bool is_bool = a.dtype == EM_BOOL;
+    if (is_cmp(k->kind) && !std::is_same<T, uint8_t>::value) {
+        BinaryF<T, uint8_t> f{k->kind, is_bool};
+        launch_map2(g, pa, pb, (uint8_t *)base(buffers, 2, out), f, "binary");
+    } else {
+        BinaryF<T, T> f{k->kind, is_bool};
+        launch_map2(g, pa, pb, (T *)base(buffers, 2, out), f, "binary");
+    }
+}
+
+/* ---- copy / cast ------------------------------------------------------------ */
+
+template <typename T, typename IT>
+__global__ void k_copy_nd(Geom g, const T *__restrict__ x, T *__restrict__ y)
+{
+    for (IT i = blockIdx.x * (IT)blockDim.x + threadIdx.x; i < (IT)g.n; i += (IT)gridDim.x * blockDim.x) {
+        IT off[2];
+        geom_offsets<2, IT>(g, i, off);
+        y[off[0]] = x[off[1]];
+    }
+}
+
+__device__ __forceinline__ bool is_int_dt(int dt) { return dt == EM_I32 || dt == EM_I64 || dt == EM_U8 || dt == EM_BOOL; }
+
+/* One element converted as devices/cpu/elementwise.c em_cpu_copy does. */
+__device__ __forceinline__ void cast_one(int idt, int odt, const char *xp, char *yp)
+{
+    const bool int_src = is_int_dt(idt);
+    int64_t iv = 0;
+    double v;
+    if (int_src) {
+        if (idt == EM_I64) iv = *(const int64_t *)xp;
+        else if (idt == EM_I32) iv = *(const int32_t *)xp;
+        else iv = *(const uint8_t *)xp;
+        v = (double)iv;
+    } else {
+        v = idt == EM_F32 ? (double)*(const float *)xp : *(const double *)xp;
+    }
+    switch (odt) {
+    case EM_F32: *(float *)yp = (float)v; break;
+    case EM_F64: *(double *)yp = v; break;
+    case EM_I32: *(int32_t *)yp = int_src ? (int32_t)iv : (int32_t)v; break;
+    case EM_I64: *(int64_t *)yp = int_src ? iv : (int64_t)v; break;
+    case EM_U8: *(uint8_t *)yp = int_src ? (uint8_t)iv : (uint8_t)(int64_t)v; break;
+    case EM_BOOL: *(uint8_t *)yp = int_src ? iv != 0 : v != 0; break;
+    default: break;
+    }
+}
+
+template <typename IT>
+__global__ void k_cast_nd(Geom g, const char *__restrict__ x, int idt, int is, char *__restrict__ y, int odt, int os)
+{
+    for (IT i = blockIdx.x * (IT)blockDim.x + threadIdx.x; i < (IT)g.n; i += (IT)gridDim.x * blockDim.x) {
+        IT off[2];
+        geom_offsets<2, IT>(g, i, off);
+        cast_one(idt, odt, x + (int64_t)off[1] * is, y + (int64_t)off[0] * os);
+    }
+}
+
+__global__ void k_f32_to_f64(const float *__restrict__ x, double *__restrict__ y, int64_t n)
+{
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+        y[i] = (double)x[i];
+}
+__global__ void k_f64_to_f32(const double *__restrict__ x, float *__restrict__ y, int64_t n)
+{
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+        y[i] = (float)x[i];
+}
+
+template <typename T> void copy_same(const Geom &g, const char *x, char *y)
+{
+    cudaStream_t s = stream();
+    if (geom_fits32(g))
+        k_copy_nd<T, int32_t><<<grid_for(g.n), kThreads, 0, s>>>(g, (const T *)x, (T *)y);
+    else
+        k_copy_nd<T, int64_t><<<grid_for(g.n), kThreads, 0, s>>>(g, (const T *)x, (T *)y);
+    check_launch("copy");
+}
+
+} // namespace
+
+void em_cuda_unary(void *buffers[], void *cl_arg)
+{
+    const em_kargs *k = (const em_kargs *)cl_arg;
+    switch (k->in[0].dtype) {
+    case EM_F32: unary_t<float>(k, buffers); break;
+    case EM_F64: unary_t<double>(k, buffers); break;
+    case EM_I32: unary_t<int32_t>(k, buffers); break;
+    case EM_I64: unary_t<int64_t>(k, buffers); break;
+    case EM_U8:
+    case EM_BOOL: unary_t<uint8_t>(k, buffers); break;
+    default: break;
+    }
+}
+
+void em_cuda_binary(void *buffers[], void *cl_arg)
+{
+    const em_kargs *k = (const em_kargs *)cl_arg;
+    switch (k->in[0].dtype) {
+    case EM_F32: binary_t<float>(k, buffers); break;
+    case EM_F64: binary_t<double>(k, buffers); break;
+    case EM_I32: binary_t<int32_t>(k, buffers); break;
+    case EM_I64: binary_t<int64_t>(k, buffers); break;
+    case EM_U8:
+    case EM_BOOL: binary_t<uint8_t>(k, buffers); break;
+    default: break;
+    }
+}
+
+void em_cuda_where(void *buffers[], void *cl_arg)
+{
+    const em_kargs *k = (const em_kargs *)cl_arg;
+    const em_tdesc &m = k->in[0], &a = k->in[1], &b = k->in[2], &out = k->out[0];
+    const int64_t *st[4] = {out.strides, m.strides, a.strides, b.strides};
+    Geom g = make_geom(out.ndim, out.shape, 4, st);
+    if (g.n == 0) return;
+    const uint8_t *pm = (const uint8_t *)base(buffers, 0, m);
+    const char *pa = base(buffers, 1, a), *pb = base(buffers, 2, b);
+    char *py = base(buffers, 3, out);
+    cudaStream_t s = stream();
+    const bool f32 = geom_fits32(g);
+    const unsigned grid = grid_for(g.n);
+#define WHERE_LAUNCH(T)                                                                                              \
+    do {                                                                                                             \
+        if (f32)                                                                                                     \
+            k_where_nd<T, int32_t><<<grid, kThreads, 0, s>>>(g, pm, (const T *)pa, (const T *)pb, (T *)py);          \
+        else                                                                                                         \
+            k_where_nd<T, int64_t><<<grid, kThreads, 0, s>>>(g, pm, (const T *)pa, (const T *)pb, (T *)py);          \
+    } while (0)
+    switch (dtype_size(out.dtype)) {
+    case 1: WHERE_LAUNCH(uint8_t); break;
+    case 2: WHERE_LAUNCH(uint16_t); break;
+    case 4: WHERE_LAUNCH(uint32_t); break;
+    case 8: WHERE_LAUNCH(uint64_t); break;
+    default: return;
+    }
+#undef WHERE_LAUNCH
+    check_launch("where");
+}
+
+void em_cuda_copy(void *buffers[], void *cl_arg)
+{
+    const em_kargs *k = (const em_kargs *)cl_arg;
+    const em_tdesc &in = k->in[0], &out = k->out[0];
+    const int64_t *st[2] = {out.strides, in.strides};
+    Geom g = make_geom(out.ndim, out.shape, 2, st);
+    if (g.n == 0) return;
+    const char *x = base(buffers, 0, in);
+    char *y = base(buffers, 1, out);
+    const int idt = in.dtype, odt = out.dtype;
+    const int64_t is = dtype_size(idt), os = dtype_size(odt);
+    cudaStream_t s = stream();
+    if (idt == odt) {
+        if (geom_contig(g)) {
+            check(cudaMemcpyAsync(y, x, (size_t)(g.n * is), cudaMemcpyDeviceToDevice, s), "copy (memcpy)");
+            return;
+        }
+        switch (is) {
+        case 1: copy_same<uint8_t>(g, x, y); break;
+        case 2: copy_same<uint16_t>(g, x, y); break;
+        case 4: copy_same<uint32_t>(g, x, y); break;
+        case 8: copy_same<uint64_t>(g, x, y); break;
+        default: break;
+        }
+        return;
+    }
+    if (geom_contig(g) && idt == EM_F32 && odt == EM_F64) {
+        k_f32_to_f64<<<grid_for(g.n), kThreads, 0, s>>>((const float *)x, (double *)y, g.n);
+    } else if (geom_contig(g) && idt == EM_F64 && odt == EM_F32) {
+        k_f64_to_f32<<<grid_for(g.n), kThreads, 0, s>>>((const double *)x, (float *)y, g.n);
+    } else if (geom_fits32(g)) {
+        k_cast_nd<int32_t><<<grid_for(g.n), kThreads, 0, s>>>(g, x, idt, (int)is, y, odt, (int)os);
+    } else {
+        k_cast_nd<int64_t><<<grid_for(g.n), kThreads, 0, s>>>(g, x, idt, (int)is, y, odt, (int)os);
+    }
+    check_launch("copy (cast)");
+}

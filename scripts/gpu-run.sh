@@ -1,0 +1,198 @@
+#!/usr/bin/env bash
+# Runs Ember's tests, the cross-device consistency test and the benchmarks on
+# the GPU machine (Ubuntu 24.04, CUDA 13, driver 580, H200; no StarPU, no
+# hwloc, no registry access), in one go, writing every log under $OUT.
+#
+# Prepare HERE first:   scripts/gpu-pack.sh      (builds build-gpu/, fills .deps/)
+# Then on the device:   carry [".deps", "build-gpu"], command:
+#                       bash scripts/gpu-run.sh [step ...]
+# Steps, in this order (default: all): env consistency tests bench sanitizer
+#   env          nvidia-smi, StarPU's view of the machine, `ember devices`, ldd
+#   consistency  tests/test_consistency with the CUDA workers (every op on CPU
+#                and CUDA, forward + backward, sentinel checks) + a diagnostic
+#                bit-exactness run (EMBER_CONSISTENCY_EXACT=1, not a failure)
+#   tests        the whole CTest suite (ctest), sequential
+#   bench        every build-gpu/bench/bench_* on the CPU and with EMBER_DEVICE=cuda:0
+#   sanitizer    test_consistency under compute-sanitizer memcheck (out-of-bounds
+#                accesses in CUDA kernels), when compute-sanitizer exists
+# Time: the whole run stays within GPU_RUN_BUDGET_S seconds (default 560, the
+# device tool allows 600 per command); each step gets what is left, so the
+# steps at the end may be cut short (their logs say so). Split the steps
+# over several calls when that happens.
+# Output: $OUT/summary.txt (step statuses, the consistency table, failures,
+# benchmark tables) plus one log per step. Exit status: 0 when the
+# consistency test and the test suite pass, 1 otherwise.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$(pwd -P)
+OUT="${OUT:-$ROOT/gpu-out}"
+mkdir -p "$OUT"
+BUILD="$ROOT/build-gpu"
+DEPS="$ROOT/.deps"
+START=$(date +%s)
+BUDGET="${GPU_RUN_BUDGET_S:-560}"
+SUMMARY="$OUT/summary.txt"
+: >"$SUMMARY"
+say() { echo "$*" | tee -a "$SUMMARY"; }
+left() { echo $(( BUDGET - ($(date +%s) - START) )); }
+# timeout for a step: min(wanted, time left - 10 s), at least 5 s
+tlimit() { local l; l=$(( $(left) - 10 )); [ "$l" -lt 5 ] && l=5; [ "$1" -lt "$l" ] && echo "$1" || echo "$l"; }
+
+STEPS="${*:-env consistency tests bench sanitizer}"
+say "gpu-run: $(date -u +%Y-%m-%dT%H:%M:%SZ) on $(hostname), steps: $STEPS, budget ${BUDGET}s, logs in $OUT"
+
+if [ ! -f "$BUILD/libember.so" ] || [ ! -d "$DEPS/starpu/lib" ]; then
+  say "gpu-run: build-gpu/ or .deps/ missing: run scripts/gpu-pack.sh on the build machine and carry both"
+  exit 1
+fi
+[ -f "$DEPS/MANIFEST" ] && cat "$DEPS/MANIFEST" >"$OUT/manifest.txt"
+
+# ---- environment ------------------------------------------------------------------
+WORK=$(mktemp -d /tmp/ember-gpu.XXXXXX)
+FB="$WORK/fallback"
+mkdir -p "$FB"
+# fallback libraries only where the image has no library of that soname
+ldconfig -p >"$WORK/ldcache" 2>/dev/null || true
+for f in "$DEPS"/fallback/*; do
+  [ -e "$f" ] || continue
+  so=$(basename "$f")
+  if ! grep -q "^[[:space:]]*$so " "$WORK/ldcache" && ! ls /usr/local/cuda/lib64/"$so" >/dev/null 2>&1; then
+    ln -s "$f" "$FB/$so"
+  fi
+done
+CUDA_LIBS=""
+for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib; do [ -d "$d" ] && CUDA_LIBS="$CUDA_LIBS:$d"; done
+export LD_LIBRARY_PATH="$BUILD:$DEPS/starpu/lib:$DEPS/lib:$FB$CUDA_LIBS${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+export PATH="$DEPS/starpu/bin:/usr/local/cuda/bin:$PATH"
+export STARPU_HOME="$WORK/starpu-home"   # one bus calibration for every step
+mkdir -p "$STARPU_HOME"
+export STARPU_SILENT=1
+export OCL_ICD_VENDORS=/nonexistent      # CUDA, not OpenCL, drives the GPU here
+export EMBER_TEST_DATA="$ROOT/tests/fixtures"
+say "gpu-run: fallback libraries used: $(ls "$FB" | tr '\n' ' ')"
+
+MISSING=$(for e in "$BUILD/libember.so" "$BUILD"/tests/test_* "$BUILD"/bench/bench_*; do
+  [ -x "$e" ] || [ -f "$e" ] || continue
+  ldd "$e" 2>/dev/null | grep "not found"
+done | sort -u)
+if [ -n "$MISSING" ]; then
+  say "gpu-run: WARNING: unresolved libraries:"
+  say "$MISSING"
+fi
+
+FAILED=0
+status() { # step name, rc
+  local s="ok"
+  [ "$2" -eq 124 ] || [ "$2" -eq 137 ] && s="TIMEOUT"
+  [ "$2" -ne 0 ] && [ "$s" = ok ] && s="FAIL (rc $2)"
+  say "step $1: $s"
+}
+
+run_env() {
+  {
+    echo "== nvidia-smi"; nvidia-smi 2>&1
+    echo "== nvcc"; nvcc --version 2>&1 | tail -2
+    echo "== starpu_machine_display"; timeout "$(tlimit 60)" starpu_machine_display 2>&1
+    echo "== ember devices"; timeout "$(tlimit 60)" "$BUILD/ember" devices 2>&1
+    echo "== ldd libember.so"; ldd "$BUILD/libember.so"
+    echo "== LD_LIBRARY_PATH=$LD_LIBRARY_PATH"
+  } >"$OUT/env.log" 2>&1
+  status env 0
+  grep -E "^workers:|worker .* cuda" "$OUT/env.log" | tee -a "$SUMMARY"
+}
+
+run_consistency() {
+  local rc
+  ( cd "$BUILD/tests" && timeout "$(tlimit 240)" ./test_consistency ) >"$OUT/consistency.log" 2>&1
+  rc=$?
+  status consistency "$rc"
+  [ "$rc" -ne 0 ] && FAILED=1
+  grep -q "CUDA: [0-9]* worker" "$OUT/consistency.log" || say "gpu-run: WARNING: the consistency test saw no CUDA worker"
+  sed -n '/^op /,/^consistency: [0-9]* case/p' "$OUT/consistency.log" >>"$SUMMARY"
+  grep -E "^consistency: (CUDA|OpenCL)" "$OUT/consistency.log" >>"$SUMMARY"
+  # diagnostic: which ops are bit-identical to the CPU (failures here are expected for libm-based ops)
+  ( cd "$BUILD/tests" && EMBER_CONSISTENCY_EXACT=1 timeout "$(tlimit 120)" ./test_consistency ) >"$OUT/consistency-exact.log" 2>&1
+  say "consistency (bit-exact diagnostic): $(grep -c '^FAIL ' "$OUT/consistency-exact.log") op/device pairs differ in some bit (details in consistency-exact.log)"
+}
+
+run_tests() {
+  local rc recorded src
+  recorded=$(sed -n 's/^build_dir=//p' "$DEPS/MANIFEST" 2>/dev/null)
+  src=$(sed -n 's/^built_from=//p' "$DEPS/MANIFEST" 2>/dev/null)
+  # CTest files hold the build machine's absolute paths: make them resolve here
+  if [ -n "$recorded" ] && [ "$(cd "$recorded" 2>/dev/null && pwd -P)" != "$BUILD" ] && [ -n "$src" ] && [ ! -e "$src" ]; then
+    mkdir -p "$(dirname "$src")" 2>/dev/null && ln -s "$ROOT" "$src" 2>/dev/null &&
+      say "gpu-run: linked $src -> $ROOT for CTest's absolute paths"
+  fi
+  if [ -n "$recorded" ] && [ "$(cd "$recorded" 2>/dev/null && pwd -P)" = "$BUILD" ] && command -v ctest >/dev/null; then
+    ( cd "$BUILD" && timeout "$(tlimit 300)" ctest --output-on-failure --timeout 240 ) >"$OUT/ctest.log" 2>&1
+    rc=$?
+    grep -E "tests passed|tests failed|\*\*\*|Failed|Timeout" "$OUT/ctest.log" | tail -25 >>"$SUMMARY"
+  else
+    say "gpu-run: ctest unusable here (paths or ctest missing): running the test programs directly"
+    rc=0
+    for t in "$BUILD"/tests/test_*; do
+      [ -x "$t" ] || continue
+      local n; n=$(basename "$t")
+      ( cd "$BUILD/tests" && timeout "$(tlimit 240)" "$t" ) >"$OUT/test-$n.log" 2>&1
+      local r=$?
+      say "  $n: $([ $r -eq 0 ] && echo ok || echo "FAIL (rc $r)")"
+      [ $r -ne 0 ] && rc=1
+    done
+  fi
+  status tests "$rc"
+  [ "$rc" -ne 0 ] && FAILED=1
+}
+
+run_bench() {
+  mkdir -p "$OUT/bench"
+  local b n
+  for b in "$BUILD"/bench/bench_*; do
+    [ -x "$b" ] || continue
+    n=$(basename "$b")
+    local args_cpu="" args_gpu=""
+    [ "$n" = bench_matmul ] && args_cpu="1024 2048 4096" && args_gpu="1024 2048 4096 8192"
+    # shellcheck disable=SC2086
+    timeout "$(tlimit 120)" "$b" $args_cpu >"$OUT/bench/$n.cpu.log" 2>&1
+    say "bench $n (cpu): rc $?"
+    cat "$OUT/bench/$n.cpu.log" >>"$SUMMARY"
+    # shellcheck disable=SC2086
+    EMBER_DEVICE=cuda:0 timeout "$(tlimit 120)" "$b" $args_gpu >"$OUT/bench/$n.cuda.log" 2>&1
+    say "bench $n (EMBER_DEVICE=cuda:0): rc $?"
+    cat "$OUT/bench/$n.cuda.log" >>"$SUMMARY"
+  done
+  status bench 0
+}
+
+run_sanitizer() {
+  local cs
+  cs=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null || true)
+  if [ -z "$cs" ]; then
+    say "step sanitizer: skipped (no compute-sanitizer)"
+    return
+  fi
+  ( cd "$BUILD/tests" && EMBER_NCPU=2 timeout "$(tlimit 300)" "$cs" --tool memcheck --leak-check no --print-limit 50 \
+      --error-exitcode 9 ./test_consistency ) >"$OUT/sanitizer.log" 2>&1
+  local rc=$?
+  status sanitizer "$rc"
+  grep -E "ERROR SUMMARY|Invalid|out of bounds" "$OUT/sanitizer.log" | head -20 >>"$SUMMARY"
+}
+
+for s in $STEPS; do
+  if [ "$(left)" -le 15 ]; then
+    say "step $s: not run (time budget spent)"
+    continue
+  fi
+  case "$s" in
+    env) run_env ;;
+    consistency) run_consistency ;;
+    tests) run_tests ;;
+    bench) run_bench ;;
+    sanitizer) run_sanitizer ;;
+    *) say "gpu-run: unknown step '$s'" ;;
+  esac
+done
+cp -r "$STARPU_HOME/.starpu/sampling" "$OUT/starpu-sampling" 2>/dev/null || true
+say "gpu-run: done in $(( $(date +%s) - START ))s, $([ $FAILED -eq 0 ] && echo 'tests and consistency pass' || echo 'FAILURES (see the logs)')"
+rm -rf "$WORK"
+exit "$FAILED"

@@ -1,0 +1,1469 @@
+/* Op consistency across devices (the idea of ggml's test-backend-ops).
+ *
+ * For every op kind of tasks/ops.def there is a case below: a small function
+ * that builds fresh pseudo-random inputs (a host generator reset for every
+ * run, so every device sees the same numbers) and calls the public API
+ * (em_add, em_sum, em_matmul, ...). Each case runs
+ *   - twice on the CPU (em_set_device(em_device_cpu())): the two runs must be
+ *     bit-identical (determinism), and the first is the reference;
+ *   - once on every other device present (each CUDA and OpenCL device with a
+ *     worker): forward outputs and, for differentiable ops, the input
+ *     gradients of sum_i sum(out_i * w_i) (em_backward, w_i random) are
+ *     compared with the CPU's, with tolerances per dtype (integers and bools
+ *     exact); a NaN/Inf where the CPU has a finite value is a failure.
+ * Every case runs once with contiguous inputs and once with strided inputs:
+ * views (offset, non-unit strides) cut out of a larger tensor whose other
+ * elements hold a sentinel; after the run the whole larger tensor must be
+ * unchanged (kernels must not write into their inputs). Ops that write into
+ * views (em_copy_ into a slice, the optimizer steps on a parameter that is a
+ * slice of a larger tensor) check that the sentinel around the view survives.
+ *
+ * The result is a table (op, device, status) with status ok / FAIL /
+ * unsupported; "unsupported" means the device's kernel table has no entry
+ * for the op (em__cuda_kernels / em__opencl_kernels, reached through the
+ * exported em__cuda_kernel_table() / em__opencl_kernel_table() hooks since
+ * libember hides its internals): such ops still run (the funnel falls back
+ * to the CPU) and are listed explicitly, never skipped. Any FAIL fails the
+ * test. A case table missing an op kind fails the test too, so a new op in
+ * tasks/ops.def cannot be forgotten.
+ *
+ * Environment: EMBER_CONSISTENCY_OPS=name,name,... restricts the ops run;
+ * EMBER_CONSISTENCY_VERBOSE=1 prints every variant; EMBER_CONSISTENCY_EXACT=1
+ * demands bit-identical device results (a diagnostic); EMBER_TF32=1 loosens the
+ * f32 matmul tolerance (TF32 tensor cores on CUDA). */
+#define _GNU_SOURCE
+#include "testutil.h"
+
+#include "ember/ember.h"
+#include "runtime/internal.h" /* enum em_op_kind, F_* flags, em_kernel_fn (no internal symbol is linked) */
+
+#include <dlfcn.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- the op table (from tasks/ops.def, as the library builds it) ----------- */
+
+typedef struct op_info {
+    const char *name;
+    int n_in, n_out;
+    unsigned flags;
+} op_info;
+
+static const op_info g_ops[EM_OP_COUNT] = {
+#define X(E, nm, nin, nout, fl, fn) [EM_OP_##E] = {nm, nin, nout, fl},
+#include "tasks/ops.def"
+#undef X
+};
+
+/* ---- case context ------------------------------------------------------------ */
+
+#define MAX_T 24
+#define END (-1)
+
+typedef struct guard {
+    em_tensor *t;      /* retained */
+    double *expect;    /* expected values (C order of t) */
+    unsigned char *mask; /* elements to check (NULL = all) */
+    int64_t n;
+    const char *what;
+} guard;
+
+typedef struct ctx {
+    int kind;
+    int dt;      /* the case's main dtype */
+    int strided; /* layout variant: inputs are strided views */
+    bool made_strided;
+    uint64_t rng;
+    em_tensor *grad_in[MAX_T];
+    int n_grad;
+    em_tensor *outs[MAX_T]; /* retained */
+    int n_out;
+    guard guards[MAX_T];
+    int n_guard;
+    bool no_backward;
+    double tol_scale; /* multiplies the float tolerances (1 by default) */
+    char err[512];
+} ctx;
+
+typedef bool (*case_fn)(ctx *c);
+
+typedef struct op_case {
+    case_fn fn;
+    int dts[8]; /* dtype variants, END-terminated */
+    double tol_scale;
+} op_case;
+
+static uint64_t rng_next(ctx *c)
+{
+    c->rng ^= c->rng >> 12;
+    c->rng ^= c->rng << 25;
+    c->rng ^= c->rng >> 27;
+    return c->rng * 2685821657736338717ULL;
+}
+static double rng_u01(ctx *c) { return (double)(rng_next(c) >> 11) * (1.0 / 9007199254740992.0); }
+
+static bool fail_case(ctx *c, const char *what)
+{
+    if (!c->err[0]) snprintf(c->err, sizeof c->err, "%s failed: %s", what, em_last_error());
+    return false;
+}
+
+/* Registers an output to compare (retained until the run ends). */
+static bool out(ctx *c, em_tensor *t, const char *what)
+{
+    if (!t) return fail_case(c, what);
+    if (c->n_out >= MAX_T) return fail_case(c, "too many outputs");
+    c->outs[c->n_out++] = em_tensor_retain(t);
+    return true;
+}
+
+static void add_guard(ctx *c, em_tensor *t, double *expect, unsigned char *mask, int64_t n, const char *what)
+{
+    if (c->n_guard >= MAX_T) {
+        free(expect);
+        free(mask);
+        return;
+    }
+    c->guards[c->n_guard++] = (guard){em_tensor_retain(t), expect, mask, n, what};
+}
+
+/* Input flags. */
+enum {
+    IN_GRAD = 1 << 0,     /* requires grad (float dtypes only) */
+    IN_DISCRETE = 1 << 1, /* floats from {lo, lo + 0.5, ..., hi}: equalities happen */
+    IN_NONZERO = 1 << 2,  /* random sign times [lo, hi] */
+    IN_CONTIG = 1 << 3,   /* contiguous even in the strided variant */
+};
+
+static const double SENTINEL = -777.25;
+
+static void pack(em_dtype dt, void *dst, int64_t i, double v)
+{
+    switch (dt) {
+    case EM_F32: ((float *)dst)[i] = (float)v; break;
+    case EM_F64: ((double *)dst)[i] = v; break;
+    case EM_I32: ((int32_t *)dst)[i] = (int32_t)v; break;
+    case EM_I64: ((int64_t *)dst)[i] = (int64_t)v; break;
+    case EM_U8: ((uint8_t *)dst)[i] = (uint8_t)(int64_t)v; break;
+    default: ((uint8_t *)dst)[i] = v != 0; break;
+    }
+}
+static double unpack(em_dtype dt, const void *src, int64_t i)
+{
+    switch (dt) {
+    case EM_F32: return ((const float *)src)[i];
+    case EM_F64: return ((const double *)src)[i];
+    case EM_I32: return ((const int32_t *)src)[i];
+    case EM_I64: return (double)((const int64_t *)src)[i];
+    default: return ((const uint8_t *)src)[i];
+    }
+}
+
+static double gen_value(ctx *c, em_dtype dt, double lo, double hi, int flags)
+{
+    double u = rng_u01(c);
+    if (dt == EM_BOOL) return u < 0.5 ? 0.0 : 1.0;
+    if (!em_dtype_is_float(dt)) {
+        double a = ceil(lo), b = floor(hi);
+        double v = a + floor(u * (b - a + 1));
+        return v > b ? b : v;
+    }
+    if (flags & IN_DISCRETE) {
+        double k = floor(u * (floor((hi - lo) * 2) + 1));
+        return lo + 0.5 * k;
+    }
+    if (flags & IN_NONZERO) {
+        double s = rng_u01(c) < 0.5 ? -1.0 : 1.0;
+        return s * (lo + (hi - lo) * u);
+    }
+    return lo + (hi - lo) * u;
+}
+
+static bool read_values(const em_tensor *t, double **vals, int64_t *n)
+{
+    int64_t cnt = em_tensor_numel(t);
+    size_t es = em_dtype_size(em_tensor_dtype(t));
+    void *raw = malloc((size_t)(cnt ? cnt : 1) * es);
+    double *v = malloc(sizeof(double) * (size_t)(cnt ? cnt : 1));
+    if (!raw || !v || em_to_host(t, raw, (size_t)cnt * es) != EM_OK) {
+        free(raw);
+        free(v);
+        return false;
+    }
+    for (int64_t i = 0; i < cnt; i++) v[i] = unpack(em_tensor_dtype(t), raw, i);
+    free(raw);
+    *vals = v;
+    *n = cnt;
+    return true;
+}
+
+/* A fresh input of @p shape. In the strided variant (and unless IN_CONTIG),
+ * it is a view with an offset and non-unit strides into a larger tensor
+ * whose other elements hold SENTINEL; that tensor is guarded. */
+static em_tensor *input(ctx *c, int dti, const int64_t *shape, int nd, double lo, double hi, int flags)
+{
+    em_dtype dt = (em_dtype)dti;
+    int64_t n = 1;
+    for (int i = 0; i < nd; i++) n *= shape[i];
+    double *v = malloc(sizeof(double) * (size_t)(n ? n : 1));
+    for (int64_t i = 0; i < n; i++) v[i] = gen_value(c, dt, lo, hi, flags);
+    em_tensor *t = NULL;
+    size_t es = em_dtype_size(dt);
+    const bool can_stride = !(flags & IN_CONTIG) && nd > 0 && n > 0;
+    if (can_stride) c->made_strided = true; /* the strided variant differs from the contiguous one */
+    if (!c->strided || !can_stride) {
+        void *raw = malloc((size_t)(n ? n : 1) * es);
+        for (int64_t i = 0; i < n; i++) pack(dt, raw, i, v[i]);
+        t = em_from_host(raw, shape, nd, dt);
+        free(raw);
+    } else {
+        /* base: dim 0 padded by one on each side (rank >= 2), last dim 2n+1
+         * (view takes every other element starting at 1) */
+        int64_t bs[EM_MAX_DIMS], bst[EM_MAX_DIMS];
+        for (int i = 0; i < nd; i++) bs[i] = shape[i];
+        if (nd >= 2) bs[0] = shape[0] + 2;
+        bs[nd - 1] = 2 * shape[nd - 1] + 1;
+        int64_t bn = 1;
+        for (int i = nd - 1; i >= 0; i--) {
+            bst[i] = bn;
+            bn *= bs[i];
+        }
+        double *bv = malloc(sizeof(double) * (size_t)bn);
+        for (int64_t i = 0; i < bn; i++) bv[i] = dt == EM_BOOL ? 1.0 : em_dtype_is_float(dt) ? SENTINEL : 77.0;
+        for (int64_t i = 0; i < n; i++) {
+            int64_t r = i, off = 0;
+            for (int d = nd - 1; d >= 0; d--) {
+                int64_t ci = r % shape[d];
+                r /= shape[d];
+                int64_t bi = (d == nd - 1) ? 1 + 2 * ci : (d == 0 && nd >= 2) ? ci + 1 : ci;
+                off += bi * bst[d];
+            }
+            bv[off] = v[i];
+        }
+        void *raw = malloc((size_t)bn * es);
+        for (int64_t i = 0; i < bn; i++) pack(dt, raw, i, bv[i]);
+        /* the guard expects the values as stored (rounded to dt) */
+        for (int64_t i = 0; i < bn; i++) bv[i] = unpack(dt, raw, i);
+        em_tensor *base = em_from_host(raw, bs, nd, dt);
+        free(raw);
+        if (base) {
+            em_scope_begin();
+            em_tensor *a = nd >= 2 ? em_narrow(base, 0, 1, shape[0]) : base;
+            em_tensor *b = a ? em_slice(a, nd - 1, 1, 1 + 2 * shape[nd - 1], 2) : NULL;
+            t = b ? em_keep(b) : NULL;
+            em_scope_end();
+            add_guard(c, base, bv, NULL, bn, "strided input's storage");
+            bv = NULL;
+        }
+        free(bv);
+    }
+    free(v);
+    if (!t) {
+        fail_case(c, "creating an input");
+        return NULL;
+    }
+    if ((flags & IN_GRAD) && em_dtype_is_float(dt)) {
+        if (em_set_requires_grad(t, true) != EM_OK) {
+            fail_case(c, "em_set_requires_grad");
+            return NULL;
+        }
+        if (c->n_grad < MAX_T) c->grad_in[c->n_grad++] = t;
+    }
+    return t;
+}
+
+/* Contiguous i64 index tensor with values in [lo, hi]. */
+static em_tensor *index_input(ctx *c, const int64_t *shape, int nd, int64_t lo, int64_t hi)
+{
+    return input(c, EM_I64, shape, nd, (double)lo, (double)hi, 0);
+}
+
+#define S(...) ((const int64_t[]){__VA_ARGS__})
+#define N(...) ((int)(sizeof((int64_t[]){__VA_ARGS__}) / sizeof(int64_t)))
+#define IN(c, dt, shp, lo, hi, fl) input((c), (dt), S shp, N shp, (lo), (hi), (fl))
+#define OUT(c, expr) do { if (!out((c), (expr), #expr)) return false; } while (0)
+#define REQ(c, t) do { if (!(t)) return false; } while (0)
+
+/* ---- cases ---------------------------------------------------------------------- */
+
+static bool is_float_dt(int dt) { return dt == EM_F32 || dt == EM_F64; }
+static int grad_flag(int dt) { return is_float_dt(dt) ? IN_GRAD : 0; }
+
+typedef em_tensor *(*unary_fn)(const em_tensor *);
+
+static unary_fn unary_of(int kind)
+{
+    switch (kind) {
+    case EM_OP_NEG: return em_neg;
+    case EM_OP_ABS: return em_abs;
+    case EM_OP_SIGN: return em_sign;
+    case EM_OP_EXP: return em_exp;
+    case EM_OP_LOG: return em_log;
+    case EM_OP_LOG1P: return em_log1p;
+    case EM_OP_SQRT: return em_sqrt;
+    case EM_OP_RSQRT: return em_rsqrt;
+    case EM_OP_RECIPROCAL: return em_reciprocal;
+    case EM_OP_SQUARE: return em_square;
+    case EM_OP_SIN: return em_sin;
+    case EM_OP_COS: return em_cos;
+    case EM_OP_TANH: return em_tanh;
+    case EM_OP_SIGMOID: return em_sigmoid;
+    case EM_OP_RELU: return em_relu;
+    case EM_OP_GELU: return em_gelu;
+    case EM_OP_GELU_TANH: return em_gelu_tanh;
+    case EM_OP_SILU: return em_silu;
+    case EM_OP_SOFTPLUS: return em_softplus;
+    case EM_OP_ERF: return em_erf;
+    case EM_OP_FLOOR: return em_floor;
+    case EM_OP_CEIL: return em_ceil;
+    case EM_OP_ROUND: return em_round;
+    case EM_OP_LOGICAL_NOT: return em_logical_not;
+    default: return NULL;
+    }
+}
+
+/* unary math: a [13, 37] in the op's domain; plus a large contiguous input
+ * (float4 path, several blocks) */
+static bool case_unary(ctx *c)
+{
+    double lo = -3, hi = 3;
+    int fl = grad_flag(c->dt);
+    switch (c->kind) {
+    case EM_OP_LOG: case EM_OP_SQRT: case EM_OP_RSQRT: lo = 0.1; break;
+    case EM_OP_LOG1P: lo = -0.5; break;
+    case EM_OP_RECIPROCAL: lo = 0.2, hi = 2, fl |= IN_NONZERO; break;
+    case EM_OP_SOFTPLUS: lo = -25, hi = 25; break; /* both branches of x > 20 */
+    case EM_OP_LOGICAL_NOT: lo = -1, hi = 1, fl |= IN_DISCRETE; break;
+    default: break;
+    }
+    if (!is_float_dt(c->dt) && lo > 0) lo = 1;
+    unary_fn f = unary_of(c->kind);
+    em_tensor *a = IN(c, c->dt, (13, 37), lo, hi, fl);
+    REQ(c, a);
+    OUT(c, f(a));
+    em_tensor *b = IN(c, c->dt, (5000), lo, hi, IN_CONTIG);
+    REQ(c, b);
+    OUT(c, f(b));
+    return true;
+}
+
+static bool case_clamp(ctx *c)
+{
+    em_tensor *a = IN(c, c->dt, (13, 37), -3, 3, grad_flag(c->dt));
+    REQ(c, a);
+    if (is_float_dt(c->dt)) {
+        OUT(c, em_clamp(a, -0.5, 0.7));
+        OUT(c, em_clamp(a, -INFINITY, 1.25));
+    } else {
+        OUT(c, em_clamp(a, -2, 1));
+        OUT(c, em_clamp(a, -1.5, 2.5)); /* non-integral bounds: f32 path */
+    }
+    return true;
+}
+
+static bool case_pow_scalar(ctx *c)
+{
+    if (!is_float_dt(c->dt)) {
+        em_tensor *a = IN(c, c->dt, (13, 37), -4, 4, 0);
+        REQ(c, a);
+        OUT(c, em_pow_scalar(a, 3));
+        OUT(c, em_pow_scalar(a, 0.5));
+        return true;
+    }
+    em_tensor *a = IN(c, c->dt, (13, 37), 0.2, 2, IN_GRAD);
+    REQ(c, a);
+    OUT(c, em_pow_scalar(a, 2.5));
+    OUT(c, em_pow_scalar(a, 2));
+    OUT(c, em_pow_scalar(a, 0.5));
+    OUT(c, em_pow_scalar(a, -1.5));
+    return true;
+}
+
+static bool case_leaky_elu(ctx *c)
+{
+    em_tensor *a = IN(c, c->dt, (13, 37), -3, 3, grad_flag(c->dt));
+    REQ(c, a);
+    if (c->kind == EM_OP_LEAKY_RELU) {
+        OUT(c, em_leaky_relu(a, 0.1));
+    } else {
+        OUT(c, em_elu(a, 1.0));
+        OUT(c, em_elu(a, 0.3));
+    }
+    return true;
+}
+
+typedef em_tensor *(*scalar_fn)(const em_tensor *, double);
+
+static scalar_fn scalar_of(int kind)
+{
+    switch (kind) {
+    case EM_OP_ADD_SCALAR: return em_add_scalar;
+    case EM_OP_SUB_SCALAR: return em_sub_scalar;
+    case EM_OP_RSUB_SCALAR: return em_rsub_scalar;
+    case EM_OP_MUL_SCALAR: return em_mul_scalar;
+    case EM_OP_DIV_SCALAR: return em_div_scalar;
+    case EM_OP_MAXIMUM_SCALAR: return em_maximum_scalar;
+    case EM_OP_MINIMUM_SCALAR: return em_minimum_scalar;
+    case EM_OP_REMAINDER_SCALAR: return em_remainder_scalar;
+    case EM_OP_EQ_SCALAR: return em_eq_scalar;
+    case EM_OP_NE_SCALAR: return em_ne_scalar;
+    case EM_OP_LT_SCALAR: return em_lt_scalar;
+    case EM_OP_LE_SCALAR: return em_le_scalar;
+    case EM_OP_GT_SCALAR: return em_gt_scalar;
+    case EM_OP_GE_SCALAR: return em_ge_scalar;
+    default: return NULL;
+    }
+}
+
+static bool case_scalar(ctx *c)
+{
+    scalar_fn f = scalar_of(c->kind);
+    const bool cmp = (g_ops[c->kind].flags & F_CMP) != 0;
+    em_tensor *a = IN(c, c->dt, (13, 37), -3, 3, (cmp ? IN_DISCRETE : 0) | grad_flag(c->dt));
+    REQ(c, a);
+    if (cmp) {
+        OUT(c, f(a, 0.5));
+        OUT(c, f(a, 1));
+        return true;
+    }
+    if (is_float_dt(c->dt)) {
+        OUT(c, f(a, 1.5));
+        OUT(c, f(a, -0.75));
+    } else {
+        OUT(c, f(a, 2));
+        OUT(c, f(a, -3));
+        OUT(c, f(a, 0.5)); /* non-integral scalar: f32 path */
+    }
+    return true;
+}
+
+typedef em_tensor *(*binary_fn)(const em_tensor *, const em_tensor *);
+
+static binary_fn binary_of(int kind)
+{
+    switch (kind) {
+    case EM_OP_ADD: return em_add;
+    case EM_OP_SUB: return em_sub;
+    case EM_OP_MUL: return em_mul;
+    case EM_OP_DIV: return em_div;
+    case EM_OP_POW: return em_pow;
+    case EM_OP_MAXIMUM: return em_maximum;
+    case EM_OP_MINIMUM: return em_minimum;
+    case EM_OP_REMAINDER: return em_remainder;
+    case EM_OP_EQ: return em_eq;
+    case EM_OP_NE: return em_ne;
+    case EM_OP_LT: return em_lt;
+    case EM_OP_LE: return em_le;
+    case EM_OP_GT: return em_gt;
+    case EM_OP_GE: return em_ge;
+    case EM_OP_LOGICAL_AND: return em_logical_and;
+    case EM_OP_LOGICAL_OR: return em_logical_or;
+    default: return NULL;
+    }
+}
+
+/* a [13, 37] op b [37] (broadcast) and a op a2 [13, 37] (same shape, contiguous
+ * and large: float4 path) */
+static bool case_binary(ctx *c)
+{
+    binary_fn f = binary_of(c->kind);
+    const bool cmp = (g_ops[c->kind].flags & F_CMP) != 0;
+    int fa = grad_flag(c->dt) | (cmp ? IN_DISCRETE : 0), fb = fa;
+    double alo = -3, ahi = 3, blo = -3, bhi = 3;
+    switch (c->kind) {
+    case EM_OP_DIV: blo = 0.5, bhi = 2, fb |= IN_NONZERO; break;
+    case EM_OP_REMAINDER: blo = 0.5, bhi = 2, fb |= IN_NONZERO; break;
+    case EM_OP_POW: alo = 0.2, ahi = 2, blo = -1.5, bhi = 1.5; break;
+    default: break;
+    }
+    if (!is_float_dt(c->dt) && (c->kind == EM_OP_DIV || c->kind == EM_OP_REMAINDER)) blo = 1, bhi = 3;
+    em_tensor *a = IN(c, c->dt, (13, 37), alo, ahi, fa);
+    em_tensor *b = IN(c, c->dt, (37), blo, bhi, fb);
+    REQ(c, a);
+    REQ(c, b);
+    OUT(c, f(a, b));
+    em_tensor *bc = IN(c, c->dt, (13, 1), blo, bhi, fb);
+    REQ(c, bc);
+    OUT(c, f(bc, a)); /* broadcast on the left operand, other axis */
+    em_tensor *a2 = IN(c, c->dt, (64, 80), alo, ahi, IN_CONTIG | fa);
+    em_tensor *b2 = IN(c, c->dt, (64, 80), blo, bhi, IN_CONTIG | fb);
+    REQ(c, a2);
+    REQ(c, b2);
+    OUT(c, f(a2, b2));
+    return true;
+}
+
+static bool case_where(ctx *c)
+{
+    em_tensor *m = IN(c, EM_BOOL, (13, 1), 0, 1, 0);
+    em_tensor *a = IN(c, c->dt, (13, 37), -3, 3, grad_flag(c->dt));
+    em_tensor *b = IN(c, c->dt, (37), -3, 3, grad_flag(c->dt));
+    em_tensor *m2 = IN(c, EM_BOOL, (13, 37), 0, 1, 0);
+    REQ(c, m);
+    REQ(c, a);
+    REQ(c, b);
+    REQ(c, m2);
+    OUT(c, em_where(m, a, b));
+    OUT(c, em_where(m2, b, a));
+    OUT(c, em_masked_fill(a, m2, 9.5));
+    return true;
+}
+
+/* Reductions over several layouts: rows (warp / block per row), columns,
+ * everything (split over blocks), keepdim, 3-D with two reduced dims. */
+static bool case_reduce(ctx *c)
+{
+    const int k = c->kind;
+    const int fl = (g_ops[k].flags & F_DIFF) ? grad_flag(c->dt) : 0;
+    double lo = -2, hi = 2;
+    int extra = 0;
+    if (k == EM_OP_PROD) lo = 0.6, hi = 1.4;
+    if (k == EM_OP_ANY || k == EM_OP_ALL) lo = 0, hi = 1, extra = IN_DISCRETE;
+    if ((k == EM_OP_ARGMAX || k == EM_OP_ARGMIN || k == EM_OP_MAX || k == EM_OP_MIN) && !is_float_dt(c->dt)) lo = 0, hi = 3; /* ties */
+    em_tensor *a = IN(c, c->dt, (6, 37), lo, hi, fl | extra);
+    em_tensor *big = k == EM_OP_PROD ? NULL : IN(c, c->dt, (3, 20000), lo, hi, fl | extra | IN_CONTIG);
+    em_tensor *wide = k == EM_OP_PROD ? NULL : IN(c, c->dt, (4, 3000), lo, hi, fl | extra);
+    em_tensor *tall = IN(c, c->dt, (300, 5), lo, hi, fl | extra);
+    em_tensor *cube = IN(c, c->dt, (4, 5, 6), lo, hi, fl | extra);
+    REQ(c, a);
+    REQ(c, tall);
+    REQ(c, cube);
+    if (k != EM_OP_PROD) {
+        REQ(c, big);
+        REQ(c, wide);
+    }
+    const int d1[1] = {1}, d0[1] = {0}, d02[2] = {0, 2}, dm1[1] = {-1};
+    switch (k) {
+    case EM_OP_ARGMAX:
+    case EM_OP_ARGMIN: {
+        em_tensor *(*f)(const em_tensor *, int, bool) = k == EM_OP_ARGMAX ? em_argmax : em_argmin;
+        OUT(c, f(a, 1, false));
+        OUT(c, f(a, 0, true));
+        OUT(c, f(big, 1, false));
+        OUT(c, f(wide, -1, false));
+        OUT(c, f(tall, 0, false));
+        OUT(c, f(cube, 1, false));
+        if (is_float_dt(c->dt)) { /* NaN: the first NaN wins */
+            const double nanv[8] = {1, NAN, 3, NAN, -1, 2, 2, 0};
+            em_tensor *t = em_from_host(c->dt == EM_F32 ? (const void *)(const float[]){1, NAN, 3, NAN, -1, 2, 2, 0}
+                                                         : (const void *)nanv,
+                                        S(2, 4), 2, (em_dtype)c->dt);
+            REQ(c, t);
+            OUT(c, f(t, 1, false));
+            OUT(c, f(t, 0, false));
+        }
+        return true;
+    }
+    case EM_OP_VAR:
+        OUT(c, em_var(a, d1, 1, 1.0, false));
+        OUT(c, em_var(a, d0, 1, 0.0, true));
+        OUT(c, em_var(big, NULL, 0, 1.0, false));
+        OUT(c, em_var(wide, dm1, 1, 1.0, false));
+        OUT(c, em_var(tall, d0, 1, 1.0, false));
+        OUT(c, em_var(cube, d02, 2, 1.0, false));
+        return true;
+    default: break;
+    }
+    em_tensor *(*f)(const em_tensor *, const int *, int, bool) = NULL;
+    switch (k) {
+    case EM_OP_SUM: f = em_sum; break;
+    case EM_OP_PROD: f = em_prod; break;
+    case EM_OP_MAX: f = em_max; break;
+    case EM_OP_MIN: f = em_min; break;
+    case EM_OP_ANY: f = em_any; break;
+    case EM_OP_ALL: f = em_all; break;
+    case EM_OP_LOGSUMEXP: f = em_logsumexp; break;
+    default: return fail_case(c, "case_reduce: unexpected kind");
+    }
+    OUT(c, f(a, d1, 1, false));
+    OUT(c, f(a, d0, 1, true));
+    OUT(c, f(tall, d0, 1, false)); /* column mode */
+    OUT(c, f(cube, d02, 2, false));
+    if (k != EM_OP_PROD) {
+        OUT(c, f(big, NULL, 0, false)); /* everything: split over blocks */
+        OUT(c, f(big, d1, 1, false));
+        OUT(c, f(wide, dm1, 1, true)); /* block per row */
+    }
+    if (k == EM_OP_LOGSUMEXP && is_float_dt(c->dt)) { /* -inf rows, +inf */
+        const double v[8] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY, 1, INFINITY, 2, 3};
+        float vf[8];
+        for (int i = 0; i < 8; i++) vf[i] = (float)v[i];
+        em_tensor *t = em_from_host(c->dt == EM_F32 ? (const void *)vf : (const void *)v, S(2, 4), 2, (em_dtype)c->dt);
+        REQ(c, t);
+        OUT(c, f(t, d1, 1, false));
+    }
+    if (k == EM_OP_SUM && is_float_dt(c->dt)) OUT(c, em_mean(a, d1, 1, false));
+    return true;
+}
+
+static bool case_softmax(ctx *c)
+{
+    em_tensor *(*f)(const em_tensor *, int) = c->kind == EM_OP_SOFTMAX ? em_softmax : em_log_softmax;
+    em_tensor *a = IN(c, c->dt, (6, 37), -4, 4, grad_flag(c->dt));
+    em_tensor *b = IN(c, c->dt, (3, 1500), -4, 4, grad_flag(c->dt));
+    em_tensor *d = IN(c, c->dt, (3, 4, 5), -4, 4, grad_flag(c->dt));
+    REQ(c, a);
+    REQ(c, b);
+    REQ(c, d);
+    OUT(c, f(a, -1));
+    OUT(c, f(a, 0)); /* strided rows */
+    OUT(c, f(b, 1)); /* block per row */
+    OUT(c, f(d, 1));
+    return true;
+}
+
+static bool case_matmul(ctx *c)
+{
+    const int fl = grad_flag(c->dt);
+    const double lo = is_float_dt(c->dt) ? -1 : -3, hi = is_float_dt(c->dt) ? 1 : 3;
+    em_tensor *a = IN(c, c->dt, (5, 7), lo, hi, fl);
+    em_tensor *b = IN(c, c->dt, (7, 3), lo, hi, fl);
+    em_tensor *bt = IN(c, c->dt, (3, 7), lo, hi, fl | IN_CONTIG); /* used transposed */
+    em_tensor *x = IN(c, c->dt, (2, 3, 4, 6), lo, hi, fl | IN_CONTIG);
+    em_tensor *w = IN(c, c->dt, (6, 5), lo, hi, fl);
+    em_tensor *p = IN(c, c->dt, (2, 1, 4, 6), lo, hi, fl);
+    em_tensor *q = IN(c, c->dt, (3, 6, 2), lo, hi, fl);
+    em_tensor *v = IN(c, c->dt, (7), lo, hi, fl);
+    em_tensor *big_a = IN(c, c->dt, (64, 96), lo, hi, fl | IN_CONTIG);
+    em_tensor *big_b = IN(c, c->dt, (96, 80), lo, hi, fl);
+    REQ(c, a);
+    REQ(c, b);
+    REQ(c, bt);
+    REQ(c, x);
+    REQ(c, w);
+    REQ(c, p);
+    REQ(c, q);
+    REQ(c, v);
+    REQ(c, big_a);
+    REQ(c, big_b);
+    em_tensor *btt = em_transpose(bt, 0, 1);
+    REQ(c, btt);
+    OUT(c, em_matmul(a, b));
+    OUT(c, em_matmul(a, btt));                    /* Trans operand */
+    OUT(c, em_matmul(em_transpose(b, 0, 1), em_transpose(a, 0, 1))); /* both transposed */
+    OUT(c, em_matmul(x, w));                      /* batch folds into M */
+    OUT(c, em_matmul(p, q));                      /* broadcast batch */
+    OUT(c, em_matmul(a, v));                      /* 2-D x 1-D */
+    OUT(c, em_matmul(v, b));                      /* 1-D x 2-D */
+    OUT(c, em_matmul(v, v));                      /* dot */
+    OUT(c, em_matmul(big_a, big_b));
+    return true;
+}
+
+static bool case_copy(ctx *c)
+{
+    const int fl = grad_flag(c->dt);
+    em_tensor *a = IN(c, c->dt, (9, 11), -3, 3, fl);
+    REQ(c, a);
+    OUT(c, em_contiguous(em_transpose(a, 0, 1)));
+    static const int casts[] = {EM_F32, EM_F64, EM_I32, EM_I64, EM_U8, EM_BOOL};
+    for (size_t i = 0; i < sizeof casts / sizeof casts[0]; i++)
+        if (casts[i] != c->dt) OUT(c, em_cast(a, (em_dtype)casts[i]));
+    /* em_copy_ into a strided slice of a sentinel-filled tensor: the sentinel
+     * around the slice must survive */
+    if (is_float_dt(c->dt) || c->dt == EM_I32 || c->dt == EM_I64) {
+        const int64_t R = 7, C = 9;
+        double *fillv = malloc(sizeof(double) * (size_t)(R * C));
+        void *raw = malloc((size_t)(R * C) * em_dtype_size((em_dtype)c->dt));
+        for (int64_t i = 0; i < R * C; i++) {
+            fillv[i] = is_float_dt(c->dt) ? SENTINEL : 77.0;
+            pack((em_dtype)c->dt, raw, i, fillv[i]);
+        }
+        em_tensor *dst = em_from_host(raw, S(7, 9), 2, (em_dtype)c->dt);
+        free(raw);
+        if (!dst) {
+            free(fillv);
+            return fail_case(c, "em_from_host");
+        }
+        em_tensor *view = em_slice(em_narrow(dst, 0, 2, 4), 1, 1, 9, 3); /* rows 2..5, cols 1, 4, 7 */
+        em_tensor *src = IN(c, c->dt, (4, 3), -3, 3, 0);
+        unsigned char *mask = calloc((size_t)(R * C), 1);
+        for (int64_t r = 0; r < R; r++)
+            for (int64_t q = 0; q < C; q++) mask[r * C + q] = !(r >= 2 && r < 6 && q >= 1 && (q - 1) % 3 == 0);
+        add_guard(c, dst, fillv, mask, R * C, "em_copy_ destination around the slice");
+        if (!view || !src || em_copy_(view, src) != EM_OK) return fail_case(c, "em_copy_");
+        OUT(c, dst);
+        em_tensor *b = IN(c, c->dt, (3), -3, 3, 0);
+        REQ(c, b);
+        if (em_copy_(em_narrow(view, 0, 1, 2), b) != EM_OK) return fail_case(c, "em_copy_ (broadcast)");
+        OUT(c, dst);
+    }
+    return true;
+}
+
+static bool case_gather(ctx *c)
+{
+    em_tensor *a = IN(c, c->dt, (6, 8), -3, 3, grad_flag(c->dt));
+    em_tensor *i1 = index_input(c, S(6, 5), 2, -1, 8); /* -1 and 8 are out of range: read 0 */
+    em_tensor *i0 = index_input(c, S(4, 8), 2, 0, 5);
+    REQ(c, a);
+    REQ(c, i1);
+    REQ(c, i0);
+    OUT(c, em_gather(a, 1, i1));
+    OUT(c, em_gather(a, 0, i0));
+    return true;
+}
+
+static bool case_index_select(ctx *c)
+{
+    em_tensor *a = IN(c, c->dt, (7, 5), -3, 3, grad_flag(c->dt));
+    em_tensor *i = index_input(c, S(9), 1, -1, 7);
+    em_tensor *j = index_input(c, S(4), 1, 0, 4);
+    REQ(c, a);
+    REQ(c, i);
+    REQ(c, j);
+    OUT(c, em_index_select(a, 0, i));
+    OUT(c, em_index_select(a, 1, j));
+    return true;
+}
+
+static bool case_scatter(ctx *c)
+{
+    em_tensor *(*f)(const em_tensor *, int, const em_tensor *, const em_tensor *) =
+        c->kind == EM_OP_SCATTER ? em_scatter : em_scatter_add;
+    const int fl = grad_flag(c->dt);
+    em_tensor *self = IN(c, c->dt, (6, 8), -3, 3, fl);
+    em_tensor *src = IN(c, c->dt, (6, 5), -3, 3, fl);
+    em_tensor *i1 = index_input(c, S(6, 5), 2, -1, 8); /* duplicates and out-of-range values */
+    em_tensor *src0 = IN(c, c->dt, (9, 8), -3, 3, fl);
+    em_tensor *i0 = index_input(c, S(9, 8), 2, 0, 5);
+    REQ(c, self);
+    REQ(c, src);
+    REQ(c, i1);
+    REQ(c, src0);
+    REQ(c, i0);
+    OUT(c, f(self, 1, i1, src));
+    OUT(c, f(self, 0, i0, src0));
+    return true;
+}
+
+static bool case_one_hot(ctx *c)
+{
+    em_tensor *i = index_input(c, S(4, 6), 2, -1, 6);
+    REQ(c, i);
+    OUT(c, em_one_hot(i, 5));
+    em_tensor *j = index_input(c, S(300), 1, 0, 9);
+    REQ(c, j);
+    OUT(c, em_one_hot(j, 10));
+    return true;
+}
+
+static bool case_fill(ctx *c)
+{
+    OUT(c, em_full(S(5, 7), 2, (em_dtype)c->dt, 2.5));
+    OUT(c, em_full(S(1000), 1, (em_dtype)c->dt, -1));
+    OUT(c, em_zeros(S(3, 5), 2, (em_dtype)c->dt));
+    OUT(c, em_ones(S(4), 1, (em_dtype)c->dt));
+    return true;
+}
+
+static bool case_arange(ctx *c)
+{
+    if (is_float_dt(c->dt)) {
+        OUT(c, em_arange(-2, 7.5, 0.7, (em_dtype)c->dt));
+        OUT(c, em_linspace(-1, 2, 17, (em_dtype)c->dt));
+        OUT(c, em_linspace(0, 1, 1000, (em_dtype)c->dt));
+        OUT(c, em_linspace(3, 5, 1, (em_dtype)c->dt));
+    } else {
+        OUT(c, em_arange(-5, 300, 3, (em_dtype)c->dt));
+    }
+    return true;
+}
+
+static bool case_eye(ctx *c)
+{
+    OUT(c, em_eye(4, 6, (em_dtype)c->dt));
+    OUT(c, em_eye(5, 0, (em_dtype)c->dt));
+    OUT(c, em_eye(7, 3, (em_dtype)c->dt));
+    return true;
+}
+
+static bool case_rand(ctx *c)
+{
+    switch (c->kind) {
+    case EM_OP_RAND_UNIFORM:
+        OUT(c, em_rand_uniform(S(33, 17), 2, (em_dtype)c->dt, -1, 2));
+        OUT(c, em_rand_uniform(S(1000), 1, (em_dtype)c->dt, 0, 1));
+        break;
+    case EM_OP_RAND_NORMAL:
+        OUT(c, em_rand_normal(S(33, 17), 2, (em_dtype)c->dt, 0.5, 2));
+        OUT(c, em_rand_normal(S(1000), 1, (em_dtype)c->dt, 0, 1));
+        break;
+    default:
+        OUT(c, em_rand_bernoulli(S(33, 17), 2, (em_dtype)c->dt, 0.3));
+        break;
+    }
+    return true;
+}
+
+static bool case_view_reshape(ctx *c)
+{
+    em_tensor *a = IN(c, c->dt, (6, 10), -3, 3, grad_flag(c->dt));
+    REQ(c, a);
+    OUT(c, em_reshape(a, S(3, 20), 2));
+    OUT(c, em_reshape(em_transpose(a, 0, 1), S(-1), 1)); /* copy path */
+    OUT(c, em_flatten(a, 0, 1));
+    OUT(c, em_unsqueeze(a, 1));
+    return true;
+}
+
+static bool case_view_permute(ctx *c)
+{
+    em_tensor *a = IN(c, c->dt, (2, 3, 4), -3, 3, grad_flag(c->dt));
+    REQ(c, a);
+    OUT(c, em_permute(a, (const int[]){2, 0, 1}, 3));
+    OUT(c, em_transpose(a, 0, 2));
+    return true;
+}
+
+static bool case_view_expand(ctx *c)
+{
+    em_tensor *a = IN(c, c->dt, (1, 7), -3, 3, grad_flag(c->dt));
+    em_tensor *b = IN(c, c->dt, (5, 1), -3, 3, grad_flag(c->dt));
+    REQ(c, a);
+    REQ(c, b);
+    OUT(c, em_expand(a, S(5, 7), 2));
+    OUT(c, em_expand(b, S(2, 5, 7), 3));
+    return true;
+}
+
+static bool case_view_slice(ctx *c)
+{
+    em_tensor *a = IN(c, c->dt, (6, 10), -3, 3, grad_flag(c->dt));
+    REQ(c, a);
+    OUT(c, em_slice(a, 1, 1, 8, 2));
+    OUT(c, em_narrow(a, 0, 2, 3));
+    em_tensor *parts[4];
+    int np = em_chunk(a, 3, 0, parts, 4);
+    if (np < 0) return fail_case(c, "em_chunk");
+    for (int i = 0; i < np; i++) OUT(c, parts[i]); /* published: the scope owns them */
+    return true;
+}
+
+static bool case_view_alias(ctx *c)
+{
+    em_tensor *a = IN(c, c->dt, (6, 10), -3, 3, grad_flag(c->dt));
+    REQ(c, a);
+    OUT(c, em_squeeze(a, 0)); /* dim of size 6: an alias */
+    OUT(c, em_cast(a, (em_dtype)c->dt));
+    return true;
+}
+
+static bool case_view_cat(ctx *c)
+{
+    const int fl = grad_flag(c->dt);
+    em_tensor *a = IN(c, c->dt, (4, 3), -3, 3, fl);
+    em_tensor *b = IN(c, c->dt, (4, 5), -3, 3, fl);
+    em_tensor *d = IN(c, c->dt, (4, 3), -3, 3, fl);
+    REQ(c, a);
+    REQ(c, b);
+    REQ(c, d);
+    em_tensor *ab[3] = {a, b, d};
+    OUT(c, em_cat(ab, 3, 1));
+    em_tensor *ad[2] = {a, d};
+    OUT(c, em_stack(ad, 2, 0));
+    OUT(c, em_pad(a, S(1, 2, 0, 1), 4, 0.5));
+    return true;
+}
+
+/* Optimizer steps: a parameter that is a contiguous slice (rows 1..6) of a
+ * sentinel-filled [8, 9] tensor, three steps on loss = sum(p * w + p * p);
+ * outputs are the parameter, every state tensor and the whole storage
+ * (sentinel rows 0 and 7 must survive). */
+typedef struct state_list {
+    ctx *c;
+    bool ok;
+} state_list;
+
+static void visit_state(const char *key, em_tensor *t, void *ud)
+{
+    state_list *s = ud;
+    (void)key;
+    if (s->ok && !out(s->c, t, "optimizer state")) s->ok = false;
+}
+
+static bool optim_run(ctx *c, const em_optim_config *cfg)
+{
+    const em_dtype dt = (em_dtype)c->dt;
+    const int64_t R = 8, C = 9;
+    double *expect = malloc(sizeof(double) * (size_t)(R * C));
+    unsigned char *mask = calloc((size_t)(R * C), 1);
+    void *raw = malloc((size_t)(R * C) * em_dtype_size(dt));
+    for (int64_t i = 0; i < R * C; i++) {
+        double v = (i < C || i >= (R - 1) * C) ? SENTINEL : gen_value(c, dt, -1, 1, 0);
+        pack(dt, raw, i, v);
+        expect[i] = unpack(dt, raw, i);
+        mask[i] = i < C || i >= (R - 1) * C;
+    }
+    em_tensor *base = em_from_host(raw, S(8, 9), 2, dt);
+    free(raw);
+    if (!base) {
+        free(expect);
+        free(mask);
+        return fail_case(c, "em_from_host");
+    }
+    add_guard(c, base, expect, mask, R * C, "storage around an optimizer parameter");
+    em_tensor *p = em_narrow(base, 0, 1, R - 2);
+    if (!p || em_set_requires_grad(p, true) != EM_OK) return fail_case(c, "parameter view");
+    em_tensor *w = IN(c, dt, (6, 9), -1, 1, IN_CONTIG);
+    REQ(c, w);
+    em_optim *opt = em_optim_new(cfg, &p, 1);
+    if (!opt) return fail_case(c, "em_optim_new");
+    bool ok = true;
+    for (int step = 0; step < 3 && ok; step++) {
+        em_scope_begin();
+        em_tensor *loss = em_sum_all(em_add(em_mul(p, w), em_mul(p, p)));
+        em_grads *g = loss ? em_backward(loss) : NULL;
+        if (!g || em_optim_step(opt, g) != EM_OK) ok = fail_case(c, "optimizer step");
+        em_grads_free(g);
+        em_scope_end();
+    }
+    if (ok) ok = out(c, p, "parameter");
+    state_list sl = {c, true};
+    if (ok && em_optim_state_visit(opt, visit_state, &sl) != EM_OK) ok = fail_case(c, "em_optim_state_visit");
+    if (ok) ok = sl.ok;
+    if (ok) ok = out(c, base, "parameter storage");
+    em_optim_free(opt);
+    return ok;
+}
+
+static bool case_optim(ctx *c)
+{
+    c->no_backward = true;
+    em_optim_config cfg;
+    switch (c->kind) {
+    case EM_OP_SGD_STEP:
+        cfg = em_optim_config_default(EM_OPTIM_SGD);
+        cfg.lr = 0.1;
+        if (!optim_run(c, &cfg)) return false;
+        cfg.momentum = 0.9;
+        cfg.nesterov = true;
+        cfg.weight_decay = 0.01;
+        if (!optim_run(c, &cfg)) return false;
+        cfg.nesterov = false;
+        cfg.dampening = 0.1;
+        cfg.maximize = true;
+        return optim_run(c, &cfg);
+    case EM_OP_ADAM_STEP:
+        cfg = em_optim_config_default(EM_OPTIM_ADAM);
+        cfg.lr = 0.05;
+        if (!optim_run(c, &cfg)) return false;
+        cfg.amsgrad = true;
+        cfg.weight_decay = 0.01;
+        if (!optim_run(c, &cfg)) return false;
+        cfg = em_optim_config_default(EM_OPTIM_ADAMW);
+        cfg.lr = 0.05;
+        return optim_run(c, &cfg);
+    case EM_OP_RMSPROP_STEP:
+        cfg = em_optim_config_default(EM_OPTIM_RMSPROP);
+        if (!optim_run(c, &cfg)) return false;
+        cfg.centered = true;
+        cfg.momentum = 0.9;
+        cfg.weight_decay = 0.01;
+        return optim_run(c, &cfg);
+    case EM_OP_ADAGRAD_STEP:
+        cfg = em_optim_config_default(EM_OPTIM_ADAGRAD);
+        cfg.lr = 0.1;
+        cfg.weight_decay = 0.01;
+        cfg.lr_decay = 0.01;
+        cfg.initial_accumulator_value = 0.1;
+        return optim_run(c, &cfg);
+    default: return fail_case(c, "case_optim: unexpected kind");
+    }
+}
+
+/* ---- the case table: one entry per op kind ------------------------------------- */
+
+#define D_F32 EM_F32
+#define D_F64 EM_F64
+#define D_I32 EM_I32
+#define D_I64 EM_I64
+#define D_U8 EM_U8
+#define D_BOOL EM_BOOL
+#define FLOATS {D_F32, D_F64, END}
+#define FLOAT_MATH {D_F32, D_F64, D_I32, END}      /* ints: promoted to f32 by the front end */
+#define INT_OK {D_F32, D_F64, D_I32, D_I64, END}
+#define ALL_NUM {D_F32, D_F64, D_I32, D_I64, D_U8, END}
+
+static const op_case g_cases[EM_OP_COUNT] = {
+    [EM_OP_NEG] = {case_unary, INT_OK, 1},
+    [EM_OP_ABS] = {case_unary, INT_OK, 1},
+    [EM_OP_SIGN] = {case_unary, INT_OK, 1},
+    [EM_OP_EXP] = {case_unary, FLOAT_MATH, 1},
+    [EM_OP_LOG] = {case_unary, FLOAT_MATH, 1},
+    [EM_OP_LOG1P] = {case_unary, FLOAT_MATH, 1},
+    [EM_OP_SQRT] = {case_unary, FLOAT_MATH, 1},
+    [EM_OP_RSQRT] = {case_unary, FLOAT_MATH, 1},
+    [EM_OP_RECIPROCAL] = {case_unary, FLOAT_MATH, 1},
+    [EM_OP_SQUARE] = {case_unary, ALL_NUM, 1},
+    [EM_OP_SIN] = {case_unary, FLOAT_MATH, 1},
+    [EM_OP_COS] = {case_unary, FLOAT_MATH, 1},
+    [EM_OP_TANH] = {case_unary, FLOAT_MATH, 1},
+    [EM_OP_SIGMOID] = {case_unary, FLOAT_MATH, 1},
+    [EM_OP_RELU] = {case_unary, INT_OK, 1},
+    [EM_OP_GELU] = {case_unary, FLOAT_MATH, 1},
+    [EM_OP_GELU_TANH] = {case_unary, FLOAT_MATH, 1},
+    [EM_OP_SILU] = {case_unary, FLOAT_MATH, 1},
+    [EM_OP_SOFTPLUS] = {case_unary, FLOAT_MATH, 1},
+    [EM_OP_ERF] = {case_unary, FLOAT_MATH, 1},
+    [EM_OP_FLOOR] = {case_unary, INT_OK, 1},
+    [EM_OP_CEIL] = {case_unary, INT_OK, 1},
+    [EM_OP_ROUND] = {case_unary, INT_OK, 1},
+    [EM_OP_CLAMP] = {case_clamp, INT_OK, 1},
+    [EM_OP_POW_SCALAR] = {case_pow_scalar, INT_OK, 1},
+    [EM_OP_LEAKY_RELU] = {case_leaky_elu, FLOAT_MATH, 1},
+    [EM_OP_ELU] = {case_leaky_elu, FLOAT_MATH, 1},
+    [EM_OP_LOGICAL_NOT] = {case_unary, {D_F32, D_I32, D_BOOL, END}, 1},
+    [EM_OP_ADD_SCALAR] = {case_scalar, ALL_NUM, 1},
+    [EM_OP_SUB_SCALAR] = {case_scalar, INT_OK, 1},
+    [EM_OP_RSUB_SCALAR] = {case_scalar, INT_OK, 1},
+    [EM_OP_MUL_SCALAR] = {case_scalar, ALL_NUM, 1},
+    [EM_OP_DIV_SCALAR] = {case_scalar, FLOAT_MATH, 1},
+    [EM_OP_MAXIMUM_SCALAR] = {case_scalar, INT_OK, 1},
+    [EM_OP_MINIMUM_SCALAR] = {case_scalar, INT_OK, 1},
+    [EM_OP_REMAINDER_SCALAR] = {case_scalar, INT_OK, 1},
+    [EM_OP_EQ_SCALAR] = {case_scalar, INT_OK, 1},
+    [EM_OP_NE_SCALAR] = {case_scalar, INT_OK, 1},
+    [EM_OP_LT_SCALAR] = {case_scalar, INT_OK, 1},
+    [EM_OP_LE_SCALAR] = {case_scalar, INT_OK, 1},
+    [EM_OP_GT_SCALAR] = {case_scalar, INT_OK, 1},
+    [EM_OP_GE_SCALAR] = {case_scalar, INT_OK, 1},
+    [EM_OP_ADD] = {case_binary, {D_F32, D_F64, D_I32, D_I64, D_U8, D_BOOL, END}, 1},
+    [EM_OP_SUB] = {case_binary, {D_F32, D_F64, D_I32, D_I64, D_BOOL, END}, 1},
+    [EM_OP_MUL] = {case_binary, {D_F32, D_F64, D_I32, D_I64, D_U8, D_BOOL, END}, 1},
+    [EM_OP_DIV] = {case_binary, FLOAT_MATH, 1},
+    [EM_OP_POW] = {case_binary, FLOAT_MATH, 1},
+    [EM_OP_MAXIMUM] = {case_binary, INT_OK, 1},
+    [EM_OP_MINIMUM] = {case_binary, INT_OK, 1},
+    [EM_OP_REMAINDER] = {case_binary, INT_OK, 1},
+    [EM_OP_EQ] = {case_binary, INT_OK, 1},
+    [EM_OP_NE] = {case_binary, INT_OK, 1},
+    [EM_OP_LT] = {case_binary, INT_OK, 1},
+    [EM_OP_LE] = {case_binary, INT_OK, 1},
+    [EM_OP_GT] = {case_binary, INT_OK, 1},
+    [EM_OP_GE] = {case_binary, INT_OK, 1},
+    [EM_OP_LOGICAL_AND] = {case_binary, {D_F32, D_I32, D_BOOL, END}, 1},
+    [EM_OP_LOGICAL_OR] = {case_binary, {D_F32, D_I32, D_BOOL, END}, 1},
+    [EM_OP_WHERE] = {case_where, {D_F32, D_F64, D_I32, D_I64, D_U8, END}, 1},
+    [EM_OP_SUM] = {case_reduce, {D_F32, D_F64, D_I32, D_U8, END}, 1},
+    [EM_OP_PROD] = {case_reduce, {D_F32, D_F64, D_I32, END}, 1},
+    [EM_OP_MAX] = {case_reduce, {D_F32, D_F64, D_I32, END}, 1},
+    [EM_OP_MIN] = {case_reduce, {D_F32, D_F64, D_I64, END}, 1},
+    [EM_OP_ARGMAX] = {case_reduce, {D_F32, D_F64, D_I32, END}, 1},
+    [EM_OP_ARGMIN] = {case_reduce, {D_F32, D_I64, END}, 1},
+    [EM_OP_ANY] = {case_reduce, {D_F32, D_I32, D_BOOL, END}, 1},
+    [EM_OP_ALL] = {case_reduce, {D_F32, D_I32, D_BOOL, END}, 1},
+    [EM_OP_LOGSUMEXP] = {case_reduce, FLOATS, 1},
+    [EM_OP_VAR] = {case_reduce, FLOATS, 1},
+    [EM_OP_SOFTMAX] = {case_softmax, FLOATS, 1},
+    [EM_OP_LOG_SOFTMAX] = {case_softmax, FLOATS, 1},
+    [EM_OP_MATMUL] = {case_matmul, {D_F32, D_F64, D_I32, D_I64, END}, 4},
+    [EM_OP_COPY] = {case_copy, {D_F32, D_F64, D_I32, D_I64, D_U8, D_BOOL, END}, 1},
+    [EM_OP_GATHER] = {case_gather, {D_F32, D_F64, D_I32, D_BOOL, END}, 1},
+    [EM_OP_SCATTER] = {case_scatter, {D_F32, D_F64, D_I64, D_U8, END}, 1},
+    [EM_OP_SCATTER_ADD] = {case_scatter, {D_F32, D_F64, D_I32, END}, 1},
+    [EM_OP_INDEX_SELECT] = {case_index_select, {D_F32, D_F64, D_I64, D_U8, END}, 1},
+    [EM_OP_ONE_HOT] = {case_one_hot, {D_I64, END}, 1},
+    [EM_OP_FILL] = {case_fill, {D_F32, D_F64, D_I32, D_I64, D_U8, D_BOOL, END}, 1},
+    [EM_OP_ARANGE] = {case_arange, {D_F32, D_F64, D_I32, D_I64, END}, 1},
+    [EM_OP_EYE] = {case_eye, {D_F32, D_F64, D_I64, D_BOOL, END}, 1},
+    [EM_OP_RAND_UNIFORM] = {case_rand, FLOATS, 1},
+    [EM_OP_RAND_NORMAL] = {case_rand, FLOATS, 1},
+    [EM_OP_RAND_BERNOULLI] = {case_rand, {D_F32, D_F64, D_BOOL, END}, 1},
+    [EM_OP_VIEW_RESHAPE] = {case_view_reshape, {D_F32, D_I64, END}, 1},
+    [EM_OP_VIEW_PERMUTE] = {case_view_permute, {D_F32, D_F64, END}, 1},
+    [EM_OP_VIEW_EXPAND] = {case_view_expand, {D_F32, D_I32, END}, 1},
+    [EM_OP_VIEW_SLICE] = {case_view_slice, {D_F32, D_U8, END}, 1},
+    [EM_OP_VIEW_ALIAS] = {case_view_alias, {D_F32, D_I32, END}, 1},
+    [EM_OP_VIEW_CAT] = {case_view_cat, {D_F32, D_F64, D_I64, END}, 1},
+    [EM_OP_SGD_STEP] = {case_optim, FLOATS, 1},
+    [EM_OP_ADAM_STEP] = {case_optim, FLOATS, 1},
+    [EM_OP_RMSPROP_STEP] = {case_optim, FLOATS, 1},
+    [EM_OP_ADAGRAD_STEP] = {case_optim, FLOATS, 1},
+};
+
+/* ---- running and comparing ------------------------------------------------------- */
+
+typedef struct tvals {
+    em_dtype dt;
+    int64_t n;
+    double *v; /* NULL: missing (e.g. no gradient) */
+    const char *what;
+} tvals;
+
+typedef struct run_result {
+    int n;
+    tvals t[2 * MAX_T];
+} run_result;
+
+static void result_free(run_result *r)
+{
+    for (int i = 0; i < r->n; i++) free(r->t[i].v);
+    r->n = 0;
+}
+
+static bool record(run_result *r, const em_tensor *t, const char *what, char *err, size_t errn)
+{
+    if (r->n >= 2 * MAX_T) return true;
+    tvals *tv = &r->t[r->n++];
+    tv->what = what;
+    tv->v = NULL;
+    tv->n = -1;
+    tv->dt = EM_F32;
+    if (!t) return true;
+    tv->dt = em_tensor_dtype(t);
+    if (!read_values(t, &tv->v, &tv->n)) {
+        snprintf(err, errn, "reading %s back: %s", what, em_last_error());
+        return false;
+    }
+    return true;
+}
+
+/* Deterministic seed of a case variant (identical on every device). */
+static uint64_t variant_seed(int kind, int dt, int strided)
+{
+    uint64_t s = 0x9E3779B97F4A7C15ULL ^ ((uint64_t)(kind + 1) * 0xBF58476D1CE4E5B9ULL) ^ ((uint64_t)(dt + 3) << 40) ^
+                 ((uint64_t)strided << 56);
+    return s ? s : 1;
+}
+
+static bool run_variant(int kind, int dt, int strided, em_device dev, run_result *r, bool *made_strided, char *err, size_t errn)
+{
+    memset(r, 0, sizeof *r);
+    err[0] = 0;
+    if (em_set_device(dev) != EM_OK) {
+        snprintf(err, errn, "em_set_device: %s", em_last_error());
+        return false;
+    }
+    em_manual_seed(20240601);
+    ctx *c = calloc(1, sizeof *c);
+    c->kind = kind;
+    c->dt = dt;
+    c->strided = strided;
+    c->rng = variant_seed(kind, dt, strided);
+    c->tol_scale = 1;
+    em_clear_error();
+    em_scope_begin();
+    bool ok = g_cases[kind].fn(c);
+    if (!ok) snprintf(err, errn, "%s", c->err[0] ? c->err : em_last_error());
+    for (int i = 0; ok && i < c->n_out; i++) ok = record(r, c->outs[i], "output", err, errn);
+    /* backward of sum_i sum(out_i * w_i) */
+    if (ok && (g_ops[kind].flags & F_DIFF) && !c->no_backward && c->n_grad > 0) {
+        em_tensor *loss = NULL;
+        for (int i = 0; ok && i < c->n_out; i++) {
+            em_tensor *o = c->outs[i];
+            if (!em_dtype_is_float(em_tensor_dtype(o)) || !em_requires_grad(o)) continue;
+            em_tensor *w = input(c, em_tensor_dtype(o), em_tensor_shape(o), em_tensor_ndim(o), -1, 1, IN_CONTIG);
+            em_tensor *term = w ? em_sum_all(em_mul(o, w)) : NULL;
+            if (!term) {
+                snprintf(err, errn, "building the loss: %s", em_last_error());
+                ok = false;
+                break;
+            }
+            loss = loss ? em_add(loss, term) : term;
+        }
+        if (ok && loss) {
+            em_grads *g = em_backward(loss);
+            if (!g) {
+                snprintf(err, errn, "em_backward: %s", em_last_error());
+                ok = false;
+            }
+            for (int i = 0; ok && i < c->n_grad; i++) ok = record(r, em_grad(g, c->grad_in[i]), "input gradient", err, errn);
+            em_grads_free(g);
+        }
+    }
+    if (ok) em_sync();
+    /* guards */
+    for (int gi = 0; gi < c->n_guard; gi++) {
+        guard *gd = &c->guards[gi];
+        double *v = NULL;
+        int64_t n = 0;
+        if (ok && !read_values(gd->t, &v, &n)) {
+            snprintf(err, errn, "reading %s: %s", gd->what, em_last_error());
+            ok = false;
+        }
+        for (int64_t i = 0; ok && i < n && i < gd->n; i++) {
+            if (gd->mask && !gd->mask[i]) continue;
+            if (!(v[i] == gd->expect[i] || (isnan(v[i]) && isnan(gd->expect[i])))) {
+                snprintf(err, errn, "%s was overwritten: element %lld is %.9g, expected %.9g", gd->what, (long long)i, v[i],
+                         gd->expect[i]);
+                ok = false;
+            }
+        }
+        free(v);
+        free(gd->expect);
+        free(gd->mask);
+        em_tensor_release(gd->t);
+    }
+    for (int i = 0; i < c->n_out; i++) em_tensor_release(c->outs[i]);
+    em_scope_end();
+    *made_strided = c->made_strided;
+    free(c);
+    em_set_device(em_device_cpu());
+    return ok;
+}
+
+static double g_tf32_scale = 1;
+
+static bool compare(int kind, const run_result *ref, const run_result *got, bool exact, char *why, size_t n)
+{
+    if (ref->n != got->n) {
+        snprintf(why, n, "%d result tensors, the CPU has %d", got->n, ref->n);
+        return false;
+    }
+    double scale = g_cases[kind].tol_scale > 0 ? g_cases[kind].tol_scale : 1;
+    if (kind == EM_OP_MATMUL) scale *= g_tf32_scale;
+    for (int t = 0; t < ref->n; t++) {
+        const tvals *a = &ref->t[t], *b = &got->t[t];
+        if ((a->v == NULL) != (b->v == NULL) || a->n != b->n || a->dt != b->dt) {
+            snprintf(why, n, "%s #%d: %s/%lld elements/%s, the CPU has %s/%lld/%s", b->what, t, b->v ? "present" : "missing",
+                     (long long)b->n, em_dtype_name(b->dt), a->v ? "present" : "missing", (long long)a->n, em_dtype_name(a->dt));
+            return false;
+        }
+        if (!a->v) continue;
+        double rtol = 0, atol = 0;
+        if (!exact && a->dt == EM_F32) rtol = 1e-4 * scale, atol = 1e-5 * scale;
+        if (!exact && a->dt == EM_F64) rtol = 1e-9 * scale, atol = 1e-11 * scale;
+        for (int64_t i = 0; i < a->n; i++) {
+            const double x = a->v[i], y = b->v[i];
+            bool ok;
+            const char *reason = "differs";
+            if (isnan(x)) {
+                ok = isnan(y);
+            } else if (isinf(x)) {
+                ok = x == y;
+            } else if (!isfinite(y)) {
+                ok = false;
+                reason = "is NaN/Inf where the CPU has a finite value";
+            } else {
+                ok = fabs(x - y) <= atol + rtol * fabs(x);
+            }
+            if (!ok) {
+                snprintf(why, n, "%s #%d (%s, %lld elements) element %lld %s: %.9g vs CPU %.9g", b->what, t,
+                         em_dtype_name(a->dt), (long long)a->n, (long long)i, reason, y, x);
+                return false;
+            }
+        }
+    }
+    return true;
+}
+
+/* ---- devices ---------------------------------------------------------------------- */
+
+#define MAX_DEV 16
+
+typedef struct dev_entry {
+    em_device dev;
+    char name[32];
+    const em_kernel_fn *table; /* kernel table of that device kind; NULL = unknown */
+    bool table_known;
+} dev_entry;
+
+typedef const em_kernel_fn *(*table_getter)(void);
+
+static const em_kernel_fn *kernel_table(const char *sym, bool *known)
+{
+    table_getter f;
+    void *p = dlsym(RTLD_DEFAULT, sym);
+    *known = p != NULL;
+    if (!p) return NULL;
+    memcpy(&f, &p, sizeof f);
+    return f();
+}
+
+static int list_devices(dev_entry *devs)
+{
+    int n = 0;
+    static const struct {
+        em_device_kind kind;
+        const char *label, *table_sym;
+    } kinds[] = {{EM_DEVICE_CUDA, "CUDA", "em__cuda_kernel_table"}, {EM_DEVICE_OPENCL, "OpenCL", "em__opencl_kernel_table"}};
+    for (size_t k = 0; k < sizeof kinds / sizeof kinds[0]; k++) {
+        int workers = em_worker_count(kinds[k].kind);
+        if (workers <= 0) {
+            printf("consistency: %s: absent (no %s worker in this process)\n", kinds[k].label, kinds[k].label);
+            continue;
+        }
+        bool known;
+        const em_kernel_fn *table = kernel_table(kinds[k].table_sym, &known);
+        int found = 0;
+        for (int i = 0; i < MAX_DEV && n < MAX_DEV; i++) {
+            em_device d = {kinds[k].kind, i};
+            if (em_set_device(d) != EM_OK) continue;
+            devs[n].dev = d;
+            em_device_str(d, devs[n].name, sizeof devs[n].name);
+            devs[n].table = table;
+            devs[n].table_known = known;
+            n++;
+            found++;
+        }
+        em_set_device(em_device_cpu());
+        printf("consistency: %s: %d worker(s), %d device(s) tested%s\n", kinds[k].label, workers, found,
+               known ? "" : " (kernel table not exported: unsupported ops cannot be told apart, marked ok*)");
+    }
+    return n;
+}
+
+static bool op_selected(const char *name)
+{
+    const char *sel = getenv("EMBER_CONSISTENCY_OPS");
+    if (!sel || !*sel) return true;
+    size_t ln = strlen(name);
+    for (const char *p = sel; *p;) {
+        const char *e = strchr(p, ',');
+        size_t len = e ? (size_t)(e - p) : strlen(p);
+        if (len == ln && !strncmp(p, name, ln)) return true;
+        if (!e) break;
+        p = e + 1;
+    }
+    return false;
+}
+
+/* ---- tests ------------------------------------------------------------------------- */
+
+/* Every op kind of tasks/ops.def must have a case (new ops cannot be forgotten). */
+static void test_case_table_complete(void **state)
+{
+    (void)state;
+    int missing = 0;
+    for (int k = 0; k < EM_OP_COUNT; k++) {
+        if (!g_ops[k].name) fail_msg("op table entry %d has no name", k);
+        if (!g_cases[k].fn) {
+            fprintf(stderr, "consistency: op '%s' (kind %d) has no case in tests/test_consistency.c\n", g_ops[k].name, k);
+            missing++;
+        }
+    }
+    if (missing) fail_msg("%d op kind(s) of tasks/ops.def have no consistency case", missing);
+}
+
+enum { ST_NONE, ST_OK, ST_OK_UNKNOWN, ST_UNSUPPORTED, ST_FAIL };
+
+static void test_consistency_all(void **state)
+{
+    (void)state;
+    const char *tf = getenv("EMBER_TF32");
+    if (tf && atoi(tf) == 1) g_tf32_scale = 300;
+    const bool verbose = getenv("EMBER_CONSISTENCY_VERBOSE") && atoi(getenv("EMBER_CONSISTENCY_VERBOSE"));
+    /* diagnostic: require bit-identical results on the devices too */
+    const bool exact_devices = getenv("EMBER_CONSISTENCY_EXACT") && atoi(getenv("EMBER_CONSISTENCY_EXACT"));
+    dev_entry devs[MAX_DEV];
+    const int ndev = list_devices(devs);
+    const em_stats st0 = em_get_stats();
+    if (ndev == 0) printf("consistency: no device besides the CPU: running the CPU-vs-CPU determinism check only\n");
+
+    static int status[EM_OP_COUNT][1 + MAX_DEV];
+    static char first_err[EM_OP_COUNT][1 + MAX_DEV][700];
+    memset(status, 0, sizeof status);
+    int nfail = 0, nrun = 0;
+    char err[512], why[400];
+
+    for (int k = 0; k < EM_OP_COUNT; k++) {
+        if (!g_cases[k].fn || !op_selected(g_ops[k].name)) continue;
+        for (int col = 0; col <= ndev; col++) {
+            bool unsupported = col > 0 && !(g_ops[k].flags & F_VIEW) && devs[col - 1].table_known &&
+                               (!devs[col - 1].table || !devs[col - 1].table[k]);
+            status[k][col] = unsupported ? ST_UNSUPPORTED : (col > 0 && !devs[col - 1].table_known) ? ST_OK_UNKNOWN : ST_OK;
+        }
+        for (int di = 0; di < 8 && g_cases[k].dts[di] != END; di++) {
+            const int dt = g_cases[k].dts[di];
+            for (int strided = 0; strided < 2; strided++) {
+                run_result ref, again;
+                bool made = false;
+                nrun++;
+                bool ok = run_variant(k, dt, strided, em_device_cpu(), &ref, &made, err, sizeof err);
+                if (ok) {
+                    bool made2;
+                    ok = run_variant(k, dt, strided, em_device_cpu(), &again, &made2, err, sizeof err);
+                    if (ok && !compare(k, &ref, &again, true, why, sizeof why)) {
+                        snprintf(err, sizeof err, "CPU run twice differs: %s", why);
+                        ok = false;
+                    }
+                    result_free(&again);
+                }
+                const char *lay = strided ? "strided" : "contiguous";
+                if (!ok) {
+                    if (status[k][0] != ST_FAIL) {
+                        snprintf(first_err[k][0], sizeof first_err[k][0], "%s %s: %s", em_dtype_name((em_dtype)dt), lay, err);
+                        nfail++;
+                    }
+                    status[k][0] = ST_FAIL;
+                } else if (verbose) {
+                    printf("  %-16s %-8s %-10s cpu: ok (%d tensors)\n", g_ops[k].name, em_dtype_name((em_dtype)dt), lay, ref.n);
+                }
+                for (int d = 0; ok && d < ndev; d++) {
+                    run_result got;
+                    bool m3;
+                    bool dok = run_variant(k, dt, strided, devs[d].dev, &got, &m3, err, sizeof err);
+                    if (dok && !compare(k, &ref, &got, exact_devices, why, sizeof why)) {
+                        snprintf(err, sizeof err, "%s", why);
+                        dok = false;
+                    }
+                    result_free(&got);
+                    if (!dok) {
+                        if (status[k][d + 1] != ST_FAIL) {
+                            snprintf(first_err[k][d + 1], sizeof first_err[k][d + 1], "%s %s: %s",
+                                     em_dtype_name((em_dtype)dt), lay, err);
+                            nfail++;
+                        }
+                        status[k][d + 1] = ST_FAIL;
+                    } else if (verbose) {
+                        printf("  %-16s %-8s %-10s %s: ok\n", g_ops[k].name, em_dtype_name((em_dtype)dt), lay, devs[d].name);
+                    }
+                }
+                result_free(&ref);
+                if (!made) break; /* no strided input in this case: the strided variant is the same run */
+            }
+        }
+    }
+
+    /* the table */
+    static const char *st_name[] = {"-", "ok", "ok*", "unsupported", "FAIL"};
+    printf("\n%-18s %-12s", "op", "cpu (det.)");
+    for (int d = 0; d < ndev; d++) printf(" %-12s", devs[d].name);
+    printf("\n");
+    for (int k = 0; k < EM_OP_COUNT; k++) {
+        if (!status[k][0]) continue;
+        printf("%-18s %-12s", g_ops[k].name, st_name[status[k][0]]);
+        for (int d = 0; d < ndev; d++) printf(" %-12s", st_name[status[k][d + 1]]);
+        printf("\n");
+    }
+    int nuns = 0;
+    for (int d = 0; d < ndev; d++) {
+        int cnt = 0;
+        for (int k = 0; k < EM_OP_COUNT; k++)
+            if (status[k][d + 1] == ST_UNSUPPORTED) {
+                if (!cnt) printf("unsupported on %s (no kernel: ran on the CPU):", devs[d].name);
+                printf(" %s", g_ops[k].name);
+                cnt++;
+            }
+        if (cnt) printf("\n");
+        nuns += cnt;
+    }
+    bool all_known = true;
+    for (int d = 0; d < ndev; d++) all_known = all_known && devs[d].table_known;
+    if (!nuns && ndev && all_known) printf("every task op has a kernel on every device tested\n");
+    if (!all_known) printf("ok*: the device's kernel table is not exported (em__<dev>_kernel_table): results match, but an op may have run on the CPU\n");
+    for (int k = 0; k < EM_OP_COUNT; k++)
+        for (int col = 0; col <= ndev; col++)
+            if (status[k][col] == ST_FAIL)
+                printf("FAIL %s on %s: %s\n", g_ops[k].name, col ? devs[col - 1].name : "cpu", first_err[k][col]);
+    const em_stats st1 = em_get_stats();
+    if (st1.live_tensors != st0.live_tensors)
+        printf("consistency: note: %lld live tensors before the cases, %lld after (a leak in some op?)\n",
+               (long long)st0.live_tensors, (long long)st1.live_tensors);
+    printf("consistency: %d case variants, %d device(s) besides the CPU, %d failure(s)\n", nrun, ndev, nfail);
+    fflush(stdout);
+    if (nfail) fail_msg("%d op/device pair(s) FAIL (see the table above)", nfail);
+}
+
+int main(void)
+{
+    setvbuf(stdout, NULL, _IOLBF, 0); /* progress survives a timeout */
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_case_table_complete),
+        cmocka_unit_test(test_consistency_all),
+    };
+    return cmocka_run_group_tests(tests, em_test_setup, em_test_teardown);
+}
