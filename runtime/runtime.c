@@ -83,13 +83,22 @@ static enum starpu_worker_archtype archtype_of(em_device_kind k)
     }
 }
 
-/* First worker driving device (kind, index), or -1. */
+/* First worker driving device (kind, index), or -1. Ember numbers the devices
+ * of a kind 0, 1, ... in the order StarPU's workers drive them, whatever
+ * StarPU's own device ids are (with several OpenCL platforms, PoCL may be
+ * StarPU's OpenCL device 1 while it is Ember's opencl:0). */
 static int find_worker(em_device d)
 {
     enum starpu_worker_archtype at = archtype_of(d.kind);
     unsigned n = starpu_worker_get_count();
-    for (unsigned w = 0; w < n; w++)
-        if (starpu_worker_get_type(w) == at && starpu_worker_get_devid(w) == d.index) return (int)w;
+    int seen[STARPU_NMAXWORKERS], nseen = 0;
+    for (unsigned w = 0; w < n; w++) {
+        if (starpu_worker_get_type((int)w) != at) continue;
+        int dev = starpu_worker_get_devid((int)w), k = 0;
+        while (k < nseen && seen[k] != dev) k++;
+        if (k == nseen) seen[nseen++] = dev;
+        if (k == d.index) return (int)w;
+    }
     return -1;
 }
 

@@ -102,6 +102,11 @@ chmod u+w "$DEPS"/lib/* "$DEPS"/fallback/* 2>/dev/null || true
 strip --strip-debug "$DEPS"/lib/* "$DEPS"/fallback/* 2>/dev/null || true
 
 # ---- 4. size check --------------------------------------------------------------------
+# Fashion-MNIST for the GPU training run (the GPU image lacks the Debian package).
+if [ -d /usr/share/datasets/fashion-mnist ]; then
+  mkdir -p "$DEPS/fashion-mnist"
+  cp -u /usr/share/datasets/fashion-mnist/*.gz "$DEPS/fashion-mnist/"
+fi
 mib() { du -sm "$@" 2>/dev/null | awk '{s += $1} END {print s + 0}'; }
 # working tree that travels: tracked + untracked-not-ignored files
 TREE_KIB=$(git -C "$ROOT" ls-files -co --exclude-standard -z | xargs -0 du -skL 2>/dev/null | awk '{s += $1} END {print s + 0}')

@@ -164,6 +164,37 @@ run_bench() {
   status bench 0
 }
 
+# GPU anchors side by side: bench_cuda (GEMM vs cuBLAS, add bandwidth vs copy,
+# per-op cost, MLP training) and PyTorch eager on the same MLP.
+run_gpubench() {
+  mkdir -p "$OUT/bench"
+  if [ -x "$BUILD/bench/bench_cuda" ]; then
+    timeout "$(tlimit 200)" "$BUILD/bench/bench_cuda" >"$OUT/bench/bench_cuda.log" 2>&1
+    say "bench_cuda: rc $?"
+    cat "$OUT/bench/bench_cuda.log" >>"$SUMMARY"
+  fi
+  if python3 -c 'import torch' 2>/dev/null; then
+    timeout "$(tlimit 120)" python3 "$ROOT/bench/mlp_torch_gpu.py" >"$OUT/bench/mlp_torch_gpu.log" 2>&1
+    say "mlp_torch_gpu: rc $?"
+    cat "$OUT/bench/mlp_torch_gpu.log" >>"$SUMMARY"
+  fi
+  status gpubench 0
+}
+
+# The main job on the GPU: ember train --device cuda:0 on Fashion-MNIST carried in .deps/fashion-mnist.
+run_train() {
+  local data="$DEPS/fashion-mnist"
+  if [ ! -f "$data/train-images-idx3-ubyte.gz" ]; then
+    say "step train: skipped (no $data)"
+    return
+  fi
+  ( cd "$WORK" && timeout "$(tlimit 300)" "$BUILD/ember" train --device cuda:0 --data "$data" --no-progress \
+      --epochs "${EMBER_GPU_EPOCHS:-10}" --out "$WORK/run-gpu" ) >"$OUT/train-gpu.log" 2>&1
+  local rc=$?
+  status train "$rc"
+  grep -E "^epoch|^final|^ember train" "$OUT/train-gpu.log" >>"$SUMMARY"
+}
+
 run_sanitizer() {
   local cs
   cs=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null || true)
@@ -188,6 +219,8 @@ for s in $STEPS; do
     consistency) run_consistency ;;
     tests) run_tests ;;
     bench) run_bench ;;
+    gpubench) run_gpubench ;;
+    train) run_train ;;
     sanitizer) run_sanitizer ;;
     *) say "gpu-run: unknown step '$s'" ;;
   esac

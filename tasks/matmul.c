@@ -213,7 +213,11 @@ static void tdesc_narrow(em_tdesc *d, int dim, int64_t start, int64_t len)
 static int tile_count(const em_op *op)
 {
     em_placement pl = em__placement();
-    if (pl.where != STARPU_CPU || pl.worker >= 0) return 1;
+    if (pl.worker >= 0) return 1;
+    /* CPU-only: the CPU device, or "auto" on a machine without accelerators. */
+    if (pl.where != STARPU_CPU &&
+        em_worker_count(EM_DEVICE_CUDA) + em_worker_count(EM_DEVICE_OPENCL) + em_worker_count(EM_DEVICE_HIP) > 0)
+        return 1;
     int nw = em__ncpu_workers();
     if (nw < 2) return 1;
     const em_tensor *c = op->out[0];

@@ -1352,6 +1352,12 @@ static void test_consistency_all(void **state)
     const int ndev = list_devices(devs);
     const em_stats st0 = em_get_stats();
     if (ndev == 0) printf("consistency: no device besides the CPU: running the CPU-vs-CPU determinism check only\n");
+    /* CI sets EMBER_CONSISTENCY_REQUIRE=opencl (or cuda): a missing device then fails instead of passing quietly */
+    const char *req = getenv("EMBER_CONSISTENCY_REQUIRE");
+    if (req && !strcmp(req, "opencl") && em_worker_count(EM_DEVICE_OPENCL) == 0)
+        fail_msg("EMBER_CONSISTENCY_REQUIRE=opencl but this process has no OpenCL worker");
+    if (req && !strcmp(req, "cuda") && em_worker_count(EM_DEVICE_CUDA) == 0)
+        fail_msg("EMBER_CONSISTENCY_REQUIRE=cuda but this process has no CUDA worker");
 
     static int status[EM_OP_COUNT][1 + MAX_DEV];
     static char first_err[EM_OP_COUNT][1 + MAX_DEV][700];

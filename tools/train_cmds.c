@@ -1,5 +1,6 @@
 /* `ember train`, `ember eval`, `ember predict`. */
 #include "tools/tools.h"
+#include "ember/dist.h" /* [dist] */
 
 #include <errno.h>
 #include <getopt.h>
@@ -109,7 +110,15 @@ static void train_help(void)
            "  --out DIR              output directory (default runs/fashion-mnist)\n"
            "  --resume FILE          resume from a checkpoint (e.g. runs/fashion-mnist/checkpoint.safetensors)\n"
            "  --stop-after-epoch N   stop after epoch N as if interrupted (resume later with --resume)\n"
-           "  --progress / --no-progress   force the progress bar on / off\n",
+           "  --progress / --no-progress   force the progress bar on / off\n"
+           /* [dist] */
+           "  --distributed          data-parallel over MPI ranks (automatic under mpirun with > 1 rank)\n"
+           "  --global-batch N       total batch over all ranks (per-rank batch = N / ranks; overrides --batch-size)\n\n"
+           "Distributed: mpirun -np N ember train ... runs N replicas; each reads 1/N of every\n"
+           "epoch (the same number of steps on every rank) and gradients are averaged\n"
+           "across ranks before each step, so the effective batch is batch-size x N (the\n"
+           "learning rate is not scaled). Rank 0 prints and writes --out; metrics cover\n"
+           "all ranks. EMBER_DIST_TIMEOUT (s, default 120) bounds every collective.\n",
            EM_FASHION_MNIST_DIR);
 }
 
@@ -121,7 +130,7 @@ int em_tool_train(int argc, char **argv)
     double lr = NAN, momentum = NAN, wd = 0, smoothing = 0, clip = 0, dropout = 0;
     uint64_t seed = 0;
     int workers = 1, progress = -1;
-    enum { O_HIDDEN = 256, O_LR, O_MOM, O_WD, O_SCHED, O_LS, O_CLIP, O_PAT, O_WORKERS, O_RESUME, O_PROG, O_NOPROG, O_DROP, O_STOP };
+    enum { O_HIDDEN = 256, O_LR, O_MOM, O_WD, O_SCHED, O_LS, O_CLIP, O_PAT, O_WORKERS, O_RESUME, O_PROG, O_NOPROG, O_DROP, O_STOP, O_DIST, O_GBATCH };
     static const struct option opts[] = {
         {"data", required_argument, 0, 'd'},         {"hidden", required_argument, 0, O_HIDDEN},
         {"epochs", required_argument, 0, 'e'},       {"batch-size", required_argument, 0, 'b'},
@@ -134,8 +143,11 @@ int em_tool_train(int argc, char **argv)
         {"resume", required_argument, 0, O_RESUME},  {"progress", no_argument, 0, O_PROG},
         {"no-progress", no_argument, 0, O_NOPROG},   {"dropout", required_argument, 0, O_DROP},
         {"stop-after-epoch", required_argument, 0, O_STOP},
+        {"distributed", no_argument, 0, O_DIST},     {"global-batch", required_argument, 0, O_GBATCH}, /* [dist] */
         {"help", no_argument, 0, 'h'},               {0, 0, 0, 0}};
     int64_t stop_after = 0;
+    bool distributed = false; /* [dist] */
+    int64_t global_batch = 0;
     int c;
     optind = 1;
     while ((c = getopt_long(argc, argv, "d:e:b:o:s:D:O:h", opts, NULL)) != -1) {
@@ -161,6 +173,8 @@ int em_tool_train(int argc, char **argv)
         case O_NOPROG: progress = 0; break;
         case O_DROP: dropout = strtod(optarg, NULL); break;
         case O_STOP: stop_after = strtoll(optarg, NULL, 10); break;
+        case O_DIST: distributed = true; break;                          /* [dist] */
+        case O_GBATCH: global_batch = strtoll(optarg, NULL, 10); break;  /* [dist] */
         case 'h': train_help(); return 0;
         default: fprintf(stderr, "see 'ember train --help'\n"); return 2;
         }
@@ -184,7 +198,29 @@ int em_tool_train(int argc, char **argv)
         fprintf(stderr, "ember train: unknown optimizer '%s' (adam, adamw, sgd, rmsprop, adagrad)\n", optname);
         return 2;
     }
-    if (init_runtime(device)) return 1;
+    /* [dist] under mpirun (or --distributed): MPI first, then the runtime */
+    bool dist = distributed || em_dist_launched();
+    if (dist) {
+        em_config dc = em_config_default();
+        if (device) dc.device = device;
+        if (em_dist_init(NULL, NULL, &dc) != EM_OK) {
+            fprintf(stderr, "ember train: %s\n", em_last_error());
+            return 1;
+        }
+    } else if (init_runtime(device)) {
+        return 1;
+    }
+    const int rank = em_dist_rank(), world = em_dist_world_size();
+    bool lead = rank == 0, clean_exit = false; /* clean_exit: every rank failed alike, no abort needed */
+    if (global_batch > 0) {
+        if (global_batch % world != 0) {
+            fprintf(stderr, "ember train: --global-batch %lld is not a multiple of the %d ranks\n", (long long)global_batch, world);
+            if (dist) em_dist_shutdown();
+            else em_shutdown();
+            return 2;
+        }
+        batch = global_batch / world;
+    }
     int rc = 1;
     em_dataset *tr = NULL, *te = NULL;
     em_loader *ltr = NULL, *lte = NULL;
@@ -225,6 +261,24 @@ int em_tool_train(int argc, char **argv)
         fprintf(stderr, "ember train: unknown scheduler '%s' (constant, step, cosine, exponential, warmup-cosine)\n", schedname);
         goto done;
     }
+    if (dist) { /* [dist] same model and settings everywhere, then identical replicas */
+        char hp[1024];
+        snprintf(hp, sizeof hp,
+                 "model=%s optimizer=%s lr=%g momentum=%g weight_decay=%g batch=%lld epochs=%lld scheduler=%s "
+                 "label_smoothing=%g clip=%g seed=%llu patience=%lld stop_after=%lld train_samples=%lld resume=%s",
+                 spec, optname, oc.lr, oc.momentum, oc.weight_decay, (long long)batch, (long long)epochs, schedname,
+                 smoothing, clip, (unsigned long long)seed, (long long)patience, (long long)stop_after,
+                 (long long)em_dataset_length(tr), resume ? "yes" : "no");
+        if (em_dist_check_config(model, hp) != EM_OK) {
+            fprintf(stderr, "ember train: rank %d: %s\n", rank, em_last_error());
+            clean_exit = true;
+            goto done;
+        }
+        if (em_dist_broadcast_params(model) != EM_OK) {
+            fprintf(stderr, "ember train: rank %d: %s\n", rank, em_last_error());
+            goto done;
+        }
+    }
     em_loader_options lo = em_loader_options_default();
     lo.batch_size = batch;
     lo.shuffle = true;
@@ -232,7 +286,11 @@ int em_tool_train(int argc, char **argv)
     lo.num_workers = workers;
     lo.mean = EM_FASHION_MNIST_MEAN;
     lo.std = EM_FASHION_MNIST_STD;
+    lo.rank = rank; /* [dist] each rank reads its shard; shard_even: equal step counts */
+    lo.world_size = world;
+    lo.shard_even = world > 1;
     ltr = em_loader_new(tr, &lo);
+    lo.shard_even = false; /* [dist] test set: every sample once over all ranks */
     lo.shuffle = false;
     lo.batch_size = batch > 1000 ? batch : 1000;
     lte = em_loader_new(te, &lo);
@@ -241,10 +299,13 @@ int em_tool_train(int argc, char **argv)
         goto done;
     }
     char dev[32];
-    printf("ember train: model %s (%lld parameters), %s lr %g, batch %lld, %lld epochs, device %s, %d CPU workers\n", spec,
+    if (lead) printf("ember train: model %s (%lld parameters), %s lr %g, batch %lld, %lld epochs, device %s, %d CPU workers\n", spec,
            (long long)em_module_num_params(model), em_optim_kind_name(kind), oc.lr, (long long)batch, (long long)epochs,
            em_device_str(em_get_device(), dev, sizeof dev), em_worker_count(EM_DEVICE_CPU));
-    printf("data: %s (%lld train, %lld test samples)\n", data, (long long)em_dataset_length(tr), (long long)em_dataset_length(te));
+    if (lead) printf("data: %s (%lld train, %lld test samples)\n", data, (long long)em_dataset_length(tr), (long long)em_dataset_length(te));
+    if (lead && dist) /* [dist] */
+        printf("distributed: %d ranks, batch %lld per rank = global batch %lld, %lld steps per epoch\n", world, (long long)batch,
+               (long long)(batch * world), (long long)em_loader_num_batches(ltr));
     em_learner_config cfg = em_learner_config_default();
     cfg.epochs = epochs;
     cfg.out_dir = out;
@@ -260,10 +321,11 @@ int em_tool_train(int argc, char **argv)
     em_epoch_metrics hist[1024];
     int nhist = 0;
     if (em_learner_fit(model, opt, sched, ltr, lte, &cfg, hist, 1024, &nhist) != EM_OK) {
-        fprintf(stderr, "ember train: %s\n", em_last_error());
+        if (dist) fprintf(stderr, "ember train: rank %d: %s\n", rank, em_last_error()); /* [dist] */
+        else fprintf(stderr, "ember train: %s\n", em_last_error());
         goto done;
     }
-    if (nhist > 0) {
+    if (nhist > 0 && lead) {
         const em_epoch_metrics *m = &hist[nhist - 1];
         double tsum = 0;
         for (int i = 0; i < nhist; i++) tsum += hist[i].epoch_time_s;
@@ -279,7 +341,12 @@ done:
     em_loader_free(lte);
     em_dataset_free(tr);
     em_dataset_free(te);
-    em_shutdown();
+    if (dist) { /* [dist] a rank failing alone ends the whole job at once */
+        if (rc != 0 && !clean_exit) em_dist_abort(rc, "ember train failed on this rank: ending the job");
+        em_dist_shutdown();
+    } else {
+        em_shutdown();
+    }
     return rc;
 }
 

@@ -1,6 +1,7 @@
 /* The Learner: epochs of train + validation, metrics, progress, metrics log,
  * checkpoints (every epoch + best), early stopping, resume. */
 #include "ember/train.h"
+#include "ember/dist.h" /* [dist] */
 #include "runtime/internal.h"
 
 #include <errno.h>
@@ -69,6 +70,32 @@ static void running_read(const running *r, double *loss, double *acc, double *to
     if (top5 && r->correct5 && em_item(r->correct5, &v) == EM_OK) *top5 = v / (double)r->samples;
 }
 
+/* [dist] Epoch-end read of the sums of ALL ranks (a collective when
+ * distributed: every rank calls it at the same point, even after a local
+ * failure, so that nobody waits forever). *samples gets the global count. */
+static void running_read_global(const running *r, bool ok, double *loss, double *acc, double *top5, double *samples)
+{
+    if (em_dist_world_size() <= 1) {
+        if (ok) running_read(r, loss, acc, top5);
+        *samples = (double)r->samples;
+        return;
+    }
+    double v[4] = {0, 0, 0, (double)r->samples}, x = 0;
+    if (ok && r->samples > 0) {
+        if (r->loss_sum && em_item(r->loss_sum, &x) == EM_OK) v[0] = x;
+        if (r->correct && em_item(r->correct, &x) == EM_OK) v[1] = x;
+        if (top5 && r->correct5 && em_item(r->correct5, &x) == EM_OK) v[2] = x;
+    }
+    *loss = *acc = NAN;
+    if (top5) *top5 = NAN;
+    *samples = 0;
+    if (em_dist_allreduce_sum(v, 4) != EM_OK || v[3] <= 0) return;
+    *loss = v[0] / v[3];
+    *acc = v[1] / v[3];
+    if (top5) *top5 = v[2] / v[3];
+    *samples = v[3];
+}
+
 static void running_free(running *r)
 {
     em_tensor_release(r->loss_sum);
@@ -110,7 +137,7 @@ static em_status run_epoch(em_module *model, em_optim *opt, em_lr_scheduler *sch
     double t0 = now_s();
     em_tensor **params = NULL;
     int np = 0;
-    if (train && cfg->clip_grad_norm > 0) {
+    if (train && (cfg->clip_grad_norm > 0 || em_dist_world_size() > 1)) { /* [dist] params for the all-reduce */
         np = em_module_num_param_tensors(model);
         params = malloc(sizeof *params * (size_t)(np ? np : 1));
         if (!params) return em__set_error(EM_ERR_NOMEM, "out of memory");
@@ -135,8 +162,10 @@ static em_status run_epoch(em_module *model, em_optim *opt, em_lr_scheduler *sch
                 em_scope_end();
                 break;
             }
-            if (params) em_clip_grad_norm(g, params, np, cfg->clip_grad_norm, 2.0);
-            st = em_optim_step(opt, g);
+            /* [dist] average gradients across ranks: submits reduction tasks, does not wait */
+            if (em_dist_world_size() > 1) st = em_dist_allreduce_grads(g, params, np);
+            if (cfg->clip_grad_norm > 0) em_clip_grad_norm(g, params, np, cfg->clip_grad_norm, 2.0);
+            if (st == EM_OK) st = em_optim_step(opt, g);
             em_grads_free(g);
             (*step)++;
             if (sched && cfg->sched_per_step) em_lr_scheduler_step(sched, opt);
@@ -205,13 +234,17 @@ em_status em_learner_fit(em_module *model, em_optim *opt, em_lr_scheduler *sched
     em_learner_config cfg = cfg_in ? *cfg_in : em_learner_config_default();
     FILE *log = cfg.log ? cfg.log : stdout;
     bool bar = cfg.progress == 1 || (cfg.progress < 0 && isatty(fileno(log)));
+    if (em_dist_rank() != 0) { /* [dist] only rank 0 prints and writes files */
+        log = NULL;
+        cfg.out_dir = NULL;
+    }
     if (n_history) *n_history = 0;
     em_checkpoint_info info = {.best_metric = cfg.monitor_loss ? INFINITY : -INFINITY};
     if (cfg.resume) {
         em_status st = em_checkpoint_load(cfg.resume, model, opt, sched, &info);
         if (st != EM_OK) return st;
         em_rng_set_state(info.rng_seed, info.rng_offset);
-        fprintf(log, "resumed from %s at epoch %lld (step %lld)\n", cfg.resume, (long long)info.epoch, (long long)info.step);
+        if (log) fprintf(log, "resumed from %s at epoch %lld (step %lld)\n", cfg.resume, (long long)info.epoch, (long long)info.step);
     }
     if (cfg.out_dir && ensure_dir(cfg.out_dir) != EM_OK) return em_last_status();
     if (sched && !cfg.resume) em_optim_set_lr(opt, em_lr_scheduler_get_lr(sched));
@@ -220,27 +253,27 @@ em_status em_learner_fit(em_module *model, em_optim *opt, em_lr_scheduler *sched
         running r = {0};
         double t0 = now_s();
         em_status st = run_epoch(model, opt, sched, train, &cfg, true, epoch, &info.step, &r, NULL, 0, bar, log);
-        double dummy;
-        if (st == EM_OK) running_read(&r, &m.train_loss, &m.train_accuracy, &dummy);
+        double dummy, nsamples; /* [dist] metrics and throughput of all ranks */
+        running_read_global(&r, st == EM_OK, &m.train_loss, &m.train_accuracy, &dummy, &nsamples);
         em_sync();
         double t_train = now_s() - t0;
-        m.samples_per_s = t_train > 0 ? (double)r.samples / t_train : 0;
+        m.samples_per_s = t_train > 0 ? nsamples / t_train : 0;
         running_free(&r);
         if (st == EM_OK && val) {
             st = run_epoch(model, opt, sched, val, &cfg, false, epoch, &info.step, &r, NULL, 0, bar, log);
-            if (st == EM_OK) running_read(&r, &m.val_loss, &m.val_accuracy, &m.val_top5);
+            running_read_global(&r, st == EM_OK, &m.val_loss, &m.val_accuracy, &m.val_top5, &dummy); /* [dist] */
             running_free(&r);
         }
         if (st != EM_OK) return st;
         if (sched && !cfg.sched_per_step) em_lr_scheduler_step(sched, opt);
         m.lr = em_optim_get_lr(opt);
         m.epoch_time_s = now_s() - t0;
-        fprintf(log,
+        if (log) fprintf(log,
                 "epoch %lld/%lld  train_loss %.4f  train_acc %.4f  val_loss %.4f  val_acc %.4f  val_top5 %.4f  lr %.3g  "
                 "%.0f samples/s  %.2fs\n",
                 (long long)epoch, (long long)cfg.epochs, m.train_loss, m.train_accuracy, m.val_loss, m.val_accuracy,
                 m.val_top5, m.lr, m.samples_per_s, m.epoch_time_s);
-        fflush(log);
+        if (log) fflush(log);
         if (history && n_history && *n_history < max_history) history[(*n_history)++] = m;
         /* early stopping / best model */
         double metric = cfg.monitor_loss ? (val ? m.val_loss : m.train_loss) : (val ? m.val_accuracy : m.train_accuracy);
@@ -265,11 +298,11 @@ em_status em_learner_fit(em_module *model, em_optim *opt, em_lr_scheduler *sched
             }
         }
         if (cfg.stop_after_epoch > 0 && epoch >= cfg.stop_after_epoch) {
-            fprintf(log, "stopping after epoch %lld as asked (resume with --resume)\n", (long long)epoch);
+            if (log) fprintf(log, "stopping after epoch %lld as asked (resume with --resume)\n", (long long)epoch);
             break;
         }
         if (cfg.early_stopping_patience > 0 && info.bad_epochs >= cfg.early_stopping_patience) {
-            fprintf(log, "early stopping: no improvement for %lld epochs (best %.4f at epoch %lld)\n",
+            if (log) fprintf(log, "early stopping: no improvement for %lld epochs (best %.4f at epoch %lld)\n",
                     (long long)info.bad_epochs, info.best_metric, (long long)info.best_epoch);
             break;
         }

@@ -85,7 +85,7 @@ __kernel void em_arange(__global uchar *yb, long yboff, long ye, long n, int dt,
     const long hn = n / 2;
     EM_GRID_LOOP(i, n)
     {
-        const double v = (linspace && i >= hn) ? end - step * (double)(n - 1 - i) : start + step * (double)i;
+        const double v = (linspace && n > 1 && i >= hn) ? end - step * (double)(n - 1 - i) : start + step * (double)i;
         em_store_d(dt, Y, ye + i, v);
     }
 }

@@ -10,4 +10,5 @@
 #include "ember/data.h"
 #include "ember/store.h"
 #include "ember/train.h"
+#include "ember/dist.h"
 #endif

@@ -1,0 +1,117 @@
+/* Ember data-parallel training across processes (MPI), DESIGN.md §7.
+ *
+ * Launch N copies with `mpirun -np N`; each process (rank) holds a full replica
+ * of the model, reads its own shard of every batch (em_loader_options rank /
+ * world_size / shard_even) and, after each backward pass, averages the
+ * gradients with the other ranks before the optimizer step, so every replica
+ * applies the same update and stays identical.
+ *
+ *     em_dist_init(&argc, &argv, NULL);               // MPI, then em_init
+ *     em_module *m = build_model();
+ *     if (em_dist_check_config(m, "adam lr=1e-3 batch=64") != EM_OK) ... // same model + settings everywhere?
+ *     em_dist_broadcast_params(m);                     // replicas start identical
+ *     ... loader with .rank = em_dist_rank(), .world_size = em_dist_world_size(), .shard_even = true
+ *     em_grads *g = em_backward(loss);
+ *     em_dist_allreduce_grads(g, params, n);           // submits tasks, never waits
+ *     em_optim_step(opt, g);
+ *     ...
+ *     em_dist_shutdown();                              // em_shutdown, then MPI_Finalize
+ *
+ * Gradient averaging is made of StarPU tasks like every other op: gradients
+ * are packed into flat buckets (COPY tasks), each bucket is reduced by one
+ * task that calls MPI_Allreduce on its host buffer and scales by 1/world, and
+ * the gradients handed to the optimizer become views of the reduced bucket.
+ * Buckets follow reverse parameter order (the order backward produces them),
+ * so a bucket is reduced as soon as its own gradients are ready while the
+ * rest of backward still runs; the optimizer update of a parameter starts as
+ * soon as its bucket is reduced. The reduction tasks are chained, so they
+ * issue their collectives in the same order on every rank.
+ *
+ * Collectives never hang forever: a watchdog thread aborts the whole job
+ * (MPI_Abort, with a message naming the rank and the collective) when one
+ * does not complete within EMBER_DIST_TIMEOUT seconds (default 120). A rank
+ * that dies makes mpirun end the others.
+ *
+ * Without em_dist_init (a plain single process) rank is 0, world size is 1 and
+ * every function below is a cheap no-op, so code can call them unconditionally.
+ */
+#ifndef EMBER_DIST_H
+#define EMBER_DIST_H
+
+#include "ember/autograd.h"
+#include "ember/nn.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/** true when the process seems to run under an MPI launcher (mpirun/srun set
+ *  OMPI_COMM_WORLD_SIZE, PMI_SIZE or PMIX_RANK) with more than one rank. */
+EM_API bool em_dist_launched(void);
+
+/** Initialises MPI (MPI_Init_thread with MPI_THREAD_MULTIPLE: gradient
+ *  reductions call MPI from StarPU workers), starts the watchdog, then the
+ *  Ember runtime with @p cfg (NULL = defaults + environment) unless it is
+ *  already running. Ranks sharing a host split its cores: when neither
+ *  EMBER_NCPU nor STARPU_NCPU is set, each rank gets cores/local_ranks CPU
+ *  workers (at least 1), and STARPU_WORKERS_GETBIND defaults to 1 so workers
+ *  follow mpirun's binding. @p argc/@p argv may be NULL. Calling it twice is
+ *  an EM_ERR_STATE error. */
+EM_API em_status em_dist_init(int *argc, char ***argv, const em_config *cfg);
+/** Waits for all tasks, stops the runtime (em_shutdown) and finalises MPI.
+ *  No-op without em_dist_init. */
+EM_API void em_dist_shutdown(void);
+/** Ends the whole job now (MPI_Abort with @p code) after printing @p msg
+ *  (may be NULL) with the rank. Without em_dist_init: exit(code). */
+EM_API void em_dist_abort(int code, const char *msg) __attribute__((noreturn));
+EM_API bool em_dist_is_initialized(void);
+/** This process's rank (0 without em_dist_init). */
+EM_API int em_dist_rank(void);
+/** Number of ranks (1 without em_dist_init). */
+EM_API int em_dist_world_size(void);
+
+/** Copies every parameter and buffer of @p m from rank 0 to all ranks (call
+ *  on every rank, after building the model and before the first step). Waits. */
+EM_API em_status em_dist_broadcast_params(em_module *m);
+
+/** Largest absolute difference between this rank's parameters (and buffers)
+ *  and rank 0's, over all ranks (the same value on every rank): 0 when all
+ *  replicas are identical. Waits; for tests and sanity checks. */
+EM_API em_status em_dist_param_divergence(const em_module *m, double *max_abs_diff);
+
+/** Checks that every rank runs the same model and settings: all ranks gather
+ *  a hash of @p m's parameter keys, dtypes and shapes and of @p hparams (a
+ *  caller-made string of the hyper-parameters that must agree, e.g.
+ *  "adam lr=0.001 batch=64 seed=0"; may be NULL). On any difference every
+ *  rank gets EM_ERR_STATE with a message naming the first differing rank and
+ *  what differs (model summary or settings), so all can exit cleanly. */
+EM_API em_status em_dist_check_config(const em_module *m, const char *hparams);
+
+/** Bucket size for em_dist_allreduce_grads in bytes (default 1 MiB, or
+ *  EMBER_DIST_BUCKET_KB). 0: one reduction per gradient tensor. */
+EM_API void em_dist_set_bucket_bytes(size_t nbytes);
+EM_API size_t em_dist_get_bucket_bytes(void);
+
+/** Averages the gradients of @p params (n tensors, the same list in the same
+ *  order on every rank) across ranks, replacing each entry of @p g with the
+ *  mean. Only submits tasks (copies into buckets, one MPI reduction task per
+ *  bucket): it returns before backward's tasks have run, and the optimizer's
+ *  tasks wait for the reductions through ordinary data dependencies.
+ *  Parameters that do not require grad are skipped; a parameter that requires
+ *  grad but got no gradient on this rank contributes zeros (and then has a
+ *  gradient, possibly zero, on every rank, keeping replicas identical).
+ *  float32/float64 gradients only. No-op when world size is 1. */
+EM_API em_status em_dist_allreduce_grads(em_grads *g, em_tensor *const *params, int n);
+
+/** Sums @p n doubles element-wise across ranks, in place (a collective: call
+ *  on every rank; waits). E.g. epoch metrics: {loss_sum, correct, samples}. */
+EM_API em_status em_dist_allreduce_sum(double *vals, int n);
+/** Maximum of @p n doubles across ranks, in place (collective; waits). */
+EM_API em_status em_dist_allreduce_max(double *vals, int n);
+/** Waits for every rank (collective). */
+EM_API em_status em_dist_barrier(void);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

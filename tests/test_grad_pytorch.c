@@ -1,0 +1,560 @@
+/* Forward values and gradients of every differentiable op against PyTorch.
+ *
+ * tests/fixtures/grad_fixtures.txt (written by gen_grad_fixtures.py with
+ * torch.autograd, found through EMBER_TEST_DATA) holds, per case, float64
+ * inputs x0.., a weight W, out = f(x), loss = sum(out * W) and the gradients
+ * g<i> = d loss / d x<i>. The cases are those of test_gradcheck.c's table
+ * (same op, shapes and arguments) plus more: reductions over several dims,
+ * matmul and view variants, the losses of nn.h and Linear / LayerNorm /
+ * RMSNorm. Each is recomputed here in Ember (em_set_requires_grad,
+ * em_backward, em_grad) and must agree to 1e-10 relative. */
+#include "testutil.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- fixture parser (format of optim_fixtures.txt) ------------------------------ */
+
+#define FX_MAX_T 20
+#define MAXIN 4
+
+typedef struct fx_tensor {
+    char name[32];
+    int ndim;
+    int64_t shape[EM_MAX_DIMS];
+    int64_t n;
+    double *v;
+} fx_tensor;
+
+typedef struct fx_block {
+    char config[64];
+    char head[512]; /* the "op ..." line */
+    char dtype[16];
+    fx_tensor t[FX_MAX_T];
+    int nt;
+} fx_block;
+
+static int fx_load(const char *fname, fx_block **out)
+{
+    const char *dir = getenv("EMBER_TEST_DATA");
+    char path[1024];
+    snprintf(path, sizeof path, "%s/%s", dir ? dir : "tests/fixtures", fname);
+    FILE *f = fopen(path, "r");
+    if (!f) fail_msg("cannot open fixture file %s (set EMBER_TEST_DATA)", path);
+    int n = 0, cap = 0;
+    fx_block *bs = NULL, *b = NULL;
+    static char line[1 << 16];
+    while (fgets(line, sizeof line, f)) {
+        line[strcspn(line, "\n")] = 0;
+        if (line[0] == '#' || !line[0]) continue;
+        if (!strncmp(line, "config ", 7)) {
+            if (n == cap) {
+                cap = cap ? 2 * cap : 64;
+                bs = realloc(bs, sizeof *bs * (size_t)cap);
+                assert_non_null(bs);
+            }
+            b = &bs[n++];
+            memset(b, 0, sizeof *b);
+            snprintf(b->config, sizeof b->config, "%.63s", line + 7);
+        } else if (!b) {
+            fail_msg("fixture %s: data before 'config'", path);
+        } else if (!strncmp(line, "op ", 3)) {
+            snprintf(b->head, sizeof b->head, "%.511s", line);
+        } else if (!strncmp(line, "dtype ", 6)) {
+            snprintf(b->dtype, sizeof b->dtype, "%.15s", line + 6);
+        } else if (!strcmp(line, "end")) {
+            b = NULL;
+        } else {
+            if (b->nt >= FX_MAX_T) fail_msg("fixture %s: too many tensors", b->config);
+            fx_tensor *t = &b->t[b->nt++];
+            char *save = NULL, *tok = strtok_r(line, " ", &save);
+            snprintf(t->name, sizeof t->name, "%s", tok);
+            t->ndim = atoi(strtok_r(NULL, " ", &save));
+            t->n = 1;
+            for (int i = 0; i < t->ndim; i++) t->n *= (t->shape[i] = atoll(strtok_r(NULL, " ", &save)));
+            tok = strtok_r(NULL, " ", &save);
+            if (!tok || strcmp(tok, ":")) fail_msg("fixture %s: tensor %s: expected ':'", b->config, t->name);
+            t->v = malloc(sizeof(double) * (size_t)(t->n ? t->n : 1));
+            for (int64_t i = 0; i < t->n; i++) {
+                tok = strtok_r(NULL, " ", &save);
+                if (!tok) fail_msg("fixture %s: tensor %s: %lld values expected", b->config, t->name, (long long)t->n);
+                t->v[i] = strtod(tok, NULL);
+            }
+        }
+    }
+    fclose(f);
+    *out = bs;
+    return n;
+}
+
+static void fx_free(fx_block *bs, int n)
+{
+    for (int i = 0; i < n; i++)
+        for (int j = 0; j < bs[i].nt; j++) free(bs[i].t[j].v);
+    free(bs);
+}
+
+static const fx_tensor *fx_find(const fx_block *b, const char *name)
+{
+    for (int i = 0; i < b->nt; i++)
+        if (!strcmp(b->t[i].name, name)) return &b->t[i];
+    return NULL;
+}
+
+static const fx_tensor *fx_get(const fx_block *b, const char *name)
+{
+    const fx_tensor *t = fx_find(b, name);
+    if (!t) fail_msg("fixture %s has no tensor '%s'", b->config, name);
+    return t;
+}
+
+/* The op name (first word after "op"). */
+static void fx_op(const fx_block *b, char *out, size_t n)
+{
+    char buf[512];
+    snprintf(buf, sizeof buf, "%s", b->head);
+    char *save = NULL;
+    strtok_r(buf, " ", &save);
+    char *op = strtok_r(NULL, " ", &save);
+    snprintf(out, n, "%s", op ? op : "");
+}
+
+/* The text after "key" in the head line, or NULL. */
+static const char *fx_kw_str(const fx_block *b, const char *key, char *val, size_t n)
+{
+    char buf[512];
+    snprintf(buf, sizeof buf, "%s", b->head);
+    char *save = NULL;
+    strtok_r(buf, " ", &save); /* "op" */
+    strtok_r(NULL, " ", &save); /* the op name */
+    for (char *tok = strtok_r(NULL, " ", &save); tok; tok = strtok_r(NULL, " ", &save)) {
+        char *v = strtok_r(NULL, " ", &save);
+        if (!v) break;
+        if (!strcmp(tok, key)) {
+            snprintf(val, n, "%s", v);
+            return val;
+        }
+    }
+    return NULL;
+}
+
+static double fx_kw(const fx_block *b, const char *key, double def)
+{
+    char v[256];
+    return fx_kw_str(b, key, v, sizeof v) ? strtod(v, NULL) : def;
+}
+
+/* A required numeric keyword. */
+static double kw_req(const fx_block *b, const char *key)
+{
+    char v[256];
+    if (!fx_kw_str(b, key, v, sizeof v)) fail_msg("fixture %s: op line lacks '%s'", b->config, key);
+    return strtod(v, NULL);
+}
+
+static int kw_int(const fx_block *b, const char *key) { return (int)kw_req(b, key); }
+
+/* A comma-separated integer list; returns the count, -1 when absent. */
+static int fx_kw_list(const fx_block *b, const char *key, int64_t *out, int max)
+{
+    char v[256];
+    if (!fx_kw_str(b, key, v, sizeof v)) return -1;
+    int n = 0;
+    char *save = NULL;
+    for (char *tok = strtok_r(v, ",", &save); tok && n < max; tok = strtok_r(NULL, ",", &save)) out[n++] = atoll(tok);
+    return n;
+}
+
+static em_reduction kw_reduction(const fx_block *b)
+{
+    char v[32];
+    if (!fx_kw_str(b, "reduction", v, sizeof v) || !strcmp(v, "mean")) return EM_REDUCTION_MEAN;
+    if (!strcmp(v, "sum")) return EM_REDUCTION_SUM;
+    if (!strcmp(v, "none")) return EM_REDUCTION_NONE;
+    fail_msg("fixture %s: bad reduction '%s'", b->config, v);
+    return EM_REDUCTION_MEAN;
+}
+
+/* A fixture tensor as an Ember tensor of dtype dt (scope-owned). */
+static em_tensor *fx_new(const fx_tensor *t, em_dtype dt)
+{
+    em_tensor *f = em_from_host(t->v, t->shape, t->ndim, EM_F64);
+    assert_non_null(f);
+    return dt == EM_F64 ? f : em_cast(f, dt);
+}
+
+/* Optional non-differentiable argument "name" (NULL when absent). */
+static em_tensor *aux(const fx_block *b, const char *name, em_dtype dt)
+{
+    const fx_tensor *t = fx_find(b, name);
+    return t ? fx_new(t, dt) : NULL;
+}
+
+static em_tensor *aux_req(const fx_block *b, const char *name, em_dtype dt)
+{
+    return fx_new(fx_get(b, name), dt);
+}
+
+/* ---- the forward functions ------------------------------------------------------ */
+
+typedef em_tensor *(*unary_fn)(const em_tensor *);
+typedef em_tensor *(*binary_fn)(const em_tensor *, const em_tensor *);
+typedef em_tensor *(*scalar_fn)(const em_tensor *, double);
+typedef em_tensor *(*red_fn)(const em_tensor *, const int *, int, bool);
+
+static const struct {
+    const char *name;
+    unary_fn f;
+} UNARY[] = {
+    {"neg", em_neg},         {"abs", em_abs},         {"sign", em_sign},       {"exp", em_exp},
+    {"log", em_log},         {"log1p", em_log1p},     {"sqrt", em_sqrt},       {"rsqrt", em_rsqrt},
+    {"reciprocal", em_reciprocal}, {"square", em_square}, {"sin", em_sin},     {"cos", em_cos},
+    {"tanh", em_tanh},       {"sigmoid", em_sigmoid}, {"relu", em_relu},       {"gelu", em_gelu},
+    {"gelu_tanh", em_gelu_tanh}, {"silu", em_silu},   {"softplus", em_softplus}, {"erf", em_erf},
+    {"floor", em_floor},     {"ceil", em_ceil},       {"round", em_round},     {"sum_all", em_sum_all},
+    {"mean_all", em_mean_all}, {"squeeze_all", em_squeeze_all},
+};
+
+static const struct {
+    const char *name;
+    binary_fn f;
+} BINARY[] = {
+    {"add", em_add},         {"sub", em_sub},         {"mul", em_mul},         {"div", em_div},
+    {"pow", em_pow},         {"maximum", em_maximum}, {"minimum", em_minimum}, {"remainder", em_remainder},
+    {"matmul", em_matmul},
+};
+
+static const struct {
+    const char *name;
+    const char *key;
+    scalar_fn f;
+} SCALAR[] = {
+    {"pow_scalar", "e", em_pow_scalar},       {"leaky_relu", "slope", em_leaky_relu}, {"elu", "alpha", em_elu},
+    {"add_scalar", "s", em_add_scalar},       {"sub_scalar", "s", em_sub_scalar},     {"rsub_scalar", "s", em_rsub_scalar},
+    {"mul_scalar", "s", em_mul_scalar},       {"div_scalar", "s", em_div_scalar},     {"maximum_scalar", "s", em_maximum_scalar},
+    {"minimum_scalar", "s", em_minimum_scalar}, {"remainder_scalar", "s", em_remainder_scalar},
+};
+
+static const struct {
+    const char *name;
+    red_fn f;
+} REDUCE[] = {
+    {"sum", em_sum}, {"mean", em_mean}, {"prod", em_prod}, {"max", em_max}, {"min", em_min}, {"logsumexp", em_logsumexp},
+};
+
+/* dims from "dims" (absent: all dims, ndims = 0) */
+static int kw_dims(const fx_block *b, int *dims)
+{
+    int64_t d[EM_MAX_DIMS];
+    int n = fx_kw_list(b, "dims", d, EM_MAX_DIMS);
+    for (int i = 0; i < n; i++) dims[i] = (int)d[i];
+    return n < 0 ? 0 : n;
+}
+
+/* out = f(x[0..nin)); NULL with em_last_error() on failure. Scope-owned. */
+static em_tensor *forward(const fx_block *b, em_tensor **x, int nin)
+{
+    char op[64];
+    fx_op(b, op, sizeof op);
+    for (size_t i = 0; i < sizeof UNARY / sizeof UNARY[0]; i++)
+        if (!strcmp(op, UNARY[i].name)) return UNARY[i].f(x[0]);
+    for (size_t i = 0; i < sizeof BINARY / sizeof BINARY[0]; i++)
+        if (!strcmp(op, BINARY[i].name)) return BINARY[i].f(x[0], x[1]);
+    for (size_t i = 0; i < sizeof SCALAR / sizeof SCALAR[0]; i++)
+        if (!strcmp(op, SCALAR[i].name)) return SCALAR[i].f(x[0], kw_req(b, SCALAR[i].key));
+    for (size_t i = 0; i < sizeof REDUCE / sizeof REDUCE[0]; i++)
+        if (!strcmp(op, REDUCE[i].name)) {
+            int dims[EM_MAX_DIMS];
+            int nd = kw_dims(b, dims);
+            return REDUCE[i].f(x[0], nd ? dims : NULL, nd, fx_kw(b, "keepdim", 0) != 0);
+        }
+    if (!strcmp(op, "var") || !strcmp(op, "std")) {
+        int dims[EM_MAX_DIMS];
+        int nd = kw_dims(b, dims);
+        return (op[0] == 'v' ? em_var : em_std)(x[0], nd ? dims : NULL, nd, kw_req(b, "correction"), fx_kw(b, "keepdim", 0) != 0);
+    }
+    if (!strcmp(op, "clamp")) return em_clamp(x[0], kw_req(b, "lo"), kw_req(b, "hi"));
+    if (!strcmp(op, "softplus_mod")) {
+        /* torch.nn.Softplus(beta, threshold) through the module */
+        em_module *m = em_softplus_new(kw_req(b, "beta"), kw_req(b, "threshold"));
+        assert_non_null(m);
+        em_tensor *y = em_module_forward(m, x[0]);
+        em_module_free(m);
+        return y;
+    }
+    if (!strcmp(op, "where_gt0")) return em_where(em_gt_scalar(x[0], 0.0), x[1], x[2]);
+    if (!strcmp(op, "where")) return em_where(aux_req(b, "mask", EM_BOOL), x[0], x[1]);
+    if (!strcmp(op, "masked_fill")) return em_masked_fill(x[0], aux_req(b, "mask", EM_BOOL), kw_req(b, "value"));
+    if (!strcmp(op, "softmax")) return em_softmax(x[0], kw_int(b, "dim"));
+    if (!strcmp(op, "log_softmax")) return em_log_softmax(x[0], kw_int(b, "dim"));
+    if (!strcmp(op, "matmul_tA")) return em_matmul(em_transpose(x[0], -1, -2), x[1]);
+    if (!strcmp(op, "reshape") || !strcmp(op, "t_reshape") || !strcmp(op, "expand")) {
+        int64_t shape[EM_MAX_DIMS];
+        int nd = fx_kw_list(b, "shape", shape, EM_MAX_DIMS);
+        if (nd < 0) fail_msg("%s: no shape", b->config);
+        if (op[0] == 'e') return em_expand(x[0], shape, nd);
+        return em_reshape(op[0] == 't' ? em_transpose(x[0], 0, 1) : x[0], shape, nd);
+    }
+    if (!strcmp(op, "transpose")) return em_transpose(x[0], kw_int(b, "d0"), kw_int(b, "d1"));
+    if (!strcmp(op, "transpose_scale")) return em_mul(em_transpose(x[0], 0, 1), em_arange(1, 3, 1, EM_F64));
+    if (!strcmp(op, "permute")) {
+        int64_t p[EM_MAX_DIMS];
+        int perm[EM_MAX_DIMS];
+        int nd = fx_kw_list(b, "perm", p, EM_MAX_DIMS);
+        for (int i = 0; i < nd; i++) perm[i] = (int)p[i];
+        em_tensor *y = em_permute(x[0], perm, nd);
+        return fx_kw(b, "contig", 0) != 0 ? em_contiguous(y) : y;
+    }
+    if (!strcmp(op, "slice"))
+        return em_slice(x[0], kw_int(b, "dim"), (int64_t)kw_req(b, "start"), (int64_t)kw_req(b, "end"), (int64_t)kw_req(b, "step"));
+    if (!strcmp(op, "narrow")) return em_narrow(x[0], kw_int(b, "dim"), (int64_t)kw_req(b, "start"), (int64_t)kw_req(b, "length"));
+    if (!strcmp(op, "flatten")) return em_flatten(x[0], kw_int(b, "start"), kw_int(b, "end"));
+    if (!strcmp(op, "flatten_unsq_sq")) return em_squeeze(em_unsqueeze(em_flatten(x[0], 0, 1), 1), 1);
+    if (!strcmp(op, "contiguous_t")) return em_contiguous(em_transpose(x[0], 0, 1));
+    if (!strcmp(op, "cat")) return em_cat(x, nin, kw_int(b, "dim"));
+    if (!strcmp(op, "stack")) return em_stack(x, nin, kw_int(b, "dim"));
+    if (!strcmp(op, "split_combo")) {
+        em_tensor *p[3];
+        if (em_split(x[0], 2, 1, p, 3) != 3) return NULL;
+        return em_add(em_mul_scalar(p[0], 2.0), em_add(p[1], em_mul_scalar(em_pad(p[2], (const int64_t[]){0, 1}, 2, 0), 3.0)));
+    }
+    if (!strcmp(op, "split_rev") || !strcmp(op, "chunk_rev")) {
+        em_tensor *p[16], *r[16];
+        int dim = kw_int(b, "dim");
+        int n = op[1] == 'p' ? em_split(x[0], (int64_t)kw_req(b, "size"), dim, p, 16) : em_chunk(x[0], kw_int(b, "chunks"), dim, p, 16);
+        if (n < 0) return NULL;
+        for (int i = 0; i < n; i++) r[i] = p[n - 1 - i];
+        return em_cat(r, n, dim);
+    }
+    if (!strcmp(op, "pad")) {
+        int64_t pads[2 * EM_MAX_DIMS];
+        int np = fx_kw_list(b, "pads", pads, 2 * EM_MAX_DIMS);
+        return em_pad(x[0], pads, np, kw_req(b, "value"));
+    }
+    if (!strcmp(op, "gather")) return em_gather(x[0], kw_int(b, "dim"), aux_req(b, "index", EM_I64));
+    if (!strcmp(op, "scatter")) return em_scatter(x[0], kw_int(b, "dim"), aux_req(b, "index", EM_I64), x[1]);
+    if (!strcmp(op, "scatter_add")) return em_scatter_add(x[0], kw_int(b, "dim"), aux_req(b, "index", EM_I64), x[1]);
+    if (!strcmp(op, "index_select")) return em_index_select(x[0], kw_int(b, "dim"), aux_req(b, "index", EM_I64));
+    if (!strcmp(op, "reuse")) return em_mul(em_add(x[0], em_exp(x[0])), em_sin(x[0]));
+    if (!strcmp(op, "masked_softmax"))
+        return em_softmax(em_masked_fill(x[0], aux_req(b, "mask", EM_BOOL), -INFINITY), kw_int(b, "dim"));
+    if (!strcmp(op, "slice_overlap_mul")) return em_mul(em_slice(x[0], 1, 0, 2, 1), em_slice(x[0], 1, 1, 3, 1));
+    /* one operand is the constant "c" (no gradient) */
+    if (!strcmp(op, "mul_c")) return em_mul(x[0], aux_req(b, "c", EM_F64));
+    if (!strcmp(op, "matmul_c")) return em_matmul(aux_req(b, "c", EM_F64), x[0]);
+    if (!strcmp(op, "cat_c")) {
+        em_tensor *ts[2] = {aux_req(b, "c", EM_F64), x[0]};
+        return em_cat(ts, 2, kw_int(b, "dim"));
+    }
+    if (!strcmp(op, "where_c")) return em_where(aux_req(b, "mask", EM_BOOL), aux_req(b, "c", EM_F64), x[0]);
+    if (!strcmp(op, "scatter_add_c")) return em_scatter_add(x[0], kw_int(b, "dim"), aux_req(b, "index", EM_I64), aux_req(b, "c", EM_F64));
+    if (!strcmp(op, "scatter_src")) return em_scatter(aux_req(b, "c", EM_F64), kw_int(b, "dim"), aux_req(b, "index", EM_I64), x[0]);
+    /* nn.h functional layers */
+    if (!strcmp(op, "linear")) return em_linear(x[0], x[1], nin > 2 ? x[2] : NULL);
+    if (!strcmp(op, "layer_norm"))
+        return em_layer_norm(x[0], kw_int(b, "ndim"), nin > 1 ? x[1] : NULL, nin > 2 ? x[2] : NULL, kw_req(b, "eps"));
+    if (!strcmp(op, "rms_norm")) return em_rms_norm(x[0], nin > 1 ? x[1] : NULL, kw_req(b, "eps"));
+    /* losses */
+    if (!strcmp(op, "cross_entropy") || !strcmp(op, "nll_loss")) {
+        em_cross_entropy_opts o = em_cross_entropy_opts_default();
+        o.reduction = kw_reduction(b);
+        o.ignore_index = (int64_t)fx_kw(b, "ignore_index", -100);
+        o.label_smoothing = fx_kw(b, "label_smoothing", 0.0);
+        o.weight = aux(b, "weight", EM_F64);
+        em_tensor *tgt = aux_req(b, "target", EM_I64);
+        return op[0] == 'c' ? em_cross_entropy(x[0], tgt, &o) : em_nll_loss(x[0], tgt, &o);
+    }
+    if (!strcmp(op, "mse_loss")) return em_mse_loss(x[0], x[1], kw_reduction(b));
+    if (!strcmp(op, "l1_loss")) return em_l1_loss(x[0], x[1], kw_reduction(b));
+    if (!strcmp(op, "smooth_l1_loss")) return em_smooth_l1_loss(x[0], x[1], kw_req(b, "beta"), kw_reduction(b));
+    if (!strcmp(op, "huber_loss")) return em_huber_loss(x[0], x[1], kw_req(b, "delta"), kw_reduction(b));
+    if (!strcmp(op, "bce_with_logits")) {
+        em_bce_opts o = em_bce_opts_default();
+        o.reduction = kw_reduction(b);
+        o.weight = aux(b, "weight", EM_F64);
+        o.pos_weight = aux(b, "pos_weight", EM_F64);
+        return em_binary_cross_entropy_with_logits(x[0], x[1], &o);
+    }
+    fail_msg("fixture %s: unknown op '%s'", b->config, op);
+    return NULL;
+}
+
+/* ---- comparison ------------------------------------------------------------------ */
+
+#define RTOL 1e-10
+
+static double worst_rel = 0; /* largest relative error among the agreeing values */
+static char worst_where[160];
+
+/* Compares t with the fixture tensor @p want: same shape, and every element
+ * within RTOL relative. An absolute floor of RTOL * 1e-4 * max|want| (at least
+ * 1e-16) lets exact zeros, and values that are the small difference of large
+ * terms (gelu_tanh' at x = -5.2: 1 + tanh(u) ~ 2e-7), match the few ulps that
+ * another evaluation order leaves; such values are printed as notes.
+ * Returns 0 or prints the first mismatch and returns 1. */
+static int compare(const char *cfg, const char *what, const em_tensor *t, const fx_tensor *want)
+{
+    char s1[160], s2[160];
+    if (!t) {
+        printf("  %s: %s: missing (%s)\n", cfg, what, em_last_error());
+        return 1;
+    }
+    if (em_tensor_ndim(t) != want->ndim || memcmp(em_tensor_shape(t), want->shape, sizeof(int64_t) * (size_t)want->ndim)) {
+        printf("  %s: %s: shape %s, expected %s\n", cfg, what, em_shape_str(em_tensor_shape(t), em_tensor_ndim(t), s1, sizeof s1),
+               em_shape_str(want->shape, want->ndim, s2, sizeof s2));
+        return 1;
+    }
+    if (em_tensor_dtype(t) != EM_F64) {
+        printf("  %s: %s: dtype %s, expected float64\n", cfg, what, em_dtype_name(em_tensor_dtype(t)));
+        return 1;
+    }
+    double scale = 0;
+    for (int64_t i = 0; i < want->n; i++) scale = fmax(scale, fabs(want->v[i]));
+    double atol = fmax(RTOL * 1e-4 * scale, 1e-16);
+    double *v = em_test_values(t);
+    int bad = 0;
+    for (int64_t i = 0; i < want->n && !bad; i++) {
+        double d = fabs(v[i] - want->v[i]);
+        if (!(d <= atol + RTOL * fabs(want->v[i]))) {
+            printf("  %s: %s element %lld: got %.17g, expected %.17g (abs err %.3g, rel err %.3g)\n", cfg, what, (long long)i, v[i],
+                   want->v[i], d, want->v[i] != 0 ? d / fabs(want->v[i]) : INFINITY);
+            bad = 1;
+        } else if (d > RTOL * fabs(want->v[i])) {
+            /* within the absolute floor only: say so, so it stays visible */
+            printf("  note: %s: %s element %lld: got %.17g, expected %.17g: rel err %.3g, accepted by the absolute floor %.3g\n", cfg,
+                   what, (long long)i, v[i], want->v[i], d / fabs(want->v[i]), atol);
+        } else if (want->v[i] != 0 && d / fabs(want->v[i]) > worst_rel) {
+            worst_rel = d / fabs(want->v[i]);
+            snprintf(worst_where, sizeof worst_where, "%s, %s element %lld", cfg, what, (long long)i);
+        }
+    }
+    free(v);
+    return bad;
+}
+
+/* Runs one case; returns the number of mismatching tensors (0 = pass). */
+static int run_case(const fx_block *b)
+{
+    if (strcmp(b->dtype, "float64")) fail_msg("%s: dtype %s (float64 expected)", b->config, b->dtype);
+    em_tensor *x[MAXIN] = {0};
+    int nin = 0;
+    em_scope_begin();
+    for (; nin < MAXIN; nin++) {
+        char nm[8];
+        snprintf(nm, sizeof nm, "x%d", nin);
+        const fx_tensor *t = fx_find(b, nm);
+        if (!t) break;
+        x[nin] = fx_new(t, EM_F64);
+        assert_int_equal(em_set_requires_grad(x[nin], true), EM_OK);
+    }
+    assert_true(nin > 0);
+    int bad = 0;
+    em_tensor *y = forward(b, x, nin);
+    if (!y) {
+        printf("  %s: forward failed: %s\n", b->config, em_last_error());
+        em_scope_end();
+        return 1;
+    }
+    bad += compare(b->config, "forward", y, fx_get(b, "out"));
+    em_tensor *w = fx_new(fx_get(b, "W"), EM_F64);
+    em_tensor *loss = em_sum_all(em_mul(y, w));
+    bad += compare(b->config, "loss", loss, fx_get(b, "loss"));
+    em_grads *g = loss ? em_backward(loss) : NULL;
+    if (!g) {
+        printf("  %s: backward failed: %s\n", b->config, em_last_error());
+        em_scope_end();
+        return bad + 1;
+    }
+    for (int i = 0; i < nin; i++) {
+        char nm[8], what[32];
+        snprintf(nm, sizeof nm, "g%d", i);
+        snprintf(what, sizeof what, "grad of x%d", i);
+        em_tensor *gi = em_grad(g, x[i]);
+        /* no gradient (e.g. the mask input of where) is a gradient of zeros */
+        if (!gi) gi = em_zeros(em_tensor_shape(x[i]), em_tensor_ndim(x[i]), EM_F64);
+        bad += compare(b->config, what, gi, fx_get(b, nm));
+    }
+    em_grads_free(g);
+    em_scope_end();
+    return bad;
+}
+
+/* Cases where Ember is known to differ from PyTorch (a library bug, reported,
+ * fix pending). They run and their differences are printed, but they fail
+ * the test only under EMBER_GRAD_STRICT=1. Remove an entry once it agrees
+ * (the test says so).
+ *   prod_*zero*: the backward of em_prod is g * prod / x, which is 0/0 = NaN
+ *   where x == 0; PyTorch (prod_backward) gives the product of the other
+ *   elements there. */
+static const char *KNOWN_DIFF[] = {"prod_with_zero", "prod_two_zeros", "prod_all_with_zero"};
+
+static bool known_diff(const char *name)
+{
+    for (size_t i = 0; i < sizeof KNOWN_DIFF / sizeof KNOWN_DIFF[0]; i++)
+        if (!strcmp(name, KNOWN_DIFF[i])) return true;
+    return false;
+}
+
+static void test_grads_match_pytorch(void **state)
+{
+    (void)state;
+    fx_block *bs;
+    int n = fx_load("grad_fixtures.txt", &bs);
+    assert_true(n >= 150);
+    const char *strict_env = getenv("EMBER_GRAD_STRICT");
+    bool strict = strict_env && strict_env[0] && strcmp(strict_env, "0");
+    int failed = 0, known = 0;
+    for (int i = 0; i < n; i++) {
+        bool kd = known_diff(bs[i].config);
+        int bad = run_case(&bs[i]);
+        if (bad && kd && !strict) {
+            printf("  (%s: known difference, see KNOWN_DIFF; EMBER_GRAD_STRICT=1 makes it fail)\n", bs[i].config);
+            known++;
+        } else if (bad) {
+            failed++;
+        } else if (kd) {
+            printf("  %s now agrees with PyTorch: remove it from KNOWN_DIFF\n", bs[i].config);
+        }
+    }
+    printf("[grad_pytorch] %d cases: %d agree with PyTorch to %g relative (largest relative error %.3g at %s), "
+           "%d known differences, %d failures\n",
+           n, n - failed - known, RTOL, worst_rel, worst_where, known, failed);
+    fx_free(bs, n);
+    if (failed) fail_msg("%d of %d cases differ from PyTorch (listed above)", failed, n);
+}
+
+/* Every op of test_gradcheck.c's table has its PyTorch reference. */
+static void test_covers_gradcheck_table(void **state)
+{
+    (void)state;
+    static const char *names[] = {
+        "neg", "abs", "sign", "exp", "log", "log1p", "sqrt", "rsqrt", "reciprocal", "square", "sin", "cos", "tanh", "sigmoid",
+        "relu", "relu_neg", "gelu", "gelu_tanh", "silu", "softplus", "erf", "floor", "ceil", "round", "clamp_in", "clamp_out",
+        "pow_scalar3", "pow_scalar2.5", "leaky_relu", "leaky_relu_neg", "elu", "elu_pos", "add_scalar", "sub_scalar",
+        "rsub_scalar", "mul_scalar", "div_scalar", "maximum_scalar", "minimum_scalar", "add_broadcast", "sub_broadcast",
+        "mul_broadcast", "div", "pow", "maximum", "minimum", "where", "sum_dim1", "sum_dim0_keepdim", "sum_all", "sum_dims02",
+        "mean", "prod", "max", "min_keepdim", "logsumexp", "var", "std", "softmax", "log_softmax", "matmul_2d",
+        "matmul_batched", "matmul_bcast", "matmul_vec_mat", "matmul_mat_vec", "matmul_dot", "reshape", "transpose", "permute",
+        "expand", "slice_step", "narrow", "flatten_unsqueeze_squeeze", "cat", "stack", "split", "pad", "contiguous", "gather",
+        "index_select", "scatter", "scatter_add", "reuse_accumulates",
+    };
+    fx_block *bs;
+    int n = fx_load("grad_fixtures.txt", &bs);
+    for (size_t k = 0; k < sizeof names / sizeof names[0]; k++) {
+        int found = 0;
+        for (int i = 0; i < n && !found; i++) found = !strcmp(bs[i].config, names[k]);
+        if (!found) fail_msg("grad_fixtures.txt lacks gradcheck case '%s' (rerun gen_grad_fixtures.py)", names[k]);
+    }
+    fx_free(bs, n);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_covers_gradcheck_table),
+        cmocka_unit_test(test_grads_match_pytorch),
+    };
+    return cmocka_run_group_tests(tests, em_test_setup, em_test_teardown);
+}
