@@ -8,6 +8,7 @@
  * matmul and view variants, the losses of nn.h and Linear / LayerNorm /
  * RMSNorm. Each is recomputed here in Ember (em_set_requires_grad,
  * em_backward, em_grad) and must agree to 1e-10 relative. */
+#include "fixture.h"
 #include "testutil.h"
 
 #include <math.h>
@@ -15,136 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* ---- fixture parser (format of optim_fixtures.txt) ------------------------------ */
-
-#define FX_MAX_T 20
 #define MAXIN 4
-
-typedef struct fx_tensor {
-    char name[32];
-    int ndim;
-    int64_t shape[EM_MAX_DIMS];
-    int64_t n;
-    double *v;
-} fx_tensor;
-
-typedef struct fx_block {
-    char config[64];
-    char head[512]; /* the "op ..." line */
-    char dtype[16];
-    fx_tensor t[FX_MAX_T];
-    int nt;
-} fx_block;
-
-static int fx_load(const char *fname, fx_block **out)
-{
-    const char *dir = getenv("EMBER_TEST_DATA");
-    char path[1024];
-    snprintf(path, sizeof path, "%s/%s", dir ? dir : "tests/fixtures", fname);
-    FILE *f = fopen(path, "r");
-    if (!f) fail_msg("cannot open fixture file %s (set EMBER_TEST_DATA)", path);
-    int n = 0, cap = 0;
-    fx_block *bs = NULL, *b = NULL;
-    static char line[1 << 16];
-    while (fgets(line, sizeof line, f)) {
-        line[strcspn(line, "\n")] = 0;
-        if (line[0] == '#' || !line[0]) continue;
-        if (!strncmp(line, "config ", 7)) {
-            if (n == cap) {
-                cap = cap ? 2 * cap : 64;
-                bs = realloc(bs, sizeof *bs * (size_t)cap);
-                assert_non_null(bs);
-            }
-            b = &bs[n++];
-            memset(b, 0, sizeof *b);
-            snprintf(b->config, sizeof b->config, "%.63s", line + 7);
-        } else if (!b) {
-            fail_msg("fixture %s: data before 'config'", path);
-        } else if (!strncmp(line, "op ", 3)) {
-            snprintf(b->head, sizeof b->head, "%.511s", line);
-        } else if (!strncmp(line, "dtype ", 6)) {
-            snprintf(b->dtype, sizeof b->dtype, "%.15s", line + 6);
-        } else if (!strcmp(line, "end")) {
-            b = NULL;
-        } else {
-            if (b->nt >= FX_MAX_T) fail_msg("fixture %s: too many tensors", b->config);
-            fx_tensor *t = &b->t[b->nt++];
-            char *save = NULL, *tok = strtok_r(line, " ", &save);
-            snprintf(t->name, sizeof t->name, "%s", tok);
-            t->ndim = atoi(strtok_r(NULL, " ", &save));
-            t->n = 1;
-            for (int i = 0; i < t->ndim; i++) t->n *= (t->shape[i] = atoll(strtok_r(NULL, " ", &save)));
-            tok = strtok_r(NULL, " ", &save);
-            if (!tok || strcmp(tok, ":")) fail_msg("fixture %s: tensor %s: expected ':'", b->config, t->name);
-            t->v = malloc(sizeof(double) * (size_t)(t->n ? t->n : 1));
-            for (int64_t i = 0; i < t->n; i++) {
-                tok = strtok_r(NULL, " ", &save);
-                if (!tok) fail_msg("fixture %s: tensor %s: %lld values expected", b->config, t->name, (long long)t->n);
-                t->v[i] = strtod(tok, NULL);
-            }
-        }
-    }
-    fclose(f);
-    *out = bs;
-    return n;
-}
-
-static void fx_free(fx_block *bs, int n)
-{
-    for (int i = 0; i < n; i++)
-        for (int j = 0; j < bs[i].nt; j++) free(bs[i].t[j].v);
-    free(bs);
-}
-
-static const fx_tensor *fx_find(const fx_block *b, const char *name)
-{
-    for (int i = 0; i < b->nt; i++)
-        if (!strcmp(b->t[i].name, name)) return &b->t[i];
-    return NULL;
-}
-
-static const fx_tensor *fx_get(const fx_block *b, const char *name)
-{
-    const fx_tensor *t = fx_find(b, name);
-    if (!t) fail_msg("fixture %s has no tensor '%s'", b->config, name);
-    return t;
-}
-
-/* The op name (first word after "op"). */
-static void fx_op(const fx_block *b, char *out, size_t n)
-{
-    char buf[512];
-    snprintf(buf, sizeof buf, "%s", b->head);
-    char *save = NULL;
-    strtok_r(buf, " ", &save);
-    char *op = strtok_r(NULL, " ", &save);
-    snprintf(out, n, "%s", op ? op : "");
-}
-
-/* The text after "key" in the head line, or NULL. */
-static const char *fx_kw_str(const fx_block *b, const char *key, char *val, size_t n)
-{
-    char buf[512];
-    snprintf(buf, sizeof buf, "%s", b->head);
-    char *save = NULL;
-    strtok_r(buf, " ", &save); /* "op" */
-    strtok_r(NULL, " ", &save); /* the op name */
-    for (char *tok = strtok_r(NULL, " ", &save); tok; tok = strtok_r(NULL, " ", &save)) {
-        char *v = strtok_r(NULL, " ", &save);
-        if (!v) break;
-        if (!strcmp(tok, key)) {
-            snprintf(val, n, "%s", v);
-            return val;
-        }
-    }
-    return NULL;
-}
-
-static double fx_kw(const fx_block *b, const char *key, double def)
-{
-    char v[256];
-    return fx_kw_str(b, key, v, sizeof v) ? strtod(v, NULL) : def;
-}
 
 /* A required numeric keyword. */
 static double kw_req(const fx_block *b, const char *key)
@@ -175,14 +47,6 @@ static em_reduction kw_reduction(const fx_block *b)
     if (!strcmp(v, "none")) return EM_REDUCTION_NONE;
     fail_msg("fixture %s: bad reduction '%s'", b->config, v);
     return EM_REDUCTION_MEAN;
-}
-
-/* A fixture tensor as an Ember tensor of dtype dt (scope-owned). */
-static em_tensor *fx_new(const fx_tensor *t, em_dtype dt)
-{
-    em_tensor *f = em_from_host(t->v, t->shape, t->ndim, EM_F64);
-    assert_non_null(f);
-    return dt == EM_F64 ? f : em_cast(f, dt);
 }
 
 /* Optional non-differentiable argument "name" (NULL when absent). */

@@ -3,129 +3,13 @@
  * activations), losses against PyTorch fixtures (tests/fixtures/
  * loss_fixtures.txt, from gen_optim_fixtures.py) and hand values, errors, and
  * small end-to-end trainings (XOR, a regression, a 1000-step leak check). */
+#include "fixture.h"
 #include "testutil.h"
 
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-/* ---- fixture parser (same format as test_optim.c) ------------------------------ */
-
-#define FX_MAX_T 16
-
-typedef struct fx_tensor {
-    char name[32];
-    int ndim;
-    int64_t shape[EM_MAX_DIMS];
-    int64_t n;
-    double *v;
-} fx_tensor;
-
-typedef struct fx_block {
-    char config[64];
-    char head[512];
-    char dtype[16];
-    fx_tensor t[FX_MAX_T];
-    int nt;
-} fx_block;
-
-static int fx_load(const char *fname, fx_block **out)
-{
-    const char *dir = getenv("EMBER_TEST_DATA");
-    char path[1024];
-    snprintf(path, sizeof path, "%s/%s", dir ? dir : "tests/fixtures", fname);
-    FILE *f = fopen(path, "r");
-    if (!f) fail_msg("cannot open fixture file %s (set EMBER_TEST_DATA)", path);
-    int n = 0, cap = 0;
-    fx_block *bs = NULL, *b = NULL;
-    static char line[1 << 16];
-    while (fgets(line, sizeof line, f)) {
-        line[strcspn(line, "\n")] = 0;
-        if (line[0] == '#' || !line[0]) continue;
-        if (!strncmp(line, "config ", 7)) {
-            if (n == cap) {
-                cap = cap ? 2 * cap : 16;
-                bs = realloc(bs, sizeof *bs * (size_t)cap);
-                assert_non_null(bs);
-            }
-            b = &bs[n++];
-            memset(b, 0, sizeof *b);
-            snprintf(b->config, sizeof b->config, "%.63s", line + 7);
-        } else if (!b) {
-            fail_msg("fixture %s: data before 'config'", path);
-        } else if (!strncmp(line, "opt ", 4) || !strncmp(line, "lossfn ", 7)) {
-            snprintf(b->head, sizeof b->head, "%.511s", line);
-        } else if (!strncmp(line, "dtype ", 6)) {
-            snprintf(b->dtype, sizeof b->dtype, "%.15s", line + 6);
-        } else if (!strcmp(line, "end")) {
-            b = NULL;
-        } else {
-            assert_true(b->nt < FX_MAX_T);
-            fx_tensor *t = &b->t[b->nt++];
-            char *save = NULL, *tok = strtok_r(line, " ", &save);
-            snprintf(t->name, sizeof t->name, "%s", tok);
-            t->ndim = atoi(strtok_r(NULL, " ", &save));
-            t->n = 1;
-            for (int i = 0; i < t->ndim; i++) t->n *= (t->shape[i] = atoll(strtok_r(NULL, " ", &save)));
-            tok = strtok_r(NULL, " ", &save);
-            assert_string_equal(tok, ":");
-            t->v = malloc(sizeof(double) * (size_t)(t->n ? t->n : 1));
-            for (int64_t i = 0; i < t->n; i++) t->v[i] = strtod(strtok_r(NULL, " ", &save), NULL);
-        }
-    }
-    fclose(f);
-    *out = bs;
-    return n;
-}
-
-static void fx_free(fx_block *bs, int n)
-{
-    for (int i = 0; i < n; i++)
-        for (int j = 0; j < bs[i].nt; j++) free(bs[i].t[j].v);
-    free(bs);
-}
-
-
-static const fx_tensor *fx_find(const fx_block *b, const char *name)
-{
-    for (int i = 0; i < b->nt; i++)
-        if (!strcmp(b->t[i].name, name)) return &b->t[i];
-    return NULL;
-}
-
-/* String value of "key" in the head line (copied into out), or NULL. */
-static const char *fx_kw_str(const fx_block *b, const char *key, char *out, size_t n)
-{
-    char buf[512];
-    snprintf(buf, sizeof buf, "%s", b->head);
-    char *save = NULL;
-    for (char *tok = strtok_r(buf, " ", &save); tok; tok = strtok_r(NULL, " ", &save))
-        if (!strcmp(tok, key)) {
-            char *v = strtok_r(NULL, " ", &save);
-            if (!v) return NULL;
-            snprintf(out, n, "%s", v);
-            return out;
-        }
-    return NULL;
-}
-
-static double fx_kw(const fx_block *b, const char *key, double def)
-{
-    char v[64];
-    return fx_kw_str(b, key, v, sizeof v) ? strtod(v, NULL) : def;
-}
-
-static em_tensor *fx_new(const fx_tensor *t, em_dtype dt)
-{
-    em_tensor *f = em_from_host(t->v, t->shape, t->ndim, EM_F64);
-    assert_non_null(f);
-    if (dt == EM_F64) return f;
-    em_tensor *c = em_cast(f, dt);
-    em_tensor_release(f);
-    assert_non_null(c);
-    return c;
-}
 
 /* ---- helpers ----------------------------------------------------------------------- */
 
