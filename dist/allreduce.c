@@ -18,8 +18,15 @@
  * Order: MPI matches collectives on a communicator by call order, and two
  * ready reduction tasks could start in different orders on different ranks.
  * Every reduction task therefore also takes a shared "token" handle in RW
- * mode, which chains them in submission order: the same on every rank. */
+ * mode, which chains them in submission order: the same on every rank.
+ *
+ * [nccl] When every rank runs on a CUDA device and the build has NCCL, the
+ * same task runs on the rank's CUDA worker instead (cuda_allreduce_mean):
+ * packing and an in-place ncclAllReduce on the worker's stream, nothing
+ * leaves the GPU (dist/nccl.c). The token keeps the NCCL calls in the same
+ * order on every rank. */
 #include "dist/dist_internal.h"
+#include "dist/nccl.h" /* [nccl] */
 #include "runtime/internal.h"
 
 #include <starpu.h>
@@ -79,8 +86,31 @@ static void cpu_allreduce_mean(void *buffers[], void *cl_arg)
     }
 }
 
+#if EM_DIST_NCCL
+/* [nccl] The CUDA kernel: the same packing and mean, queued on the worker's
+ * stream (device-to-device copies, ncclAllReduce with ncclAvg). */
+static void cuda_allreduce_mean(void *buffers[], void *cl_arg)
+{
+    const ar_args *a = cl_arg;
+    size_t es = a->dtype == EM_F64 ? sizeof(double) : sizeof(float);
+    char *base = (char *)STARPU_VECTOR_GET_PTR(buffers[a->bucket]) + (size_t)a->offset * es;
+    for (int i = 0; i < a->npieces; i++) {
+        const ar_piece *p = &a->pieces[i];
+        const char *src = (const char *)STARPU_VECTOR_GET_PTR(buffers[p->buf]) + (size_t)p->src_offset * es;
+        em__dist_nccl_pack(base + (size_t)p->dst_offset * es, src, (size_t)p->count * es);
+    }
+    em__dist_nccl_allreduce_mean(base, a->count, a->dtype == EM_F64);
+}
+#endif
+
 static struct starpu_codelet g_cl_allreduce = {
+#if EM_DIST_NCCL /* [nccl] */
+    .where = STARPU_CPU | STARPU_CUDA,
+    .cuda_funcs = {cuda_allreduce_mean},
+    .cuda_flags = {STARPU_CUDA_ASYNC},
+#else
     .where = STARPU_CPU,
+#endif
     .cpu_funcs = {cpu_allreduce_mean},
     .cpu_funcs_name = {"ember_dist_allreduce_mean"},
     .nbuffers = STARPU_VARIABLE_NBUFFERS, /* gradients (R), bucket (W or RW), token (RW) */
@@ -144,6 +174,16 @@ static em_status submit_task(ar_args *a, size_t args_size, starpu_data_handle_t 
     task->cl_arg_size = args_size;
     task->cl_arg_free = 1;
     task->priority = STARPU_MAX_PRIO; /* start the exchange as soon as the bucket is ready */
+    /* [nccl] NCCL on the rank's CUDA worker (decided once, alike on every
+     * rank, by em__dist_nccl_init), else MPI on a CPU worker. */
+    int nccl_worker = em__dist_nccl_worker();
+    if (nccl_worker >= 0) {
+        task->where = STARPU_CUDA;
+        task->execute_on_a_specific_worker = 1;
+        task->workerid = (unsigned)nccl_worker;
+    } else {
+        task->where = STARPU_CPU;
+    }
     task->detach = 1;
     int ret = starpu_task_submit(task);
     if (ret != 0) {

@@ -2,6 +2,7 @@
  * watchdog, parameter broadcast, configuration check and host collectives
  * (DESIGN.md §7). Gradient reduction tasks: allreduce.c. */
 #include "dist/dist_internal.h"
+#include "dist/nccl.h" /* [nccl] */
 #include "runtime/internal.h"
 
 #include <math.h>
@@ -102,6 +103,42 @@ bool em_dist_is_initialized(void) { return g_init; }
 int em_dist_rank(void) { return g_init ? em__dist_rank : 0; }
 int em_dist_world_size(void) { return g_init ? em__dist_world : 1; }
 
+/* [nccl] One GPU per rank. A rank asked to run on cuda:N (config or
+ * EMBER_DEVICE) drives GPU (N + local rank) mod (GPUs on the host) and nothing
+ * else: StarPU gets STARPU_WORKERS_CUDAID=<that GPU> and one CUDA worker
+ * (STARPU_NCUDA=EMBER_NCUDA=1), set BEFORE em_init, and the process calls that
+ * GPU cuda:0 (EMBER_DEVICE / c->device rewritten); the main thread's current
+ * CUDA device becomes that GPU as well. So `mpirun -np 4 ember
+ * train --device cuda:0` puts ranks 0..3 of a host on GPUs 0..3. Skipped when
+ * STARPU_WORKERS_CUDAID is already set (the user chose) or with
+ * EMBER_DIST_GPU_BIND=0. Returns the GPU, or -1 when nothing was bound. */
+static int bind_gpu(em_config *c, int local_rank)
+{
+    const char *ds = getenv("EMBER_DEVICE") ? getenv("EMBER_DEVICE") : c->device;
+    em_device d;
+    if (!ds || em_device_parse(ds, &d) != EM_OK || d.kind != EM_DEVICE_CUDA) {
+        em_clear_error();
+        return -1;
+    }
+    const char *b = getenv("EMBER_DIST_GPU_BIND");
+    if ((b && *b && atoi(b) == 0) || getenv("STARPU_WORKERS_CUDAID")) return -1;
+    int n = em__dist_cuda_device_count();
+    if (n <= 0 || d.index >= n) return -1; /* em_init reports the missing device */
+    int gpu = (d.index + local_rank) % n;
+    char v[16];
+    snprintf(v, sizeof v, "%d", gpu);
+    setenv("STARPU_WORKERS_CUDAID", v, 1);
+    setenv("STARPU_NCUDA", "1", 1);
+    setenv("EMBER_NCUDA", "1", 1);
+    c->ncuda = 1;
+    c->device = "cuda:0";
+    if (getenv("EMBER_DEVICE")) setenv("EMBER_DEVICE", "cuda:0", 1);
+    /* The main thread's CUDA calls (StarPU pins host buffers with cudaHostAlloc
+     * there) go to this GPU too: no stray context on GPU 0 from every rank. */
+    em__dist_cuda_set_device(gpu);
+    return gpu;
+}
+
 static void free_comms(void)
 {
     if (em__dist_comm_grad != MPI_COMM_NULL) MPI_Comm_free(&em__dist_comm_grad);
@@ -133,9 +170,10 @@ em_status em_dist_init(int *argc, char ***argv, const em_config *cfg)
     MPI_Comm_dup(MPI_COMM_WORLD, &em__dist_comm_grad);
     MPI_Comm_dup(MPI_COMM_WORLD, &em__dist_comm_ctl);
     MPI_Comm local;
-    int nlocal = 1;
+    int nlocal = 1, local_rank = 0; /* [nccl] local_rank: this rank's GPU */
     if (MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, em__dist_rank, MPI_INFO_NULL, &local) == MPI_SUCCESS) {
         MPI_Comm_size(local, &nlocal);
+        MPI_Comm_rank(local, &local_rank);
         MPI_Comm_free(&local);
     }
 
@@ -146,8 +184,10 @@ em_status em_dist_init(int *argc, char ***argv, const em_config *cfg)
 
     em_status st = EM_OK;
     g_own_runtime = false;
+    int gpu = -1; /* [nccl] */
     if (!em_is_initialized()) {
         em_config c = cfg ? *cfg : em_config_default();
+        gpu = bind_gpu(&c, local_rank); /* [nccl] before em_init */
         if (nlocal > 1) {
             /* Ranks sharing a host: follow mpirun's binding and split the cores. */
             setenv("STARPU_WORKERS_GETBIND", "1", 0);
@@ -171,8 +211,13 @@ em_status em_dist_init(int *argc, char ***argv, const em_config *cfg)
     g_wd_stop = false;
     g_wd_running = g_timeout_s > 0 && pthread_create(&g_wd_thread, NULL, watchdog_main, NULL) == 0;
     g_init = true;
-    em_log_msg(EM_LOG_INFO, "dist: rank %d of %d (%d on this host), watchdog %.0f s", em__dist_rank, em__dist_world, nlocal,
-               g_timeout_s);
+    /* [nccl] a collective: after the watchdog starts (a rank that failed
+     * above never joins it); never fails, may fall back to the host path. */
+    em__dist_nccl_init();
+    char gpus[32] = "";
+    if (gpu >= 0) snprintf(gpus, sizeof gpus, ", GPU %d", gpu);
+    em_log_msg(EM_LOG_INFO, "dist: rank %d of %d (%d on this host), watchdog %.0f s%s", em__dist_rank, em__dist_world, nlocal,
+               g_timeout_s, gpus);
     return EM_OK;
 }
 
@@ -182,6 +227,7 @@ void em_dist_shutdown(void)
     /* The watchdog still runs: waiting for the last tasks may wait for peers. */
     if (em_is_initialized()) em_sync();
     em__dist_tasks_shutdown();
+    em__dist_nccl_shutdown(); /* [nccl] before the runtime stops */
     if (g_own_runtime && em_is_initialized()) em_shutdown();
     em__dist_watch_begin(EM_DIST_SLOT_CTL, "finalize");
     MPI_Barrier(em__dist_comm_ctl);

@@ -1,0 +1,312 @@
+/* [nccl] Gradient all-reduce between GPU buffers with NCCL (DESIGN.md §7).
+ *
+ * When every rank runs on a CUDA device, the bucket task of allreduce.c runs
+ * on the rank's CUDA worker instead of a CPU worker, and its CUDA
+ * implementation queues everything on starpu_cuda_get_local_stream() without
+ * waiting (STARPU_CUDA_ASYNC):
+ *   1. packing: one cudaMemcpyAsync device-to-device per gradient into the
+ *      flat bucket (none for a bucket reduced in place);
+ *   2. ncclAllReduce(in place, ncclAvg): the sum over ranks scaled by
+ *      1/world in the same pass (for floating types NCCL multiplies each
+ *      contribution by 1/world while summing, so no separate scaling kernel
+ *      and no second pass over the bucket; needs NCCL >= 2.10);
+ *   3. cudaLaunchHostFunc: clears the watchdog slot once the collective has
+ *      completed on the GPU, so a peer that dies or hangs still ends the job
+ *      after EMBER_DIST_TIMEOUT (the NCCL kernel would wait forever).
+ * The chain token of allreduce.c still serialises the bucket tasks in
+ * submission order: every rank issues its NCCL collectives in the same order.
+ * Gradients, bucket and optimizer state stay on the GPU.
+ *
+ * Set-up (em__dist_nccl_init, from em_dist_init after em_init, every rank):
+ * MPI only bootstraps NCCL. The ranks first agree (MPI_Allreduce) that every
+ * one of them runs on CUDA; rank 0 then calls ncclGetUniqueId and broadcasts
+ * the id over the control communicator, and every rank calls
+ * ncclCommInitRank INSIDE ITS CUDA WORKER (starpu_execute_on_specific_workers,
+ * synchronous), so the communicator is bound to the device the bucket tasks
+ * run on whatever the main thread's current device is (em_dist_init's
+ * binding also makes the main thread current on that GPU, but a runtime
+ * started before em_dist_init may not have). A second MPI_Allreduce
+ * checks that every rank got a communicator; otherwise all of them fall back
+ * to the host MPI path together (a mixed decision would hang).
+ *
+ * Which GPU: em_dist_init gives each rank one GPU before em_init
+ * (STARPU_WORKERS_CUDAID = (N + local rank) mod GPUs for cuda:N, one CUDA
+ * worker), so `mpirun -np 4 ember train --device cuda:0` uses GPUs 0..3.
+ *
+ * The library is loaded with dlopen at that point, not linked: libember
+ * loads on machines without NCCL (and CPU-only processes never map the
+ * 200 MB library). Tried in order: $EMBER_NCCL_LIB, libnccl.so.2,
+ * libnccl.so (the loader's search path: LD_LIBRARY_PATH, ld.so.cache).
+ *
+ * Without NCCL in the build (EM_DIST_NCCL 0), without the library at run
+ * time, or with EMBER_DIST_NCCL=0, the bucket task runs on a CPU worker:
+ * StarPU moves the gradients to RAM, MPI reduces them there, and the
+ * optimizer's tasks move them back; rank 0 says so once in the log.
+ *
+ * Assumes the ranks do not change device after em_dist_init (the path is
+ * chosen there, once, for all ranks): a rank that later switches to the CPU
+ * still reduces on its GPU (StarPU moves the data there), which is correct. */
+#include "dist/nccl.h"
+#include "dist/dist_internal.h"
+#include "runtime/internal.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#if defined(EMBER_HAVE_CUDA) && defined(STARPU_USE_CUDA)
+#include <cuda_runtime.h>
+#endif
+#if EM_DIST_NCCL
+#include <dlfcn.h>
+#include <nccl.h>
+#endif
+
+int em__dist_cuda_device_count(void)
+{
+#if defined(EMBER_HAVE_CUDA) && defined(STARPU_USE_CUDA)
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess) {
+        cudaGetLastError(); /* no driver / no device: clear the sticky error */
+        return 0;
+    }
+    return n;
+#else
+    return 0;
+#endif
+}
+
+void em__dist_cuda_set_device(int device)
+{
+#if defined(EMBER_HAVE_CUDA) && defined(STARPU_USE_CUDA)
+    if (cudaSetDevice(device) != cudaSuccess) cudaGetLastError();
+#else
+    (void)device;
+#endif
+}
+
+/* Does this rank run its ops on one CUDA worker? (the rank's device). */
+static int cuda_worker(void)
+{
+    em_placement pl = em__placement();
+    return pl.where == STARPU_CUDA && pl.worker >= 0 ? pl.worker : -1;
+}
+
+#if !EM_DIST_NCCL
+
+void em__dist_nccl_init(void)
+{
+    if (em__dist_world > 1 && em__dist_rank == 0 && cuda_worker() >= 0)
+        em_log_msg(EM_LOG_WARN,
+                   "dist: this build has no NCCL: gradients on the GPU are all-reduced through host memory with MPI "
+                   "(StarPU copies them to RAM and back every step)");
+}
+void em__dist_nccl_shutdown(void) {}
+int em__dist_nccl_worker(void) { return -1; }
+void em__dist_nccl_pack(void *dst, const void *src, size_t nbytes)
+{
+    (void)dst;
+    (void)src;
+    (void)nbytes;
+}
+void em__dist_nccl_allreduce_mean(void *buf, int64_t count, bool f64)
+{
+    (void)buf;
+    (void)count;
+    (void)f64;
+}
+
+#else /* EM_DIST_NCCL */
+
+static ncclComm_t g_comm;
+static int g_worker = -1; /* StarPU worker owning g_comm; -1: host MPI path */
+
+/* The NCCL entry points, from dlopen. */
+static struct {
+    void *lib;
+    ncclResult_t (*GetVersion)(int *);
+    ncclResult_t (*GetUniqueId)(ncclUniqueId *);
+    ncclResult_t (*CommInitRank)(ncclComm_t *, int, ncclUniqueId, int);
+    ncclResult_t (*CommDestroy)(ncclComm_t);
+    ncclResult_t (*AllReduce)(const void *, void *, size_t, ncclDataType_t, ncclRedOp_t, ncclComm_t, cudaStream_t);
+    const char *(*GetErrorString)(ncclResult_t);
+} nc;
+
+/* Loads libnccl once; false (with a reason in @p why) when unavailable. */
+static bool load_nccl(char *why, size_t n)
+{
+    if (nc.lib) return true;
+    const char *names[] = {getenv("EMBER_NCCL_LIB"), "libnccl.so.2", "libnccl.so"};
+    void *lib = NULL;
+    for (size_t i = 0; i < sizeof names / sizeof names[0] && !lib; i++)
+        if (names[i] && *names[i]) lib = dlopen(names[i], RTLD_NOW | RTLD_LOCAL);
+    if (!lib) {
+        const char *e = dlerror();
+        snprintf(why, n, "cannot load the NCCL library (%s; set EMBER_NCCL_LIB or LD_LIBRARY_PATH)", e ? e : "libnccl.so.2");
+        return false;
+    }
+    *(void **)&nc.GetVersion = dlsym(lib, "ncclGetVersion");
+    *(void **)&nc.GetUniqueId = dlsym(lib, "ncclGetUniqueId");
+    *(void **)&nc.CommInitRank = dlsym(lib, "ncclCommInitRank");
+    *(void **)&nc.CommDestroy = dlsym(lib, "ncclCommDestroy");
+    *(void **)&nc.AllReduce = dlsym(lib, "ncclAllReduce");
+    *(void **)&nc.GetErrorString = dlsym(lib, "ncclGetErrorString");
+    if (!nc.GetVersion || !nc.GetUniqueId || !nc.CommInitRank || !nc.CommDestroy || !nc.AllReduce || !nc.GetErrorString) {
+        snprintf(why, n, "the NCCL library lacks an entry point");
+        dlclose(lib);
+        memset(&nc, 0, sizeof nc);
+        return false;
+    }
+    nc.lib = lib;
+    return true;
+}
+
+int em__dist_nccl_worker(void) { return g_worker; }
+
+typedef struct nccl_job {
+    ncclUniqueId id;
+    int nranks, rank;
+    int device;         /* the worker's CUDA device (filled in) */
+    ncclResult_t res;
+    ncclComm_t comm;
+} nccl_job;
+
+static void init_on_worker(void *arg)
+{
+    nccl_job *j = arg;
+    j->device = -1;
+    cudaGetDevice(&j->device);
+    j->res = nc.CommInitRank(&j->comm, j->nranks, j->id, j->rank);
+}
+
+static void destroy_on_worker(void *arg)
+{
+    ncclComm_t *c = arg;
+    nc.CommDestroy(*c);
+}
+
+static void log_host_path(const char *why)
+{
+    if (em__dist_rank == 0)
+        em_log_msg(EM_LOG_WARN, "dist: %s: gradients on the GPU are all-reduced through host memory with MPI instead of NCCL", why);
+}
+
+void em__dist_nccl_init(void)
+{
+    g_worker = -1;
+    if (em__dist_world <= 1) return;
+    int worker = cuda_worker();
+    const char *env = getenv("EMBER_DIST_NCCL");
+    bool allowed = !(env && *env && atoi(env) == 0);
+    int ver = 0;
+    char why[512] = "NCCL disabled (EMBER_DIST_NCCL=0)";
+    if (worker >= 0 && allowed && !load_nccl(why, sizeof why)) allowed = false;
+    if (worker >= 0 && allowed && (nc.GetVersion(&ver) != ncclSuccess || ver < 21000)) {
+        snprintf(why, sizeof why, "the NCCL library (version code %d) is older than 2.10 (no ncclAvg)", ver);
+        allowed = false;
+    }
+    if (worker >= 0 && !allowed && em__dist_rank != 0) em_log_msg(EM_LOG_INFO, "dist: rank %d: %s", em__dist_rank, why);
+    /* Agree first: {every rank wants NCCL, -(some rank runs on CUDA)}. */
+    int v[2] = {worker >= 0 && allowed, -(worker >= 0)};
+    em__dist_watch_begin(EM_DIST_SLOT_CTL, "NCCL set-up");
+    int rc = MPI_Allreduce(MPI_IN_PLACE, v, 2, MPI_INT, MPI_MIN, em__dist_comm_ctl);
+    em__dist_watch_end(EM_DIST_SLOT_CTL);
+    if (rc != MPI_SUCCESS || !v[0]) {
+        if (v[1] < 0)
+            log_host_path(rc != MPI_SUCCESS ? "NCCL set-up failed (MPI)"
+                          : !allowed && worker >= 0 ? why
+                                                    : "not every rank runs on a CUDA device (or some rank cannot use NCCL)");
+        return;
+    }
+    /* Rank 0 makes the id; MPI carries it (with a flag: rank 0 may fail). */
+    struct {
+        int ok;
+        ncclUniqueId id;
+    } boot;
+    memset(&boot, 0, sizeof boot);
+    if (em__dist_rank == 0) boot.ok = nc.GetUniqueId(&boot.id) == ncclSuccess;
+    em__dist_watch_begin(EM_DIST_SLOT_CTL, "NCCL set-up");
+    rc = MPI_Bcast(&boot, (int)sizeof boot, MPI_BYTE, 0, em__dist_comm_ctl);
+    em__dist_watch_end(EM_DIST_SLOT_CTL);
+    if (rc != MPI_SUCCESS || !boot.ok) {
+        log_host_path("ncclGetUniqueId failed on rank 0");
+        return;
+    }
+    nccl_job job;
+    memset(&job, 0, sizeof job);
+    job.id = boot.id;
+    job.nranks = em__dist_world;
+    job.rank = em__dist_rank;
+    job.res = ncclInternalError;
+    unsigned w = (unsigned)worker;
+    /* ncclCommInitRank waits for every rank: under the watchdog. */
+    em__dist_watch_begin(EM_DIST_SLOT_CTL, "NCCL communicator initialisation (ncclCommInitRank)");
+    starpu_execute_on_specific_workers(init_on_worker, &job, 1, &w, "ember_nccl_init");
+    em__dist_watch_end(EM_DIST_SLOT_CTL);
+    int ok = job.res == ncclSuccess;
+    if (!ok)
+        em_log_msg(EM_LOG_WARN, "dist: rank %d: ncclCommInitRank on GPU %d failed: %s", em__dist_rank, job.device,
+                   nc.GetErrorString(job.res));
+    em__dist_watch_begin(EM_DIST_SLOT_CTL, "NCCL set-up");
+    rc = MPI_Allreduce(MPI_IN_PLACE, &ok, 1, MPI_INT, MPI_MIN, em__dist_comm_ctl);
+    em__dist_watch_end(EM_DIST_SLOT_CTL);
+    if (rc != MPI_SUCCESS || !ok) {
+        if (job.res == ncclSuccess) starpu_execute_on_specific_workers(destroy_on_worker, &job.comm, 1, &w, "ember_nccl_destroy");
+        log_host_path("NCCL communicator set-up failed on some rank");
+        return;
+    }
+    g_comm = job.comm;
+    g_worker = worker;
+    em_log_msg(EM_LOG_INFO, "dist: rank %d: NCCL %d.%d.%d communicator of %d ranks on GPU %d (StarPU worker %d)", em__dist_rank,
+               ver / 10000, ver / 100 % 100, ver % 100, em__dist_world, job.device, worker);
+}
+
+void em__dist_nccl_shutdown(void)
+{
+    if (g_worker < 0) return;
+    unsigned w = (unsigned)g_worker;
+    em__dist_watch_begin(EM_DIST_SLOT_CTL, "NCCL communicator destruction"); /* may wait for peers' proxies */
+    if (em_is_initialized())
+        starpu_execute_on_specific_workers(destroy_on_worker, &g_comm, 1, &w, "ember_nccl_destroy");
+    else
+        nc.CommDestroy(g_comm);
+    em__dist_watch_end(EM_DIST_SLOT_CTL);
+    g_worker = -1;
+}
+
+/* ---- on the CUDA worker, inside the bucket task ----------------------------- */
+
+static void fatal(const char *what, const char *err)
+{
+    char msg[512];
+    snprintf(msg, sizeof msg, "gradient all-reduce on the GPU: %s failed: %s", what, err);
+    em_dist_abort(5, msg); /* the peers would wait for this rank forever */
+}
+
+static void CUDART_CB watch_end_cb(void *arg)
+{
+    (void)arg;
+    em__dist_watch_end(EM_DIST_SLOT_GRAD);
+}
+
+void em__dist_nccl_pack(void *dst, const void *src, size_t nbytes)
+{
+    if (nbytes == 0) return;
+    cudaError_t e = cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyDeviceToDevice, starpu_cuda_get_local_stream());
+    if (e != cudaSuccess) fatal("cudaMemcpyAsync (packing a gradient)", cudaGetErrorString(e));
+}
+
+void em__dist_nccl_allreduce_mean(void *buf, int64_t count, bool f64)
+{
+    cudaStream_t s = starpu_cuda_get_local_stream();
+    em__dist_watch_begin(EM_DIST_SLOT_GRAD, "gradient all-reduce (NCCL)");
+    ncclResult_t r = nc.AllReduce(buf, buf, (size_t)count, f64 ? ncclFloat64 : ncclFloat32, ncclAvg, g_comm, s);
+    if (r != ncclSuccess) fatal("ncclAllReduce", nc.GetErrorString(r));
+    cudaError_t e = cudaLaunchHostFunc(s, watch_end_cb, NULL);
+    if (e != cudaSuccess) {
+        em__dist_watch_end(EM_DIST_SLOT_GRAD); /* cannot watch this one */
+        cudaGetLastError();
+    }
+}
+
+#endif /* EM_DIST_NCCL */

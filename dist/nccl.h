@@ -1,0 +1,51 @@
+/* [nccl] Gradient all-reduce between GPU buffers with NCCL (dist/nccl.c),
+ * shared by dist.c (GPU choice, communicator set-up) and allreduce.c (the
+ * CUDA implementation of the bucket task). DESIGN.md §7.
+ *
+ * EM_DIST_NCCL is 1 when this build has NCCL (CMake found nccl.h and
+ * libnccl: EMBER_HAVE_NCCL) and a StarPU with CUDA; 0 otherwise, and the
+ * functions below then keep every reduction on the host MPI path. */
+#ifndef EMBER_DIST_NCCL_H
+#define EMBER_DIST_NCCL_H
+
+#include "ember/core.h"
+
+#include <starpu.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#if defined(EMBER_HAVE_NCCL) && defined(EMBER_HAVE_CUDA) && defined(STARPU_USE_CUDA)
+#define EM_DIST_NCCL 1
+#else
+#define EM_DIST_NCCL 0
+#endif
+
+/** CUDA devices this process can see (0 without CUDA in the build or
+ *  without a GPU). Called before em_init to pick the rank's GPU. */
+int em__dist_cuda_device_count(void);
+/** Makes @p device current on the calling (main) thread, so that CUDA calls
+ *  made there (StarPU's pinned host allocations, cudaHostAlloc) use this
+ *  rank's GPU instead of creating a context on GPU 0. No-op without CUDA. */
+void em__dist_cuda_set_device(int device);
+
+/** After em_init, on every rank (a collective on the control communicator):
+ *  when every rank runs on a CUDA device (and EMBER_DIST_NCCL is not 0),
+ *  creates one NCCL communicator over all ranks on this rank's GPU. Never
+ *  fails: anything missing or failing leaves the host MPI path, logged once
+ *  (rank 0). */
+void em__dist_nccl_init(void);
+/** Destroys the communicator (before em_shutdown; waits for nothing). */
+void em__dist_nccl_shutdown(void);
+/** StarPU worker whose GPU holds the NCCL communicator, or -1 when gradient
+ *  reductions take the host MPI path. The same decision on every rank. */
+int em__dist_nccl_worker(void);
+
+/* Called by the CUDA implementation of the bucket task, on that worker:
+ * both queue work on starpu_cuda_get_local_stream() and return at once. */
+/** Device-to-device copy of @p nbytes (packing a gradient into the bucket). */
+void em__dist_nccl_pack(void *dst, const void *src, size_t nbytes);
+/** In-place mean over ranks of @p count float32 (or float64) elements. */
+void em__dist_nccl_allreduce_mean(void *buf, int64_t count, bool f64);
+
+#endif
