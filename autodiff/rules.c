@@ -184,7 +184,24 @@ em_status em__backward_rule(em_node *n, em_tensor *g, em_tensor **gin)
 
     /* ---- reductions ---- */
     case EM_OP_SUM: gin[0] = em_contiguous(expand_red(n, g, x)); break;
-    case EM_OP_PROD: gin[0] = em_div(em_mul(expand_red(n, g, x), expand_red(n, y, x)), x); break;
+    case EM_OP_PROD: {
+        /* d prod / d x_i = product of the others: prod / x_i where x_i != 0;
+         * where x_i == 0 it is the product of the non-zeros if x_i is the only
+         * zero of its reduction, else 0 (as PyTorch's prod_backward). */
+        int dims[EM_MAX_DIMS], nd = 0;
+        for (int i = 0; i < x->ndim; i++)
+            if ((n->p.red.mask >> i) & 1u) dims[nd++] = i;
+        em_tensor *ge = expand_red(n, g, x);
+        em_tensor *is0 = em_eq_scalar(x, 0.0);
+        em_tensor *one = em_scalar(1.0, dt);
+        em_tensor *safe_x = em_where(is0, one, x);
+        em_tensor *nonzero = em_div(em_mul(ge, expand_red(n, y, x)), safe_x);
+        em_tensor *p_nz = em_expand(em_prod(safe_x, dims, nd, true), x->shape, x->ndim);
+        em_tensor *nzeros = em_expand(em_sum(em_cast(is0, dt), dims, nd, true), x->shape, x->ndim);
+        em_tensor *at_zero = em_mul(ge, em_where(em_eq_scalar(nzeros, 1.0), p_nz, em_scalar(0.0, dt)));
+        gin[0] = em_where(is0, at_zero, nonzero);
+        break;
+    }
     case EM_OP_MAX: case EM_OP_MIN: {
         /* evenly among the elements equal to the extremum (as torch.amax) */
         em_tensor *hit = mask_f(em_eq(x, expand_red(n, y, x)), dt);

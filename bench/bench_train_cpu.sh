@@ -60,16 +60,17 @@ em_mean=$(echo "$ember_epoch" | mean)
 em_train=$(echo "$ember_sps" | awk -v n="$ntrain" '{s = 0; for (i = 1; i <= NF; i++) s += n / $i; printf "%.3f", s / NF}')
 echo
 echo "== summary ($EPOCHS epochs; Ember $workers CPU workers, PyTorch $THREADS threads)"
-printf '%-34s %-22s %10s %10s %12s %12s\n' run "epoch times (s)" "mean (s)" "train (s)" "ratio epoch" "ratio train"
-printf '%-34s %-22s %10s %10s %12s %12s\n' "ember" "$ember_epoch" "$em_mean" "$em_train" "1" "1"
+tv=$("$PYTHON" -c 'import torch; print(torch.__version__)')
+fmt='%-40s %-16s %9s %10s %12s %12s\n'
+printf "$fmt" run "epoch times (s)" "mean (s)" "train (s)" "ratio epoch" "ratio train"
+printf "$fmt" "ember ($workers CPU workers)" "$ember_epoch" "$em_mean" "$em_train" "1" "1"
 for tag in default blas1; do
     times=$(awk '/^epoch /{print $NF}' "$T/torch-$tag.log" | tr -d s | tr '\n' ' ')
     train=$(awk '/^epoch /{print $(NF-2)}' "$T/torch-$tag.log" | tr -d s | tr '\n' ' ')
     tm=$(echo "$times" | mean)
     trm=$(echo "$train" | mean)
-    name="torch $(python_ver=$("$PYTHON" -c 'import torch; print(torch.__version__)'); echo "$python_ver")"
-    [ "$tag" = blas1 ] && name="$name OPENBLAS_NUM_THREADS=1" || name="$name (as installed)"
-    printf '%-34s %-22s %10s %10s %12s %12s\n' "$name" "$times" "$tm" "$trm" \
+    if [ "$tag" = blas1 ]; then name="torch $tv, OPENBLAS_NUM_THREADS=1"; else name="torch $tv, as installed"; fi
+    printf "$fmt" "$name" "$times" "$tm" "$trm" \
         "$(awk -v a="$tm" -v b="$em_mean" 'BEGIN{printf "%.2f", a / b}')" \
         "$(awk -v a="$trm" -v b="$em_train" 'BEGIN{printf "%.2f", a / b}')"
 done

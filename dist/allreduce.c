@@ -33,7 +33,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-static size_t g_bucket_bytes = (size_t)1 << 20;
+static size_t g_bucket_bytes = (size_t)25 << 20; /* 25 MiB, as PyTorch DDP's bucket_cap_mb */
 static starpu_data_handle_t g_token;
 static bool g_token_registered;
 

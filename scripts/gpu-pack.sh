@@ -118,6 +118,11 @@ if [ "$TOTAL" -gt "$LIMIT_MIB" ] && [ -f "$DEPS/fallback/libopenblas.so.0" ]; th
   rm -f "$DEPS/fallback/libopenblas.so.0"
   TOTAL=$(total)
 fi
+if [ "$TOTAL" -gt "$LIMIT_MIB" ]; then
+  echo "gpu-pack: ${TOTAL} MiB is still over: dropping OpenBLAS's runtime libraries (gfortran, quadmath, gomp) from the fallback"
+  rm -f "$DEPS"/fallback/libgfortran.so.* "$DEPS"/fallback/libquadmath.so.* "$DEPS"/fallback/libgomp.so.*
+  TOTAL=$(total)
+fi
 
 {
   echo "built_from=$ROOT"

@@ -125,8 +125,10 @@ else
   say "gpu-scaling: PyTorch with CUDA not found: DDP runs skipped"
 fi
 
+export EMBER_DIST_BUCKET_KB="${EMBER_DIST_BUCKET_KB:-25600}"   # DDP's default bucket_cap_mb=25
 MPI_X=(-x LD_LIBRARY_PATH -x PATH -x STARPU_HOME -x STARPU_SILENT -x OCL_ICD_VENDORS -x STARPU_WORKERS_NOBIND
-       -x STARPU_WORKERS_GETBIND -x EMBER_NCPU -x EMBER_LOG -x EMBER_DIST_TIMEOUT -x NCCL_NVLS_ENABLE -x EMBER_TEST_DATA)
+       -x STARPU_WORKERS_GETBIND -x EMBER_NCPU -x EMBER_LOG -x EMBER_DIST_TIMEOUT -x NCCL_NVLS_ENABLE -x EMBER_TEST_DATA
+       -x EMBER_DIST_BUCKET_KB)
 [ -n "${EMBER_NCCL_LIB:-}" ] && MPI_X+=(-x EMBER_NCCL_LIB)
 # single_copy_mechanism none: containers often forbid the CMA (ptrace) copies
 # Open MPI's shared-memory transport uses for large messages (the parameter

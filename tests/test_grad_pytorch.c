@@ -345,46 +345,17 @@ static int run_case(const fx_block *b)
     return bad;
 }
 
-/* Cases where Ember is known to differ from PyTorch (a library bug, reported,
- * fix pending). They run and their differences are printed, but they fail
- * the test only under EMBER_GRAD_STRICT=1. Remove an entry once it agrees
- * (the test says so).
- *   prod_*zero*: the backward of em_prod is g * prod / x, which is 0/0 = NaN
- *   where x == 0; PyTorch (prod_backward) gives the product of the other
- *   elements there. */
-static const char *KNOWN_DIFF[] = {"prod_with_zero", "prod_two_zeros", "prod_all_with_zero"};
-
-static bool known_diff(const char *name)
-{
-    for (size_t i = 0; i < sizeof KNOWN_DIFF / sizeof KNOWN_DIFF[0]; i++)
-        if (!strcmp(name, KNOWN_DIFF[i])) return true;
-    return false;
-}
-
 static void test_grads_match_pytorch(void **state)
 {
     (void)state;
     fx_block *bs;
     int n = fx_load("grad_fixtures.txt", &bs);
     assert_true(n >= 150);
-    const char *strict_env = getenv("EMBER_GRAD_STRICT");
-    bool strict = strict_env && strict_env[0] && strcmp(strict_env, "0");
-    int failed = 0, known = 0;
-    for (int i = 0; i < n; i++) {
-        bool kd = known_diff(bs[i].config);
-        int bad = run_case(&bs[i]);
-        if (bad && kd && !strict) {
-            printf("  (%s: known difference, see KNOWN_DIFF; EMBER_GRAD_STRICT=1 makes it fail)\n", bs[i].config);
-            known++;
-        } else if (bad) {
-            failed++;
-        } else if (kd) {
-            printf("  %s now agrees with PyTorch: remove it from KNOWN_DIFF\n", bs[i].config);
-        }
-    }
-    printf("[grad_pytorch] %d cases: %d agree with PyTorch to %g relative (largest relative error %.3g at %s), "
-           "%d known differences, %d failures\n",
-           n, n - failed - known, RTOL, worst_rel, worst_where, known, failed);
+    int failed = 0;
+    for (int i = 0; i < n; i++)
+        if (run_case(&bs[i])) failed++;
+    printf("[grad_pytorch] %d cases: %d agree with PyTorch to %g relative (largest relative error %.3g at %s), %d failures\n",
+           n, n - failed, RTOL, worst_rel, worst_where, failed);
     fx_free(bs, n);
     if (failed) fail_msg("%d of %d cases differ from PyTorch (listed above)", failed, n);
 }
