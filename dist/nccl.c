@@ -85,11 +85,20 @@ void em__dist_cuda_set_device(int device)
 #endif
 }
 
-/* Does this rank run its ops on one CUDA worker? (the rank's device). */
+/* The CUDA worker that runs this rank's collectives, or -1 when the rank does
+ * not run its ops on one CUDA worker. Ops go to the GPU's first worker; with
+ * several workers on that GPU (STARPU_NWORKER_PER_CUDA >= 2) the collectives
+ * take the last one, whose stream is its own, so NCCL overlaps the backward
+ * kernels instead of queueing behind them. */
 static int cuda_worker(void)
 {
     em_placement pl = em__placement();
-    return pl.where == STARPU_CUDA && pl.worker >= 0 ? pl.worker : -1;
+    if (pl.where != STARPU_CUDA || pl.worker < 0) return -1;
+    int dev = starpu_worker_get_devid(pl.worker), w = pl.worker;
+    unsigned n = starpu_worker_get_count();
+    for (unsigned i = 0; i < n; i++)
+        if (starpu_worker_get_type((int)i) == STARPU_CUDA_WORKER && starpu_worker_get_devid((int)i) == dev) w = (int)i;
+    return w;
 }
 
 #if !EM_DIST_NCCL

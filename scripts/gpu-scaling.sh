@@ -126,9 +126,11 @@ else
 fi
 
 export EMBER_DIST_BUCKET_KB="${EMBER_DIST_BUCKET_KB:-25600}"   # DDP's default bucket_cap_mb=25
+# two StarPU workers (streams) per GPU: ops on the first, NCCL on the second
+export STARPU_NWORKER_PER_CUDA="${STARPU_NWORKER_PER_CUDA:-2}"
 MPI_X=(-x LD_LIBRARY_PATH -x PATH -x STARPU_HOME -x STARPU_SILENT -x OCL_ICD_VENDORS -x STARPU_WORKERS_NOBIND
        -x STARPU_WORKERS_GETBIND -x EMBER_NCPU -x EMBER_LOG -x EMBER_DIST_TIMEOUT -x NCCL_NVLS_ENABLE -x EMBER_TEST_DATA
-       -x EMBER_DIST_BUCKET_KB)
+       -x EMBER_DIST_BUCKET_KB -x STARPU_NWORKER_PER_CUDA)
 [ -n "${EMBER_NCCL_LIB:-}" ] && MPI_X+=(-x EMBER_NCCL_LIB)
 # single_copy_mechanism none: containers often forbid the CMA (ptrace) copies
 # Open MPI's shared-memory transport uses for large messages (the parameter
