@@ -10,31 +10,6 @@
 
 /* ---- helpers ----------------------------------------------------------------- */
 
-static em_tensor *mk(em_dtype dt, const double *v, const int64_t *shape, int ndim)
-{
-    int64_t n = 1;
-    for (int i = 0; i < ndim; i++) n *= shape[i];
-    size_t es = em_dtype_size(dt);
-    char *raw = calloc((size_t)(n ? n : 1), es);
-    assert_non_null(raw);
-    for (int64_t i = 0; i < n; i++) {
-        char *p = raw + i * (int64_t)es;
-        switch (dt) {
-        case EM_F32: *(float *)p = (float)v[i]; break;
-        case EM_F64: *(double *)p = v[i]; break;
-        case EM_I32: *(int32_t *)p = (int32_t)v[i]; break;
-        case EM_I64: *(int64_t *)p = (int64_t)v[i]; break;
-        case EM_U8: *(uint8_t *)p = (uint8_t)v[i]; break;
-        case EM_BOOL: *(uint8_t *)p = v[i] != 0; break;
-        default: fail_msg("mk: bad dtype");
-        }
-    }
-    em_tensor *t = em_from_host(raw, shape, ndim, dt);
-    free(raw);
-    if (!t) fail_msg("em_from_host: %s", em_last_error());
-    return t;
-}
-#define T(dt, shape_list, ...) mk(dt, (const double[]){__VA_ARGS__}, SHAPE shape_list, NDIM shape_list)
 
 static void check_dtype(const em_tensor *t, em_dtype dt, const char *what)
 {
@@ -158,7 +133,7 @@ static const double XS[] = {-100, -30, -3.7, -2.5, -1.5, -1, -0.5, -0.25, 0, 0.2
 
 static void run_unary_table(em_dtype dt, double rtol, double atol)
 {
-    em_tensor *x = mk(dt, XS, &(int64_t){NX}, 1);
+    em_tensor *x = em_test_make(dt, XS, &(int64_t){NX}, 1);
     for (int c = 0; c < N_UNARY; c++) {
         double want[NX];
         for (int64_t i = 0; i < NX; i++) {
@@ -403,7 +378,7 @@ static const binary_case BINARY[] = {
 
 static void run_binary_table(em_dtype dt, double rtol)
 {
-    em_tensor *a = mk(dt, A8, SHAPE(8), 1), *b = mk(dt, B8, SHAPE(8), 1);
+    em_tensor *a = em_test_make(dt, A8, SHAPE(8), 1), *b = em_test_make(dt, B8, SHAPE(8), 1);
     for (int c = 0; c < N_BINARY; c++) {
         double want[8];
         for (int i = 0; i < 8; i++) {

@@ -10,31 +10,6 @@
 
 /* ---- helpers ----------------------------------------------------------------- */
 
-static em_tensor *mk(em_dtype dt, const double *v, const int64_t *shape, int ndim)
-{
-    int64_t n = 1;
-    for (int i = 0; i < ndim; i++) n *= shape[i];
-    size_t es = em_dtype_size(dt);
-    char *raw = calloc((size_t)(n ? n : 1), es);
-    assert_non_null(raw);
-    for (int64_t i = 0; i < n; i++) {
-        char *p = raw + i * (int64_t)es;
-        switch (dt) {
-        case EM_F32: *(float *)p = (float)v[i]; break;
-        case EM_F64: *(double *)p = v[i]; break;
-        case EM_I32: *(int32_t *)p = (int32_t)v[i]; break;
-        case EM_I64: *(int64_t *)p = (int64_t)v[i]; break;
-        case EM_U8: *(uint8_t *)p = (uint8_t)v[i]; break;
-        case EM_BOOL: *(uint8_t *)p = v[i] != 0; break;
-        default: fail_msg("mk: bad dtype");
-        }
-    }
-    em_tensor *t = em_from_host(raw, shape, ndim, dt);
-    free(raw);
-    if (!t) fail_msg("em_from_host: %s", em_last_error());
-    return t;
-}
-#define T(dt, shape_list, ...) mk(dt, (const double[]){__VA_ARGS__}, SHAPE shape_list, NDIM shape_list)
 #define DIMS(...) ((const int[]){__VA_ARGS__}), ((int)(sizeof((int[]){__VA_ARGS__}) / sizeof(int)))
 
 static void check_dtype(const em_tensor *t, em_dtype dt, const char *what)
@@ -182,7 +157,7 @@ static void run_reduce_table(em_dtype dt, double rtol, double atol)
     if (dt == EM_F32)
         for (int i = 0; i < 24; i++) x[i] = (double)(float)x[i];
     const int64_t shape[3] = {2, 3, 4};
-    em_tensor *t = mk(dt, x, shape, 3);
+    em_tensor *t = em_test_make(dt, x, shape, 3);
     for (int c = 0; c < N_REDS; c++)
         for (int subset = 0; subset < 9; subset++) /* 1..7: dim subsets, 8: ndims == 0 */
             for (int keep = 0; keep < 2; keep++)
@@ -350,7 +325,7 @@ static void test_argmax_argmin(void **state)
     /* [2,3,4] against the reference, every dim, with ties */
     double d[24];
     data234(d);
-    em_tensor *t = mk(EM_F64, d, SHAPE(2, 3, 4), 3);
+    em_tensor *t = em_test_make(EM_F64, d, SHAPE(2, 3, 4), 3);
     for (int dim = 0; dim < 3; dim++) {
         bool mask[3] = {dim == 0, dim == 1, dim == 2};
         double wmax[12], wmin[12];
@@ -538,7 +513,7 @@ static void test_softmax(void **state)
     for (int dt = 0; dt < 2; dt++) {
         em_dtype d = dt ? EM_F64 : EM_F32;
         double tol = dt ? 1e-14 : 2e-6;
-        em_tensor *x = mk(d, xv, SHAPE(2, 3), 2);
+        em_tensor *x = em_test_make(d, xv, SHAPE(2, 3), 2);
         for (int dim = 0; dim < 2; dim++)
             for (int lf = 0; lf < 2; lf++) {
                 double want[6];
@@ -603,7 +578,7 @@ static void test_softmax_misc(void **state)
     /* 3-D along the middle dim */
     double xv[24];
     data234(xv);
-    em_tensor *x = mk(EM_F64, xv, SHAPE(2, 3, 4), 3);
+    em_tensor *x = em_test_make(EM_F64, xv, SHAPE(2, 3, 4), 3);
     em_tensor *s = em_softmax(x, 1);
     check_shape(s, SHAPE(2, 3, 4), 3, "softmax 3-D");
     double *v = em_test_values(s);
@@ -658,7 +633,7 @@ static void test_strided_inputs(void **state)
     /* 3-D permutation against the reference */
     double d[24];
     data234(d);
-    em_tensor *t = mk(EM_F64, d, SHAPE(2, 3, 4), 3);
+    em_tensor *t = em_test_make(EM_F64, d, SHAPE(2, 3, 4), 3);
     em_tensor *p = em_transpose(t, 0, 2); /* [4,3,2] */
     double pd[24];
     for (int a = 0; a < 4; a++)

@@ -101,3 +101,28 @@ em_tensor *em_test_f64(const double *v, const int64_t *shape, int ndim)
     if (!t) fail_msg("em_from_host: %s", em_last_error());
     return t;
 }
+
+em_tensor *em_test_make(em_dtype dt, const double *v, const int64_t *shape, int ndim)
+{
+    int64_t n = 1;
+    for (int i = 0; i < ndim; i++) n *= shape[i];
+    size_t es = em_dtype_size(dt);
+    char *raw = calloc((size_t)(n ? n : 1), es);
+    assert_non_null(raw);
+    for (int64_t i = 0; i < n; i++) {
+        char *p = raw + i * (int64_t)es;
+        switch (dt) {
+        case EM_F32: *(float *)p = (float)v[i]; break;
+        case EM_F64: *(double *)p = v[i]; break;
+        case EM_I32: *(int32_t *)p = (int32_t)v[i]; break;
+        case EM_I64: *(int64_t *)p = (int64_t)v[i]; break;
+        case EM_U8: *(uint8_t *)p = (uint8_t)v[i]; break;
+        case EM_BOOL: *(uint8_t *)p = v[i] != 0; break;
+        default: fail_msg("em_test_make: bad dtype");
+        }
+    }
+    em_tensor *t = em_from_host(raw, shape, ndim, dt);
+    free(raw);
+    if (!t) fail_msg("em_from_host: %s", em_last_error());
+    return t;
+}

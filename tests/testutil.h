@@ -25,11 +25,14 @@ void em_test_assert_error(const em_tensor *r, ...);
 /* f32 tensor from a literal list. */
 em_tensor *em_test_f32(const float *v, const int64_t *shape, int ndim);
 em_tensor *em_test_f64(const double *v, const int64_t *shape, int ndim);
+/* Tensor of dtype dt from double values (converted element by element). */
+em_tensor *em_test_make(em_dtype dt, const double *v, const int64_t *shape, int ndim);
 
 #define SHAPE(...) ((const int64_t[]){__VA_ARGS__})
 #define NDIM(...) ((int)(sizeof((int64_t[]){__VA_ARGS__}) / sizeof(int64_t)))
 #define F32(shape_list, ...) em_test_f32((const float[]){__VA_ARGS__}, SHAPE shape_list, NDIM shape_list)
 #define F64(shape_list, ...) em_test_f64((const double[]){__VA_ARGS__}, SHAPE shape_list, NDIM shape_list)
+#define T(dt, shape_list, ...) em_test_make(dt, (const double[]){__VA_ARGS__}, SHAPE shape_list, NDIM shape_list)
 #define VALS(...) ((const double[]){__VA_ARGS__}), ((int64_t)(sizeof((double[]){__VA_ARGS__}) / sizeof(double)))
 
 #endif
