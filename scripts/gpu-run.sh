@@ -65,6 +65,8 @@ for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib; do [ -d
 export LD_LIBRARY_PATH="$BUILD:$DEPS/starpu/lib:$DEPS/lib:$FB$CUDA_LIBS${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export PATH="$DEPS/starpu/bin:/usr/local/cuda/bin:$PATH"
 export STARPU_HOME="$WORK/starpu-home"   # one bus calibration for every step
+# the image lacks Debian's dataset package: the e2e tests read the carried copy
+if [ -f "$DEPS/fashion-mnist/train-images-idx3-ubyte.gz" ]; then export EMBER_DATA_DIR="$DEPS/fashion-mnist"; fi
 mkdir -p "$STARPU_HOME"
 export STARPU_SILENT=1
 export OCL_ICD_VENDORS=/nonexistent      # CUDA, not OpenCL, drives the GPU here

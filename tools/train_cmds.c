@@ -75,6 +75,13 @@ fail:
     return NULL;
 }
 
+/* EMBER_DATA_DIR overrides the default MNIST-layout folder. */
+static const char *default_data_dir(void)
+{
+    const char *d = getenv("EMBER_DATA_DIR");
+    return d && *d ? d : EM_FASHION_MNIST_DIR;
+}
+
 static int init_runtime(const char *device)
 {
     em_config c = em_config_default();
@@ -91,7 +98,7 @@ static void train_help(void)
     printf("usage: ember train [options]\n\n"
            "Trains an MLP classifier on Fashion-MNIST (or any MNIST-layout folder) and\n"
            "prints per-epoch metrics; checkpoints and metrics.csv go to --out.\n\n"
-           "  --data DIR             MNIST-layout folder (default %s)\n"
+           "  --data DIR             MNIST-layout folder (default $EMBER_DATA_DIR or %s)\n"
            "  --hidden LIST          hidden layer sizes (default 256,128)\n"
            "  --dropout P            dropout after each hidden layer (default 0)\n"
            "  --epochs N             epochs (default 10)\n"
@@ -124,7 +131,7 @@ static void train_help(void)
 
 int em_tool_train(int argc, char **argv)
 {
-    const char *data = EM_FASHION_MNIST_DIR, *hidden = "256,128", *optname = "adam", *schedname = "cosine";
+    const char *data = default_data_dir(), *hidden = "256,128", *optname = "adam", *schedname = "cosine";
     const char *device = NULL, *out = "runs/fashion-mnist", *resume = NULL;
     int64_t epochs = 10, batch = 64, patience = 0;
     double lr = NAN, momentum = NAN, wd = 0, smoothing = 0, clip = 0, dropout = 0;
@@ -375,7 +382,7 @@ static em_module *load_model(const char *ckpt)
 
 int em_tool_eval(int argc, char **argv)
 {
-    const char *ckpt = NULL, *data = EM_FASHION_MNIST_DIR, *device = NULL;
+    const char *ckpt = NULL, *data = default_data_dir(), *device = NULL;
     int64_t batch = 1000;
     static const struct option opts[] = {{"checkpoint", required_argument, 0, 'c'}, {"data", required_argument, 0, 'd'},
                                          {"batch-size", required_argument, 0, 'b'}, {"device", required_argument, 0, 'D'},
@@ -442,7 +449,7 @@ int em_tool_eval(int argc, char **argv)
 
 int em_tool_predict(int argc, char **argv)
 {
-    const char *ckpt = NULL, *data = EM_FASHION_MNIST_DIR, *device = NULL, *idxs = "0,1,2,3,4";
+    const char *ckpt = NULL, *data = default_data_dir(), *device = NULL, *idxs = "0,1,2,3,4";
     int topk = 3;
     static const struct option opts[] = {{"checkpoint", required_argument, 0, 'c'}, {"data", required_argument, 0, 'd'},
                                          {"index", required_argument, 0, 'i'},      {"top", required_argument, 0, 't'},
