@@ -10,35 +10,6 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-static char g_dir[256];
-
-static int rm_cb(const char *p, const struct stat *sb, int flag, struct FTW *ftw)
-{
-    (void)sb, (void)flag, (void)ftw;
-    return remove(p);
-}
-
-static int setup(void **state)
-{
-    snprintf(g_dir, sizeof g_dir, "/tmp/ember_test_data_XXXXXX");
-    if (!mkdtemp(g_dir)) return -1;
-    return em_test_setup(state);
-}
-
-static int teardown(void **state)
-{
-    nftw(g_dir, rm_cb, 16, FTW_DEPTH | FTW_PHYS);
-    return em_test_teardown(state);
-}
-
-static char *tpath(const char *name)
-{
-    static char buf[4][512];
-    static int k;
-    char *p = buf[k++ % 4];
-    snprintf(p, 512, "%s/%s", g_dir, name);
-    return p;
-}
 
 static void write_bytes(const char *path, bool gz, const void *data, size_t n)
 {
@@ -89,7 +60,7 @@ static void test_idx_plain_and_gz(void **state)
 {
     (void)state;
     for (int gz = 0; gz < 2; gz++) {
-        const char *p = tpath(gz ? "img.idx3.gz" : "img.idx3");
+        const char *p = em_test_tmp_path(gz ? "img.idx3.gz" : "img.idx3");
         write_idx(p, gz, EM_IDX_MAGIC_IMAGES, (const uint32_t[]){3, 2, 2}, 3, PIX, 12);
         em_idx idx;
         assert_int_equal(em_idx_read(p, EM_IDX_MAGIC_IMAGES, &idx), EM_OK);
@@ -110,9 +81,9 @@ static void test_idx_plain_and_gz(void **state)
     }
     /* multi-byte type: big-endian in the file, host order in memory */
     const uint8_t be[8] = {0x01, 0x02, 0x03, 0x04, 0xFF, 0xFF, 0xFF, 0xFE};
-    write_idx(tpath("i32.idx"), false, 0x00000C01, (const uint32_t[]){2}, 1, be, 8);
+    write_idx(em_test_tmp_path("i32.idx"), false, 0x00000C01, (const uint32_t[]){2}, 1, be, 8);
     em_idx idx;
-    assert_int_equal(em_idx_read(tpath("i32.idx"), 0, &idx), EM_OK);
+    assert_int_equal(em_idx_read(em_test_tmp_path("i32.idx"), 0, &idx), EM_OK);
     assert_int_equal(idx.type, EM_IDX_I32);
     assert_int_equal(idx.elem_size, 4);
     assert_int_equal(((int32_t *)idx.data)[0], 0x01020304);
@@ -125,19 +96,19 @@ static void test_idx_errors(void **state)
     (void)state;
     em_idx idx;
     /* missing file */
-    const char *missing = tpath("nope-idx3-ubyte.gz");
+    const char *missing = em_test_tmp_path("nope-idx3-ubyte.gz");
     assert_int_equal(em_idx_read(missing, 0, &idx), EM_ERR_IO);
     assert_msg_has(missing);
     assert_null(idx.data);
 
     /* wrong magic: a labels file read as images */
-    const char *lab = tpath("labels.idx1");
+    const char *lab = em_test_tmp_path("labels.idx1");
     write_idx(lab, false, EM_IDX_MAGIC_LABELS, (const uint32_t[]){3}, 1, LAB, 3);
     assert_int_equal(em_idx_read(lab, EM_IDX_MAGIC_IMAGES, &idx), EM_ERR_FORMAT);
     assert_msg_has(lab);
     assert_msg_has("wrong magic number 0x00000801, expected 0x00000803");
     /* not an IDX file at all */
-    const char *junk = tpath("junk.idx");
+    const char *junk = em_test_tmp_path("junk.idx");
     write_bytes(junk, false, "PK\x03\x04 hello", 10);
     assert_int_equal(em_idx_read(junk, 0, &idx), EM_ERR_FORMAT);
     assert_msg_has("not an IDX file");
@@ -159,7 +130,7 @@ static void test_idx_errors(void **state)
 
     /* truncated data, plain and gz */
     for (int gz = 0; gz < 2; gz++) {
-        const char *p = tpath(gz ? "trunc-images-idx3-ubyte.gz" : "trunc-images-idx3-ubyte");
+        const char *p = em_test_tmp_path(gz ? "trunc-images-idx3-ubyte.gz" : "trunc-images-idx3-ubyte");
         write_idx(p, gz, EM_IDX_MAGIC_IMAGES, (const uint32_t[]){3, 2, 2}, 3, PIX, 5);
         assert_int_equal(em_idx_read(p, EM_IDX_MAGIC_IMAGES, &idx), EM_ERR_FORMAT);
         assert_msg_has(p);
@@ -175,7 +146,7 @@ static void test_idx_errors(void **state)
     {
         uint8_t big[4096];
         for (size_t i = 0; i < sizeof big; i++) big[i] = (uint8_t)(i * 7919u >> 3);
-        const char *p = tpath("cut.idx.gz");
+        const char *p = em_test_tmp_path("cut.idx.gz");
         write_idx(p, true, 0x00000801, (const uint32_t[]){4096}, 1, big, sizeof big);
         FILE *f = fopen(p, "rb");
         assert_non_null(f);
@@ -201,7 +172,7 @@ static void test_mnist_tiny(void **state)
 {
     (void)state;
     char dir[300];
-    snprintf(dir, sizeof dir, "%s/mnist", g_dir);
+    snprintf(dir, sizeof dir, "%s/mnist", em_test_tmp_dir());
     assert_int_equal(mkdir(dir, 0755), 0);
     char p[400];
     snprintf(p, sizeof p, "%s/train-images-idx3-ubyte.gz", dir);
@@ -309,7 +280,7 @@ static void write_text(const char *path, const char *s) { write_bytes(path, fals
 static void test_csv(void **state)
 {
     (void)state;
-    const char *p = tpath("ok.csv");
+    const char *p = em_test_tmp_path("ok.csv");
     write_text(p, "a,b,label,c\r\n1.5, 2,0,-3\r\n\r\n\"4\",5e1,2,6\n7,8,1,9");
     em_csv_options o = em_csv_options_default();
     o.has_header = true;
@@ -341,7 +312,7 @@ static void test_csv(void **state)
     em_dataset_free(ds);
 
     /* errors */
-    const char *bad = tpath("bad.csv");
+    const char *bad = em_test_tmp_path("bad.csv");
     write_text(bad, "x,y,l\n1,2,0\n3,4,1\n5,6\n");
     o = em_csv_options_default();
     o.has_header = true;
@@ -369,7 +340,7 @@ static void test_csv(void **state)
     o.label_column = -1;
     assert_null(em_csv_open(bad, &o));
     assert_msg_has("no data rows");
-    assert_null(em_csv_open(tpath("absent.csv"), NULL));
+    assert_null(em_csv_open(em_test_tmp_path("absent.csv"), NULL));
     assert_int_equal(em_last_status(), EM_ERR_IO);
     assert_msg_has("absent.csv");
 }
@@ -736,5 +707,5 @@ int main(void)
         cmocka_unit_test(test_loader_errors),       cmocka_unit_test(test_batch_to_tensors),
         cmocka_unit_test(test_fashion_mnist_loader),
     };
-    return cmocka_run_group_tests(tests, setup, teardown);
+    return cmocka_run_group_tests(tests, em_test_setup_tmpdir, em_test_teardown_tmpdir);
 }

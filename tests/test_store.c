@@ -12,35 +12,6 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-static char g_dir[256];
-
-static int rm_cb(const char *p, const struct stat *sb, int flag, struct FTW *ftw)
-{
-    (void)sb, (void)flag, (void)ftw;
-    return remove(p);
-}
-
-static int setup(void **state)
-{
-    snprintf(g_dir, sizeof g_dir, "/tmp/ember_test_store_XXXXXX");
-    if (!mkdtemp(g_dir)) return -1;
-    return em_test_setup(state);
-}
-
-static int teardown(void **state)
-{
-    nftw(g_dir, rm_cb, 16, FTW_DEPTH | FTW_PHYS);
-    return em_test_teardown(state);
-}
-
-static char *tpath(const char *name)
-{
-    static char buf[4][512];
-    static int k;
-    char *p = buf[k++ % 4];
-    snprintf(p, 512, "%s/%s", g_dir, name);
-    return p;
-}
 
 static void assert_msg_has(const char *needle)
 {
@@ -84,7 +55,7 @@ static void write_st(const char *path, const char *json, const void *data, size_
 
 static int count_tmp_files(void)
 {
-    DIR *d = opendir(g_dir);
+    DIR *d = opendir(em_test_tmp_dir());
     assert_non_null(d);
     int n = 0;
     struct dirent *e;
@@ -121,7 +92,7 @@ static void test_roundtrip(void **state)
         if (!t[i]) fail_msg("tensor %d: %s", i, em_last_error());
     const char *names[9] = {"fc1.weight", "d", "i", "l", "bytes", "mask", "scalar", "empty", "fc1.weight.T"};
     const em_st_kv meta[2] = {{"format", "pt"}, {"note", "h\xc3\xa9llo \"quoted\""}};
-    const char *p = tpath("model.safetensors");
+    const char *p = em_test_tmp_path("model.safetensors");
     if (em_safetensors_save(p, names, t, 9, meta, 2) != EM_OK) fail_msg("save: %s", em_last_error());
     assert_int_equal(count_tmp_files(), 0);
 
@@ -201,7 +172,7 @@ static void test_roundtrip(void **state)
     em_safetensors_close(f);
 
     /* empty file (no tensors, no metadata) is valid */
-    const char *p2 = tpath("empty.safetensors");
+    const char *p2 = em_test_tmp_path("empty.safetensors");
     assert_int_equal(em_safetensors_save(p2, NULL, NULL, 0, NULL, 0), EM_OK);
     f = em_safetensors_open(p2);
     assert_non_null(f);
@@ -229,10 +200,10 @@ static void expect_open_error(const char *path, em_status st, const char *m1, co
 static void test_corrupt(void **state)
 {
     (void)state;
-    const char *p = tpath("bad.safetensors");
+    const char *p = em_test_tmp_path("bad.safetensors");
     uint8_t data[64] = {0};
 
-    expect_open_error(tpath("missing.safetensors"), EM_ERR_IO, "cannot open", NULL);
+    expect_open_error(em_test_tmp_path("missing.safetensors"), EM_ERR_IO, "cannot open", NULL);
     write_raw(p, "\x10\0\0", 3);
     expect_open_error(p, EM_ERR_FORMAT, "shorter than the 8-byte header length", NULL);
     /* header length beyond the file */
@@ -284,7 +255,7 @@ static void test_corrupt(void **state)
     em_scope_begin();
     em_tensor *t = em_ones(SHAPE(4, 4), 2, EM_F32);
     const char *names[1] = {"w"};
-    const char *good = tpath("good.safetensors");
+    const char *good = em_test_tmp_path("good.safetensors");
     assert_int_equal(em_safetensors_save(good, names, &t, 1, NULL, 0), EM_OK);
     size_t n;
     uint8_t *raw = read_file(good, &n);
@@ -333,7 +304,7 @@ static void test_atomic_save(void **state)
     em_scope_begin();
     em_tensor *a = em_full(SHAPE(2, 2), 2, EM_F32, 1.0);
     em_tensor *b = em_full(SHAPE(1024), 1, EM_F64, 2.0);
-    const char *p = tpath("ckpt.safetensors");
+    const char *p = em_test_tmp_path("ckpt.safetensors");
     const char *n1[1] = {"a"};
     assert_int_equal(em_safetensors_save(p, n1, &a, 1, NULL, 0), EM_OK);
     chmod(p, 0640);
@@ -358,7 +329,7 @@ static void test_atomic_save(void **state)
     assert_msg_has("UTF-8");
     /* a directory that does not exist */
     char nodir[600];
-    snprintf(nodir, sizeof nodir, "%s/no/such/dir/x.safetensors", g_dir);
+    snprintf(nodir, sizeof nodir, "%s/no/such/dir/x.safetensors", em_test_tmp_dir());
     assert_int_equal(em_safetensors_save(nodir, n1, &a, 1, NULL, 0), EM_ERR_IO);
     assert_msg_has("cannot create temporary file");
     assert_msg_has(nodir);
@@ -408,7 +379,7 @@ static void test_load_into(void **state)
     em_tensor *w = em_from_host((const float[]){1, 2, 3, 4, 5, 6}, SHAPE(2, 3), 2, EM_F32);
     em_tensor *bias = em_from_host((const int64_t[]){7, 8, 9}, SHAPE(3), 1, EM_I64);
     em_tensor *extra = em_zeros(SHAPE(1), 1, EM_F32);
-    const char *p = tpath("model.safetensors");
+    const char *p = em_test_tmp_path("model.safetensors");
     const char *names3[3] = {"fc1.weight", "fc1.bias", "extra"};
     em_tensor *src[3] = {w, bias, extra};
     assert_int_equal(em_safetensors_save(p, names3, src, 3, NULL, 0), EM_OK);
@@ -462,7 +433,7 @@ static void test_load_into(void **state)
         em_test_assert_close(big, VALS(1, 0, 2, 0, 3, 0, 4, 0, 5, 0, 6, 0), 0, 0);
     }
     /* missing file */
-    assert_int_equal(em_safetensors_load_into(tpath("absent.safetensors"), names2, dst, 2, false), EM_ERR_IO);
+    assert_int_equal(em_safetensors_load_into(em_test_tmp_path("absent.safetensors"), names2, dst, 2, false), EM_ERR_IO);
     em_scope_end();
 }
 
@@ -481,7 +452,7 @@ static void test_python_interop(void **state)
                        em_from_host((const int64_t[]){-5}, SHAPE(1), 1, EM_I64)};
     const char *names[3] = {"w", "u", "i"};
     const em_st_kv meta[1] = {{"format", "np"}};
-    const char *p = tpath("to_py.safetensors"), *q = tpath("from_py.safetensors");
+    const char *p = em_test_tmp_path("to_py.safetensors"), *q = em_test_tmp_path("from_py.safetensors");
     assert_int_equal(em_safetensors_save(p, names, t, 3, meta, 1), EM_OK);
     char cmd[2048];
     snprintf(cmd, sizeof cmd,
@@ -514,5 +485,5 @@ int main(void)
         cmocka_unit_test(test_atomic_save), cmocka_unit_test(test_load_into),
         cmocka_unit_test(test_python_interop),
     };
-    return cmocka_run_group_tests(tests, setup, teardown);
+    return cmocka_run_group_tests(tests, em_test_setup_tmpdir, em_test_teardown_tmpdir);
 }

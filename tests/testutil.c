@@ -1,4 +1,8 @@
+#define _GNU_SOURCE
 #include "testutil.h"
+
+#include <ftw.h>
+#include <sys/stat.h>
 
 #include <math.h>
 #include <stdio.h>
@@ -125,4 +129,36 @@ em_tensor *em_test_make(em_dtype dt, const double *v, const int64_t *shape, int 
     free(raw);
     if (!t) fail_msg("em_from_host: %s", em_last_error());
     return t;
+}
+
+static char g_tmpdir[256];
+
+static int rm_cb(const char *p, const struct stat *sb, int flag, struct FTW *ftw)
+{
+    (void)sb, (void)flag, (void)ftw;
+    return remove(p);
+}
+
+int em_test_setup_tmpdir(void **state)
+{
+    snprintf(g_tmpdir, sizeof g_tmpdir, "/tmp/ember_test_XXXXXX");
+    if (!mkdtemp(g_tmpdir)) return -1;
+    return em_test_setup(state);
+}
+
+int em_test_teardown_tmpdir(void **state)
+{
+    nftw(g_tmpdir, rm_cb, 16, FTW_DEPTH | FTW_PHYS);
+    return em_test_teardown(state);
+}
+
+const char *em_test_tmp_dir(void) { return g_tmpdir; }
+
+char *em_test_tmp_path(const char *name)
+{
+    static char buf[4][512];
+    static int k;
+    char *p = buf[k++ % 4];
+    snprintf(p, 512, "%s/%s", g_tmpdir, name);
+    return p;
 }

@@ -14,6 +14,13 @@
 int em_test_setup(void **state);
 int em_test_teardown(void **state);
 
+/* The same plus a fresh temporary directory, removed with its contents. */
+int em_test_setup_tmpdir(void **state);
+int em_test_teardown_tmpdir(void **state);
+const char *em_test_tmp_dir(void);
+/* "<tmpdir>/<name>" in one of 4 rotating static buffers. */
+char *em_test_tmp_path(const char *name);
+
 /* Reads t (any dtype) into a malloc'd double array; fails the test on error. */
 double *em_test_values(const em_tensor *t);
 /* Asserts shape equality. */
