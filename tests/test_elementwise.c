@@ -11,32 +11,8 @@
 /* ---- helpers ----------------------------------------------------------------- */
 
 
-static void check_dtype(const em_tensor *t, em_dtype dt, const char *what)
-{
-    if (!t) fail_msg("%s: NULL (%s)", what, em_last_error());
-    if (em_tensor_dtype(t) != dt)
-        fail_msg("%s: dtype %s, expected %s", what, em_dtype_name(em_tensor_dtype(t)), em_dtype_name(dt));
-}
-
 /* Checks values + dtype of r against want[n], then releases r. */
-static void expect(em_tensor *r, em_dtype dt, const double *want, int64_t n, double rtol, double atol, const char *what)
-{
-    check_dtype(r, dt, what);
-    if (em_tensor_numel(r) != n) fail_msg("%s: numel %lld, expected %lld", what, (long long)em_tensor_numel(r), (long long)n);
-    double *v = em_test_values(r);
-    for (int64_t i = 0; i < n; i++) {
-        bool ok = (isnan(want[i]) && isnan(v[i])) || (isinf(want[i]) && v[i] == want[i]) ||
-                  fabs(v[i] - want[i]) <= atol + rtol * fabs(want[i]);
-        if (!ok) {
-            double got = v[i];
-            free(v);
-            fail_msg("%s: element %lld: got %.9g, expected %.9g", what, (long long)i, got, want[i]);
-        }
-    }
-    free(v);
-    em_tensor_release(r);
-}
-#define EXPECT(r, dt, what, ...) expect(r, dt, VALS(__VA_ARGS__), 0, 0, what)
+#define EXPECT(r, dt, what, ...) em_test_expect(r, dt, VALS(__VA_ARGS__), 0, 0, what)
 
 static void assert_msg_has(const char *needle)
 {
@@ -145,7 +121,7 @@ static void run_unary_table(em_dtype dt, double rtol, double atol)
         snprintf(what, sizeof what, "%s(%s)", UNARY[c].name, em_dtype_name(dt));
         em_tensor *r = UNARY[c].fn(x);
         em_test_assert_shape(r, 1, &(int64_t){NX});
-        expect(r, UNARY[c].to_bool ? EM_BOOL : dt, want, NX, rtol, atol, what);
+        em_test_expect(r, UNARY[c].to_bool ? EM_BOOL : dt, want, NX, rtol, atol, what);
     }
     em_tensor_release(x);
 }
@@ -187,15 +163,15 @@ static void test_stability(void **state)
     (void)state;
     em_tensor *x = F32((4), -100, 100, -1000, 1000);
     /* sigmoid, softplus, silu never overflow to nan */
-    expect(em_sigmoid(x), EM_F32, VALS(1 / (1 + exp(100.0)), 1, 0, 1), 1e-6, 1e-44, "sigmoid");
-    expect(em_softplus(x), EM_F32, VALS(exp(-100.0), 100, 0, 1000), 1e-6, 1e-30, "softplus");
-    expect(em_silu(x), EM_F32, VALS(-100 * exp(-100.0), 100, -0.0, 1000), 1e-6, 1e-30, "silu");
-    expect(em_tanh(x), EM_F32, VALS(-1, 1, -1, 1), 0, 0, "tanh");
-    expect(em_gelu(x), EM_F32, VALS(-0.0, 100, -0.0, 1000), 0, 1e-30, "gelu");
-    expect(em_exp(x), EM_F32, VALS((double)(float)exp(-100.0), INFINITY, 0, INFINITY), 1e-5, 1e-44, "exp");
+    em_test_expect(em_sigmoid(x), EM_F32, VALS(1 / (1 + exp(100.0)), 1, 0, 1), 1e-6, 1e-44, "sigmoid");
+    em_test_expect(em_softplus(x), EM_F32, VALS(exp(-100.0), 100, 0, 1000), 1e-6, 1e-30, "softplus");
+    em_test_expect(em_silu(x), EM_F32, VALS(-100 * exp(-100.0), 100, -0.0, 1000), 1e-6, 1e-30, "silu");
+    em_test_expect(em_tanh(x), EM_F32, VALS(-1, 1, -1, 1), 0, 0, "tanh");
+    em_test_expect(em_gelu(x), EM_F32, VALS(-0.0, 100, -0.0, 1000), 0, 1e-30, "gelu");
+    em_test_expect(em_exp(x), EM_F32, VALS((double)(float)exp(-100.0), INFINITY, 0, INFINITY), 1e-5, 1e-44, "exp");
     em_tensor *d = F64((4), -100, 100, -1000, 1000);
-    expect(em_sigmoid(d), EM_F64, VALS(1 / (1 + exp(100.0)), 1, 0, 1), 1e-14, 0, "sigmoid f64");
-    expect(em_softplus(d), EM_F64, VALS(log1p(exp(-100.0)), 100, 0, 1000), 1e-14, 0, "softplus f64");
+    em_test_expect(em_sigmoid(d), EM_F64, VALS(1 / (1 + exp(100.0)), 1, 0, 1), 1e-14, 0, "sigmoid f64");
+    em_test_expect(em_softplus(d), EM_F64, VALS(log1p(exp(-100.0)), 100, 0, 1000), 1e-14, 0, "softplus f64");
     em_tensor_release(x);
     em_tensor_release(d);
 }
@@ -222,15 +198,15 @@ static void test_unary_int_inputs(void **state)
     em_tensor *u = T(EM_U8, (3), 0, 1, 4);
     em_tensor *b = T(EM_BOOL, (2), 0, 1);
     /* float math promotes to f32 */
-    expect(em_exp(i), EM_F32, VALS(exp(-2.0), 1, exp(1.0), exp(4.0)), 1e-6, 0, "exp(i32)");
+    em_test_expect(em_exp(i), EM_F32, VALS(exp(-2.0), 1, exp(1.0), exp(4.0)), 1e-6, 0, "exp(i32)");
     EXPECT(em_sqrt(l), EM_F32, "sqrt(i64)", 0, 1, 2);
     EXPECT(em_sqrt(u), EM_F32, "sqrt(u8)", 0, 1, 2);
-    expect(em_sigmoid(b), EM_F32, VALS(0.5, 1 / (1 + exp(-1.0))), 1e-6, 0, "sigmoid(bool)");
+    em_test_expect(em_sigmoid(b), EM_F32, VALS(0.5, 1 / (1 + exp(-1.0))), 1e-6, 0, "sigmoid(bool)");
     EXPECT(em_reciprocal(l), EM_F32, "reciprocal(i64)", INFINITY, 1, 0.25);
-    expect(em_log(i), EM_F32, VALS(NAN, -INFINITY, 0, log(4.0)), 1e-6, 0, "log(i32)");
-    expect(em_tanh(i), EM_F32, VALS(tanh(-2.0), 0, tanh(1.0), tanh(4.0)), 1e-6, 0, "tanh(i32)");
-    expect(em_gelu(l), EM_F32, VALS(0, r_gelu(1), r_gelu(4)), 1e-6, 0, "gelu(i64)");
-    expect(em_elu(i, 1.0), EM_F32, VALS(exp(-2.0) - 1, 0, 1, 4), 1e-6, 0, "elu(i32)");
+    em_test_expect(em_log(i), EM_F32, VALS(NAN, -INFINITY, 0, log(4.0)), 1e-6, 0, "log(i32)");
+    em_test_expect(em_tanh(i), EM_F32, VALS(tanh(-2.0), 0, tanh(1.0), tanh(4.0)), 1e-6, 0, "tanh(i32)");
+    em_test_expect(em_gelu(l), EM_F32, VALS(0, r_gelu(1), r_gelu(4)), 1e-6, 0, "gelu(i64)");
+    em_test_expect(em_elu(i, 1.0), EM_F32, VALS(exp(-2.0) - 1, 0, 1, 4), 1e-6, 0, "elu(i32)");
     /* integer-preserving ops keep the dtype */
     EXPECT(em_neg(i), EM_I32, "neg(i32)", 2, 0, -1, -4);
     EXPECT(em_abs(i), EM_I32, "abs(i32)", 2, 0, 1, 4);
@@ -283,8 +259,8 @@ static void test_scalar_ops_float(void **state)
     EXPECT(em_eq_scalar(n, NAN), EM_BOOL, "eq nan", 0, 0);
     EXPECT(em_ne_scalar(n, NAN), EM_BOOL, "ne nan", 1, 1);
     em_tensor *d = F64((3), 1e300, -2, 0.1);
-    expect(em_mul_scalar(d, 10), EM_F64, VALS(1e301, -20, 1.0), 1e-15, 0, "mul_scalar f64");
-    expect(em_add_scalar(d, 0.2), EM_F64, VALS(1e300, -1.8, 0.1 + 0.2), 1e-15, 0, "add_scalar f64");
+    em_test_expect(em_mul_scalar(d, 10), EM_F64, VALS(1e301, -20, 1.0), 1e-15, 0, "mul_scalar f64");
+    em_test_expect(em_add_scalar(d, 0.2), EM_F64, VALS(1e300, -1.8, 0.1 + 0.2), 1e-15, 0, "add_scalar f64");
     em_tensor_release(x);
     em_tensor_release(n);
     em_tensor_release(d);
@@ -387,7 +363,7 @@ static void run_binary_table(em_dtype dt, double rtol)
         }
         char what[64];
         snprintf(what, sizeof what, "%s(%s)", BINARY[c].name, em_dtype_name(dt));
-        expect(BINARY[c].fn(a, b), BINARY[c].to_bool ? EM_BOOL : dt, want, 8, rtol, 0, what);
+        em_test_expect(BINARY[c].fn(a, b), BINARY[c].to_bool ? EM_BOOL : dt, want, 8, rtol, 0, what);
     }
     em_tensor_release(a);
     em_tensor_release(b);
@@ -432,7 +408,7 @@ static void test_binary_int(void **state)
     EXPECT(em_add(a, b), EM_I32, "add(i32)", -1, 1, -5, 4, 10, 4);
     EXPECT(em_sub(a, b), EM_I32, "sub(i32)", -5, 5, -9, 10, 0, -4);
     EXPECT(em_mul(a, b), EM_I32, "mul(i32)", -6, -6, -14, -21, 25, 0);
-    expect(em_div(a, b), EM_F32, VALS(-1.5, -1.5, -3.5, -7.0 / 3, 1, 0), 1e-6, 0, "div(i32) true division");
+    em_test_expect(em_div(a, b), EM_F32, VALS(-1.5, -1.5, -3.5, -7.0 / 3, 1, 0), 1e-6, 0, "div(i32) true division");
     EXPECT(em_maximum(a, b), EM_I32, "maximum(i32)", 2, 3, 2, 7, 5, 4);
     EXPECT(em_minimum(a, b), EM_I32, "minimum(i32)", -3, -2, -7, -3, 5, 0);
     /* Python-sign remainder: remainder(-3, 2) = 1, remainder(3, -2) = -1 */
@@ -448,7 +424,7 @@ static void test_binary_int(void **state)
     em_tensor *la = em_from_host((const int64_t[]){p53, -p53}, SHAPE(2), 1, EM_I64), *lb = T(EM_I64, (2), 0, 1);
     int64_t out[2];
     em_tensor *ls = em_add(la, lb);
-    check_dtype(ls, EM_I64, "add(i64)");
+    em_test_check_dtype(ls, EM_I64, "add(i64)");
     assert_int_equal(em_to_host(ls, out, sizeof out), EM_OK);
     assert_true(out[0] == ((int64_t)1 << 53) + 1); /* no detour through double */
     assert_true(out[1] == -((int64_t)1 << 53));
@@ -504,7 +480,7 @@ static void test_broadcast(void **state)
     EXPECT(r, EM_F32, "[2,3]+[3]", 11, 22, 33, 14, 25, 36);
     r = em_div(v3, m23);
     em_test_assert_shape(r, 2, SHAPE(2, 3));
-    expect(r, EM_F32, VALS(10, 10, 10, 2.5, 4, 5), 1e-6, 0, "[3]/[2,3]");
+    em_test_expect(r, EM_F32, VALS(10, 10, 10, 2.5, 4, 5), 1e-6, 0, "[3]/[2,3]");
 
     em_tensor *s = em_scalar(2, EM_F32), *m22 = F32((2, 2), 1, 2, 3, 4);
     r = em_mul(s, m22);
@@ -543,7 +519,7 @@ static void test_broadcast(void **state)
     for (int i = 0; i < 2; i++)
         for (int j = 0; j < 4; j++)
             for (int k = 0; k < 3; k++) want[(i * 4 + j) * 3 + k] = (i * 3 + k) + 10 * j;
-    expect(r, EM_F32, want, 24, 0, 0, "[2,1,3]+[4,1]");
+    em_test_expect(r, EM_F32, want, 24, 0, 0, "[2,1,3]+[4,1]");
 
     /* incompatible shapes name both shapes */
     em_tensor *m24 = em_zeros(SHAPE(2, 4), 2, EM_F32);
@@ -570,26 +546,26 @@ static void test_promotion(void **state)
     em_tensor *i32 = T(EM_I32, (2), 3, -4), *i64 = T(EM_I64, (2), 10, 20), *f32 = F32((2), 0.5, 0.25),
               *f64 = F64((2), 0.125, 1e-10), *u8 = T(EM_U8, (2), 250, 1), *bl = T(EM_BOOL, (2), 1, 0),
               *bl2 = T(EM_BOOL, (2), 1, 1);
-    expect(em_add(i32, f32), EM_F32, VALS(3.5, -3.75), 0, 0, "i32+f32");
-    expect(em_add(f32, i32), EM_F32, VALS(3.5, -3.75), 0, 0, "f32+i32");
-    expect(em_add(i32, i64), EM_I64, VALS(13, 16), 0, 0, "i32+i64");
-    expect(em_add(bl, bl2), EM_BOOL, VALS(1, 1), 0, 0, "bool+bool");
-    expect(em_mul(bl, bl2), EM_BOOL, VALS(1, 0), 0, 0, "bool*bool");
-    expect(em_add(u8, i32), EM_I32, VALS(253, -3), 0, 0, "u8+i32 (no u8 wrap)");
-    expect(em_add(u8, bl), EM_U8, VALS(251, 1), 0, 0, "u8+bool");
-    expect(em_add(bl, i32), EM_I32, VALS(4, -4), 0, 0, "bool+i32");
-    expect(em_div(i32, T(EM_I32, (2), 2, 8)), EM_F32, VALS(1.5, -0.5), 0, 0, "i32/i32");
-    expect(em_div(i64, i64), EM_F32, VALS(1, 1), 0, 0, "i64/i64");
-    expect(em_lt(i32, f32), EM_BOOL, VALS(0, 1), 0, 0, "i32<f32");
-    expect(em_eq(f32, f64), EM_BOOL, VALS(0, 0), 0, 0, "f32==f64");
-    expect(em_add(f32, f64), EM_F64, VALS(0.625, 0.25 + 1e-10), 1e-15, 0, "f32+f64");
-    expect(em_add(i64, f32), EM_F32, VALS(10.5, 20.25), 0, 0, "i64+f32");
-    expect(em_mul(i64, f64), EM_F64, VALS(1.25, 2e-9), 1e-15, 0, "i64*f64");
-    expect(em_maximum(u8, i64), EM_I64, VALS(250, 20), 0, 0, "maximum(u8,i64)");
-    expect(em_sub(f64, u8), EM_F64, VALS(0.125 - 250, 1e-10 - 1), 1e-15, 0, "f64-u8");
-    expect(em_where(bl, i32, f32), EM_F32, VALS(3, 0.25), 0, 0, "where(i32, f32)");
-    expect(em_where(bl, i32, i64), EM_I64, VALS(3, 20), 0, 0, "where(i32, i64)");
-    expect(em_where(bl, f32, f64), EM_F64, VALS(0.5, 1e-10), 1e-15, 0, "where(f32, f64)");
+    em_test_expect(em_add(i32, f32), EM_F32, VALS(3.5, -3.75), 0, 0, "i32+f32");
+    em_test_expect(em_add(f32, i32), EM_F32, VALS(3.5, -3.75), 0, 0, "f32+i32");
+    em_test_expect(em_add(i32, i64), EM_I64, VALS(13, 16), 0, 0, "i32+i64");
+    em_test_expect(em_add(bl, bl2), EM_BOOL, VALS(1, 1), 0, 0, "bool+bool");
+    em_test_expect(em_mul(bl, bl2), EM_BOOL, VALS(1, 0), 0, 0, "bool*bool");
+    em_test_expect(em_add(u8, i32), EM_I32, VALS(253, -3), 0, 0, "u8+i32 (no u8 wrap)");
+    em_test_expect(em_add(u8, bl), EM_U8, VALS(251, 1), 0, 0, "u8+bool");
+    em_test_expect(em_add(bl, i32), EM_I32, VALS(4, -4), 0, 0, "bool+i32");
+    em_test_expect(em_div(i32, T(EM_I32, (2), 2, 8)), EM_F32, VALS(1.5, -0.5), 0, 0, "i32/i32");
+    em_test_expect(em_div(i64, i64), EM_F32, VALS(1, 1), 0, 0, "i64/i64");
+    em_test_expect(em_lt(i32, f32), EM_BOOL, VALS(0, 1), 0, 0, "i32<f32");
+    em_test_expect(em_eq(f32, f64), EM_BOOL, VALS(0, 0), 0, 0, "f32==f64");
+    em_test_expect(em_add(f32, f64), EM_F64, VALS(0.625, 0.25 + 1e-10), 1e-15, 0, "f32+f64");
+    em_test_expect(em_add(i64, f32), EM_F32, VALS(10.5, 20.25), 0, 0, "i64+f32");
+    em_test_expect(em_mul(i64, f64), EM_F64, VALS(1.25, 2e-9), 1e-15, 0, "i64*f64");
+    em_test_expect(em_maximum(u8, i64), EM_I64, VALS(250, 20), 0, 0, "maximum(u8,i64)");
+    em_test_expect(em_sub(f64, u8), EM_F64, VALS(0.125 - 250, 1e-10 - 1), 1e-15, 0, "f64-u8");
+    em_test_expect(em_where(bl, i32, f32), EM_F32, VALS(3, 0.25), 0, 0, "where(i32, f32)");
+    em_test_expect(em_where(bl, i32, i64), EM_I64, VALS(3, 20), 0, 0, "where(i32, i64)");
+    em_test_expect(em_where(bl, f32, f64), EM_F64, VALS(0.5, 1e-10), 1e-15, 0, "where(f32, f64)");
     em_scope_end();
 }
 
@@ -606,22 +582,22 @@ static void test_where(void **state)
     em_tensor *mc = T(EM_BOOL, (2, 1), 1, 0);
     em_tensor *r = em_where(mc, a, em_scalar(0, EM_F32));
     em_test_assert_shape(r, 2, SHAPE(2, 3));
-    expect(r, EM_F32, VALS(1, 2, 3, 0, 0, 0), 0, 0, "where [2,1] mask");
+    em_test_expect(r, EM_F32, VALS(1, 2, 3, 0, 0, 0), 0, 0, "where [2,1] mask");
     /* mask [3] against [2,1] a and [1,3] b: all three broadcast to [2,3] */
     em_tensor *m3 = T(EM_BOOL, (3), 0, 1, 0), *a21 = F32((2, 1), 7, 8), *b13 = F32((1, 3), 0, 10, 20);
     r = em_where(m3, a21, b13);
     em_test_assert_shape(r, 2, SHAPE(2, 3));
-    expect(r, EM_F32, VALS(0, 7, 20, 0, 8, 20), 0, 0, "where all broadcast");
+    em_test_expect(r, EM_F32, VALS(0, 7, 20, 0, 8, 20), 0, 0, "where all broadcast");
     /* mask from a comparison; f64 and i64 payloads */
     em_tensor *x = F64((4), -1, 2, -3, 4);
-    expect(em_where(em_gt_scalar(x, 0), x, em_neg(x)), EM_F64, VALS(1, 2, 3, 4), 0, 0, "abs via where");
+    em_test_expect(em_where(em_gt_scalar(x, 0), x, em_neg(x)), EM_F64, VALS(1, 2, 3, 4), 0, 0, "abs via where");
     em_tensor *li = em_from_host((const int64_t[]){((int64_t)1 << 53) + 1, 1, 2}, SHAPE(3), 1, EM_I64);
     int64_t got[3];
     em_tensor *wl = em_where(T(EM_BOOL, (3), 1, 0, 0), li, T(EM_I64, (3), 0, 5, 6));
     assert_int_equal(em_to_host(wl, got, sizeof got), EM_OK);
     assert_true(got[0] == ((int64_t)1 << 53) + 1 && got[1] == 5 && got[2] == 6);
     em_tensor *bb = em_where(T(EM_BOOL, (2), 1, 0), T(EM_BOOL, (2), 0, 0), T(EM_BOOL, (2), 1, 1));
-    expect(bb, EM_BOOL, VALS(0, 1), 0, 0, "where(bool)");
+    em_test_expect(bb, EM_BOOL, VALS(0, 1), 0, 0, "where(bool)");
     em_scope_end();
 }
 
@@ -633,14 +609,14 @@ static void test_masked_fill(void **state)
     em_tensor *m = T(EM_BOOL, (2, 3), 0, 1, 0, 1, 0, 0);
     em_tensor *r = em_masked_fill(a, m, -INFINITY);
     em_test_assert_shape(r, 2, SHAPE(2, 3));
-    expect(r, EM_F32, VALS(1, -INFINITY, 3, -INFINITY, 5, 6), 0, 0, "masked_fill");
+    em_test_expect(r, EM_F32, VALS(1, -INFINITY, 3, -INFINITY, 5, 6), 0, 0, "masked_fill");
     em_tensor *m13 = T(EM_BOOL, (1, 3), 1, 0, 1);
-    expect(em_masked_fill(a, m13, 0.5), EM_F32, VALS(0.5, 2, 0.5, 0.5, 5, 0.5), 0, 0, "masked_fill [1,3] mask");
+    em_test_expect(em_masked_fill(a, m13, 0.5), EM_F32, VALS(0.5, 2, 0.5, 0.5, 5, 0.5), 0, 0, "masked_fill [1,3] mask");
     em_tensor *i = T(EM_I32, (3), 1, 2, 3);
-    expect(em_masked_fill(i, T(EM_BOOL, (3), 1, 0, 0), 9), EM_I32, VALS(9, 2, 3), 0, 0, "masked_fill(i32)");
-    expect(em_masked_fill(a, em_scalar(1, EM_BOOL), 7), EM_F32, VALS(7, 7, 7, 7, 7, 7), 0, 0, "masked_fill 0-d mask");
+    em_test_expect(em_masked_fill(i, T(EM_BOOL, (3), 1, 0, 0), 9), EM_I32, VALS(9, 2, 3), 0, 0, "masked_fill(i32)");
+    em_test_expect(em_masked_fill(a, em_scalar(1, EM_BOOL), 7), EM_F32, VALS(7, 7, 7, 7, 7, 7), 0, 0, "masked_fill 0-d mask");
     /* a itself is unchanged */
-    expect(em_contiguous(a), EM_F32, VALS(1, 2, 3, 4, 5, 6), 0, 0, "input unchanged");
+    em_test_expect(em_contiguous(a), EM_F32, VALS(1, 2, 3, 4, 5, 6), 0, 0, "input unchanged");
 
     em_clear_error();
     em_test_assert_error(em_masked_fill(a, F32((2, 3), 0, 1, 0, 1, 0, 0), 0), "bool", NULL);
@@ -686,7 +662,7 @@ static void test_view_inputs(void **state)
     em_test_assert_shape(at, 2, SHAPE(3, 2));
     assert_false(em_tensor_is_contiguous(at));
     EXPECT(em_neg(at), EM_F32, "neg(transpose)", -1, -4, -2, -5, -3, -6);
-    expect(em_exp(at), EM_F32, VALS(exp(1.0), exp(4.0), exp(2.0), exp(5.0), exp(3.0), exp(6.0)), 1e-6, 0, "exp(transpose)");
+    em_test_expect(em_exp(at), EM_F32, VALS(exp(1.0), exp(4.0), exp(2.0), exp(5.0), exp(3.0), exp(6.0)), 1e-6, 0, "exp(transpose)");
     em_tensor *b = F32((3, 2), 10, 20, 30, 40, 50, 60);
     EXPECT(em_add(at, b), EM_F32, "transpose + contiguous", 11, 24, 32, 45, 53, 66);
     EXPECT(em_add(b, at), EM_F32, "contiguous + transpose", 11, 24, 32, 45, 53, 66);
@@ -696,7 +672,7 @@ static void test_view_inputs(void **state)
     /* cast of a strided view */
     EXPECT(em_add(at, T(EM_I32, (3, 2), 1, 1, 1, 1, 1, 1)), EM_F32, "transpose + i32", 2, 5, 3, 6, 4, 7);
     em_tensor *ai = T(EM_I32, (2, 3), 1, 2, 3, 4, 5, 6);
-    expect(em_sqrt(em_transpose(ai, 0, 1)), EM_F32, VALS(1, 2, sqrt(2.0), sqrt(5.0), sqrt(3.0), sqrt(6.0)), 1e-6, 0,
+    em_test_expect(em_sqrt(em_transpose(ai, 0, 1)), EM_F32, VALS(1, 2, sqrt(2.0), sqrt(5.0), sqrt(3.0), sqrt(6.0)), 1e-6, 0,
            "sqrt(i32 transpose)");
 
     /* slices with an offset and a step */

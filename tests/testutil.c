@@ -60,21 +60,42 @@ void em_test_assert_shape(const em_tensor *t, int ndim, const int64_t *shape)
                  em_shape_str(shape, ndim, b, sizeof b));
 }
 
+static bool close_enough(double got, double want, double rtol, double atol)
+{
+    return (isnan(want) && isnan(got)) || (isinf(want) && got == want) || fabs(got - want) <= atol + rtol * fabs(want);
+}
+
+static void check_values(const em_tensor *t, const double *want, int64_t n, double rtol, double atol, const char *what)
+{
+    if (em_tensor_numel(t) != n) fail_msg("%s: numel %lld, expected %lld", what, (long long)em_tensor_numel(t), (long long)n);
+    double *v = em_test_values(t);
+    for (int64_t i = 0; i < n; i++)
+        if (!close_enough(v[i], want[i], rtol, atol)) {
+            double got = v[i];
+            free(v);
+            fail_msg("%s: element %lld: got %.9g, expected %.9g", what, (long long)i, got, want[i]);
+        }
+    free(v);
+}
+
 void em_test_assert_close(const em_tensor *t, const double *want, int64_t n, double rtol, double atol)
 {
     if (!t) fail_msg("tensor is NULL: %s", em_last_error());
-    if (em_tensor_numel(t) != n) fail_msg("numel %lld, expected %lld", (long long)em_tensor_numel(t), (long long)n);
-    double *v = em_test_values(t);
-    for (int64_t i = 0; i < n; i++) {
-        bool ok = (isnan(want[i]) && isnan(v[i])) || (isinf(want[i]) && v[i] == want[i]) ||
-                  fabs(v[i] - want[i]) <= atol + rtol * fabs(want[i]);
-        if (!ok) {
-            double got = v[i];
-            free(v);
-            fail_msg("element %lld: got %.9g, expected %.9g", (long long)i, got, want[i]);
-        }
-    }
-    free(v);
+    check_values(t, want, n, rtol, atol, "values");
+}
+
+void em_test_check_dtype(const em_tensor *t, em_dtype dt, const char *what)
+{
+    if (!t) fail_msg("%s: NULL (%s)", what, em_last_error());
+    if (em_tensor_dtype(t) != dt)
+        fail_msg("%s: dtype %s, expected %s", what, em_dtype_name(em_tensor_dtype(t)), em_dtype_name(dt));
+}
+
+void em_test_expect(em_tensor *r, em_dtype dt, const double *want, int64_t n, double rtol, double atol, const char *what)
+{
+    em_test_check_dtype(r, dt, what);
+    check_values(r, want, n, rtol, atol, what);
+    em_tensor_release(r);
 }
 
 void em_test_assert_error(const em_tensor *r, ...)

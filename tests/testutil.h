@@ -27,6 +27,11 @@ double *em_test_values(const em_tensor *t);
 void em_test_assert_shape(const em_tensor *t, int ndim, const int64_t *shape);
 /* Asserts |t[i] - want[i]| <= atol + rtol*|want[i]| for all i (shape must match numel n). */
 void em_test_assert_close(const em_tensor *t, const double *want, int64_t n, double rtol, double atol);
+/* Fails (naming @p what) unless t is non-NULL with dtype dt. */
+void em_test_check_dtype(const em_tensor *t, em_dtype dt, const char *what);
+/* Checks dtype, numel and values of r (tolerances as em_test_assert_close),
+ * then releases r. */
+void em_test_expect(em_tensor *r, em_dtype dt, const double *want, int64_t n, double rtol, double atol, const char *what);
 /* Asserts that an op returned NULL and the error message contains all the given substrings (NULL-terminated). */
 void em_test_assert_error(const em_tensor *r, ...);
 /* f32 tensor from a literal list. */
