@@ -49,25 +49,7 @@ fi
 
 # ---- environment ------------------------------------------------------------------
 WORK=$(mktemp -d /tmp/ember-gpu.XXXXXX)
-FB="$WORK/fallback"
-mkdir -p "$FB"
-# fallback libraries only where the image has no library of that soname
-ldconfig -p >"$WORK/ldcache" 2>/dev/null || true
-for f in "$DEPS"/fallback/*; do
-  [ -e "$f" ] || continue
-  so=$(basename "$f")
-  if ! grep -q "^[[:space:]]*$so " "$WORK/ldcache" && ! ls /usr/local/cuda/lib64/"$so" >/dev/null 2>&1; then
-    ln -s "$f" "$FB/$so"
-  fi
-done
-CUDA_LIBS=""
-for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib; do [ -d "$d" ] && CUDA_LIBS="$CUDA_LIBS:$d"; done
-export LD_LIBRARY_PATH="$BUILD:$DEPS/starpu/lib:$DEPS/lib:$FB$CUDA_LIBS${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-export PATH="$DEPS/starpu/bin:/usr/local/cuda/bin:$PATH"
-export STARPU_HOME="$WORK/starpu-home"   # one bus calibration for every step
-# the image lacks Debian's dataset package: the e2e tests read the carried copy
-if [ -f "$DEPS/fashion-mnist/train-images-idx3-ubyte.gz" ]; then export EMBER_DATA_DIR="$DEPS/fashion-mnist"; fi
-mkdir -p "$STARPU_HOME"
+. "$ROOT/scripts/gpu-env.sh"
 export STARPU_SILENT=1
 export OCL_ICD_VENDORS=/nonexistent      # CUDA, not OpenCL, drives the GPU here
 export EMBER_TEST_DATA="$ROOT/tests/fixtures"

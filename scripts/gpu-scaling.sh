@@ -75,25 +75,10 @@ fi
 [ -x "$BUILD/bench/bench_scaling" ] || say "gpu-scaling: WARNING: build-gpu/bench/bench_scaling missing (rebuild with scripts/gpu-pack.sh)"
 
 # ---- environment (as scripts/gpu-run.sh) ---------------------------------------------
-ORIG_LD="${LD_LIBRARY_PATH:-}"
 WORK=$(mktemp -d /tmp/ember-scaling.XXXXXX)
 trap 'rm -rf "$WORK"' EXIT
-FB="$WORK/fallback"
-mkdir -p "$FB"
-ldconfig -p >"$WORK/ldcache" 2>/dev/null || true
-for f in "$DEPS"/fallback/*; do
-  [ -e "$f" ] || continue
-  so=$(basename "$f")
-  if ! grep -q "^[[:space:]]*$so " "$WORK/ldcache" && ! ls /usr/local/cuda/lib64/"$so" >/dev/null 2>&1; then
-    ln -s "$f" "$FB/$so"
-  fi
-done
-CUDA_LIBS=""
-for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib; do [ -d "$d" ] && CUDA_LIBS="$CUDA_LIBS:$d"; done
-export LD_LIBRARY_PATH="$BUILD:$DEPS/starpu/lib:$DEPS/lib:$FB$CUDA_LIBS${ORIG_LD:+:$ORIG_LD}"
-export PATH="$DEPS/starpu/bin:/usr/local/cuda/bin:$PATH"
-export STARPU_HOME="$WORK/starpu-home"
-mkdir -p "$STARPU_HOME"
+. "$ROOT/scripts/gpu-env.sh"
+ORIG_LD="$EMBER_ORIG_LD_LIBRARY_PATH"
 export STARPU_SILENT=1 OCL_ICD_VENDORS=/nonexistent
 export STARPU_WORKERS_NOBIND=1 STARPU_WORKERS_GETBIND=0
 export EMBER_NCPU="${SCALING_NCPU:-2}"
