@@ -226,6 +226,13 @@ em_tensor *em_grad(const em_grads *g, const em_tensor *t)
     return g->keys[i] ? g->vals[i] : NULL;
 }
 
+em_grads *em_grads_new(void)
+{
+    em_grads *g = grads_new(8);
+    if (!g) em__set_error(EM_ERR_NOMEM, "em_grads_new: out of memory");
+    return g;
+}
+
 em_status em_grads_set(em_grads *g, const em_tensor *t, em_tensor *grad)
 {
     if (!g || !t || !grad) return em__set_error(EM_ERR_INVALID, "em_grads_set: NULL argument");

@@ -49,6 +49,8 @@ typedef struct ar_piece {
 } ar_piece;
 
 typedef struct ar_args {
+    void *nccl_comm;  /* [nccl] NULL: the process communicator; else a replica's (replicas.c) */
+    int32_t watch;    /* under the collective watchdog */
     int32_t dtype;    /* EM_F32 / EM_F64 */
     int32_t bucket;   /* index of the bucket's buffer (the one reduced) */
     int64_t offset;   /* elements: where the reduced range starts in it */
@@ -99,7 +101,7 @@ static void cuda_allreduce_mean(void *buffers[], void *cl_arg)
         const char *src = (const char *)STARPU_VECTOR_GET_PTR(buffers[p->buf]) + (size_t)p->src_offset * es;
         em__dist_nccl_pack(base + (size_t)p->dst_offset * es, src, (size_t)p->count * es);
     }
-    em__dist_nccl_allreduce_mean(base, a->count, a->dtype == EM_F64);
+    em__dist_nccl_allreduce_mean(base, a->count, a->dtype == EM_F64, a->nccl_comm, a->watch != 0);
 }
 #endif
 
@@ -134,11 +136,14 @@ void em__dist_tasks_shutdown(void)
 
 /* Submits one reduction task: @p nh handles with modes, the chain token is
  * appended. Takes ownership of @p a (freed by StarPU). */
-static em_status submit_task(ar_args *a, size_t args_size, starpu_data_handle_t *h, enum starpu_data_access_mode *m, int nh)
+static em_status submit_task(ar_args *a, size_t args_size, starpu_data_handle_t *h, enum starpu_data_access_mode *m, int nh,
+                             const em__ar_target *tg)
 {
-    if (!g_token_registered) {
+    a->nccl_comm = tg->nccl_comm;
+    a->watch = tg->watch;
+    if (!tg->token) {
         free(a);
-        return em__set_error(EM_ERR_STATE, "em_dist_allreduce_grads: the runtime was restarted outside em_dist_init");
+        return em__set_error(EM_ERR_STATE, "gradient all-reduce: no chain token (runtime restarted?)");
     }
     struct starpu_task *task = starpu_task_create();
     int nb = nh + 1;
@@ -164,7 +169,7 @@ static em_status submit_task(ar_args *a, size_t args_size, starpu_data_handle_t 
         H[i] = h[i];
         M[i] = m[i];
     }
-    H[nh] = g_token;
+    H[nh] = tg->token;
     M[nh] = STARPU_RW;
     task->dyn_handles = dh;
     task->dyn_modes = dm;
@@ -174,9 +179,9 @@ static em_status submit_task(ar_args *a, size_t args_size, starpu_data_handle_t 
     task->cl_arg_size = args_size;
     task->cl_arg_free = 1;
     task->priority = STARPU_MAX_PRIO; /* start the exchange as soon as the bucket is ready */
-    /* [nccl] NCCL on the rank's CUDA worker (decided once, alike on every
-     * rank, by em__dist_nccl_init), else MPI on a CPU worker. */
-    int nccl_worker = em__dist_nccl_worker();
+    /* [nccl] NCCL on the target's CUDA worker (for a rank: decided once,
+     * alike on every rank, by em__dist_nccl_init), else MPI on a CPU worker. */
+    int nccl_worker = tg->worker;
     if (nccl_worker >= 0) {
         task->where = STARPU_CUDA;
         task->execute_on_a_specific_worker = 1;
@@ -217,7 +222,7 @@ static bool can_reduce_in_place(const entry *all, int k, int n)
 /* Reduces entries [lo, hi) (same dtype) as one bucket: ONE task packs them
  * into a fresh flat tensor (W access: no fill needed), reduces and scales it;
  * the container then holds views of the bucket. */
-static em_status flush_bucket(em_grads *g, const entry *all, int n, int lo, int hi)
+static em_status flush_bucket(em_grads *g, const entry *all, int n, int lo, int hi, const em__ar_target *tg)
 {
     if (hi <= lo) return EM_OK;
     em_dtype dt = em_tensor_dtype(all[lo].grad);
@@ -229,7 +234,7 @@ static em_status flush_bucket(em_grads *g, const entry *all, int n, int lo, int 
         em_log_msg(EM_LOG_DEBUG, "dist: bucket of 1 gradient (%lld elements), reduced in place", (long long)a->count);
         starpu_data_handle_t h = t->storage->handle;
         enum starpu_data_access_mode m = STARPU_RW;
-        return submit_task(a, sizeof *a, &h, &m, 1);
+        return submit_task(a, sizeof *a, &h, &m, 1, tg);
     }
     int k = hi - lo;
     size_t asz = sizeof(ar_args) + sizeof(ar_piece) * (size_t)k;
@@ -271,7 +276,7 @@ static em_status flush_bucket(em_grads *g, const entry *all, int n, int lo, int 
         h[nh] = flat->storage->handle;
         m[nh] = STARPU_W;
         em_log_msg(EM_LOG_DEBUG, "dist: bucket of %d gradients (%lld elements), packed", k, (long long)total);
-        st = submit_task(a, asz, h, m, nh + 1);
+        st = submit_task(a, asz, h, m, nh + 1, tg);
         a = NULL; /* owned by the task now */
     }
     /* The container now holds views of the reduced bucket (it drops the old
@@ -299,6 +304,14 @@ em_status em_dist_allreduce_grads(em_grads *g, em_tensor *const *params, int n)
 {
     if (!g || (n > 0 && !params) || n < 0) return em__set_error(EM_ERR_INVALID, "em_dist_allreduce_grads: bad arguments");
     if (em_dist_world_size() <= 1 || n == 0) return EM_OK;
+    if (!g_token_registered)
+        return em__set_error(EM_ERR_STATE, "em_dist_allreduce_grads: the runtime was restarted outside em_dist_init");
+    em__ar_target tg = {.worker = em__dist_nccl_worker(), .token = g_token, .nccl_comm = NULL, .watch = true};
+    return em__dist_reduce_grads(g, params, n, &tg);
+}
+
+em_status em__dist_reduce_grads(em_grads *g, em_tensor *const *params, int n, const em__ar_target *tg)
+{
     entry *e = malloc(sizeof *e * (size_t)n);
     if (!e) return em__set_error(EM_ERR_NOMEM, "out of memory");
     em_status st = EM_OK;
@@ -339,13 +352,13 @@ em_status em_dist_allreduce_grads(em_grads *g, em_tensor *const *params, int n)
         em_dtype dt = em_tensor_dtype(e[i].grad);
         size_t nb = (size_t)em_tensor_numel(e[i].grad) * em_dtype_size(dt);
         if (i > lo && (em_tensor_dtype(e[lo].grad) != dt || bytes + nb > g_bucket_bytes)) {
-            st = flush_bucket(g, e, ne, lo, i);
+            st = flush_bucket(g, e, ne, lo, i, tg);
             lo = i;
             bytes = 0;
         }
         bytes += nb;
     }
-    if (st == EM_OK) st = flush_bucket(g, e, ne, lo, ne);
+    if (st == EM_OK) st = flush_bucket(g, e, ne, lo, ne, tg);
     em_no_grad_end();
     em_scope_end();
     free(e);

@@ -298,16 +298,11 @@ static em_status ctl_bcast(void *buf, size_t nbytes, const char *what)
 
 /* ---- module state: broadcast, divergence ------------------------------------ */
 
-typedef struct tlist {
-    em_tensor **t;
-    const char **key; /* borrowed from the module while it lives: copied */
-    int n, cap;
-    bool oom;
-} tlist;
+/* ---- a module's tensors as a list (dist_internal.h) --------------------------- */
 
 static void tlist_add(const char *key, em_tensor *t, void *ud)
 {
-    tlist *l = ud;
+    em__dist_tlist *l = ud;
     if (l->oom) return;
     if (l->n == l->cap) {
         int cap = l->cap ? l->cap * 2 : 16;
@@ -325,7 +320,7 @@ static void tlist_add(const char *key, em_tensor *t, void *ud)
     l->t[l->n++] = t;
 }
 
-static void tlist_free(tlist *l)
+void em__dist_tlist_free(em__dist_tlist *l)
 {
     for (int i = 0; i < l->n; i++) free((void *)l->key[i]);
     free(l->t);
@@ -334,16 +329,16 @@ static void tlist_free(tlist *l)
 }
 
 /* Parameters then buffers, in visiting order. */
-static em_status module_state(const em_module *m, tlist *l, const char *fn)
+em_status em__dist_module_state(const em_module *m, em__dist_tlist *l, const char *fn)
 {
     memset(l, 0, sizeof *l);
     if (!m) return em__set_error(EM_ERR_INVALID, "%s: module is NULL", fn);
     if (em_module_visit_params(m, tlist_add, l) != EM_OK || em_module_visit_buffers(m, tlist_add, l) != EM_OK) {
-        tlist_free(l);
+        em__dist_tlist_free(l);
         return em_last_status();
     }
     if (l->oom) {
-        tlist_free(l);
+        em__dist_tlist_free(l);
         return em__set_error(EM_ERR_NOMEM, "%s: out of memory", fn);
     }
     return EM_OK;
@@ -351,7 +346,7 @@ static em_status module_state(const em_module *m, tlist *l, const char *fn)
 
 /* Every rank must hold the same number of tensors and bytes (cheap guard
  * before a broadcast that would otherwise mismatch). */
-static em_status same_layout(const tlist *l, const char *fn)
+static em_status same_layout(const em__dist_tlist *l, const char *fn)
 {
     double v[4] = {(double)l->n, 0, 0, 0};
     for (int i = 0; i < l->n; i++) v[1] += (double)em_tensor_numel(l->t[i]) * (double)em_dtype_size(em_tensor_dtype(l->t[i]));
@@ -369,10 +364,10 @@ static em_status same_layout(const tlist *l, const char *fn)
 
 em_status em_dist_broadcast_params(em_module *m)
 {
-    tlist l;
-    em_status st = module_state(m, &l, "em_dist_broadcast_params");
+    em__dist_tlist l;
+    em_status st = em__dist_module_state(m, &l, "em_dist_broadcast_params");
     if (st != EM_OK || !g_init || em__dist_world == 1) {
-        tlist_free(&l);
+        em__dist_tlist_free(&l);
         return st;
     }
     st = same_layout(&l, "em_dist_broadcast_params");
@@ -401,7 +396,7 @@ em_status em_dist_broadcast_params(em_module *m)
         free(buf);
     }
     em_scope_end();
-    tlist_free(&l);
+    em__dist_tlist_free(&l);
     if (st == EM_OK) st = em_sync();
     return st;
 }
@@ -410,10 +405,10 @@ em_status em_dist_param_divergence(const em_module *m, double *out)
 {
     if (!out) return em__set_error(EM_ERR_INVALID, "em_dist_param_divergence: out is NULL");
     *out = 0;
-    tlist l;
-    em_status st = module_state(m, &l, "em_dist_param_divergence");
+    em__dist_tlist l;
+    em_status st = em__dist_module_state(m, &l, "em_dist_param_divergence");
     if (st != EM_OK || !g_init || em__dist_world == 1) {
-        tlist_free(&l);
+        em__dist_tlist_free(&l);
         return st;
     }
     st = same_layout(&l, "em_dist_param_divergence");
@@ -437,7 +432,7 @@ em_status em_dist_param_divergence(const em_module *m, double *out)
         free(mine);
         free(r0);
     }
-    tlist_free(&l);
+    em__dist_tlist_free(&l);
     if (st == EM_OK) st = em_dist_allreduce_max(&worst, 1);
     if (st == EM_OK) *out = worst;
     return st;
@@ -465,7 +460,7 @@ typedef struct cfg_record {
 } cfg_record;
 
 /* One line per parameter/buffer: "key float32 [784, 32]". */
-static char *describe(const tlist *l, int64_t *nscalars)
+static char *describe(const em__dist_tlist *l, int64_t *nscalars)
 {
     size_t cap = 256, len = 0;
     char *s = malloc(cap);
@@ -514,18 +509,18 @@ static void nth_line(const char *text, int64_t idx, char *out, size_t n)
 
 em_status em_dist_check_config(const em_module *m, const char *hparams)
 {
-    tlist l;
-    em_status st = module_state(m, &l, "em_dist_check_config");
+    em__dist_tlist l;
+    em_status st = em__dist_module_state(m, &l, "em_dist_check_config");
     if (st != EM_OK) return st;
     if (!g_init || em__dist_world == 1) {
-        tlist_free(&l);
+        em__dist_tlist_free(&l);
         return EM_OK;
     }
     cfg_record me;
     memset(&me, 0, sizeof me);
     char *text = describe(&l, &me.nscalars);
     me.ntensors = l.n;
-    tlist_free(&l);
+    em__dist_tlist_free(&l);
     if (!text) return em__set_error(EM_ERR_NOMEM, "em_dist_check_config: out of memory");
     me.model_hash = fnv1a(0xcbf29ce484222325ULL, text, strlen(text));
     me.hp_hash = fnv1a(0xcbf29ce484222325ULL, hparams ? hparams : "", hparams ? strlen(hparams) : 0);

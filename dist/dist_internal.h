@@ -5,6 +5,7 @@
 #include "ember/dist.h"
 
 #include <mpi.h>
+#include <starpu.h>
 
 /* Two duplicates of MPI_COMM_WORLD: gradient reductions run inside StarPU
  * tasks (on workers) while control collectives (broadcast, metrics, config
@@ -22,6 +23,31 @@ void em__dist_watch_end(int slot);
 /* allreduce.c: the chain token and codelet (registered after em_init). */
 em_status em__dist_tasks_init(void);
 void em__dist_tasks_shutdown(void);
+
+/* Where a list of gradients is reduced (allreduce.c): the process's own
+ * reduction across ranks, or one replica's share of an in-process reduction
+ * (replicas.c). */
+typedef struct em__ar_target {
+    int worker;                 /* [nccl] CUDA worker running the NCCL call; -1: a CPU worker, MPI */
+    starpu_data_handle_t token; /* chains this target's reductions in submission order */
+    void *nccl_comm;            /* [nccl] NULL: the process communicator */
+    bool watch;                 /* under the collective watchdog */
+} em__ar_target;
+/* Buckets the gradients of @p params (reverse order, zeros for missing ones,
+ * float32/float64) and submits one reduction task per bucket to @p tg; the
+ * entries of @p g become views of the reduced buckets. Only submits. */
+em_status em__dist_reduce_grads(em_grads *g, em_tensor *const *params, int n, const em__ar_target *tg);
+
+/* A module's parameters then buffers, in visiting order, with their keys
+ * (copied). */
+typedef struct em__dist_tlist {
+    em_tensor **t;
+    const char **key;
+    int n, cap;
+    bool oom;
+} em__dist_tlist;
+em_status em__dist_module_state(const em_module *m, em__dist_tlist *l, const char *fn);
+void em__dist_tlist_free(em__dist_tlist *l);
 
 /* Largest element count passed to one MPI call. */
 #define EM_DIST_MPI_CHUNK ((int64_t)1 << 30)

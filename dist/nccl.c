@@ -90,15 +90,21 @@ void em__dist_cuda_set_device(int device)
  * several workers on that GPU (STARPU_NWORKER_PER_CUDA >= 2) the collectives
  * take the last one, whose stream is its own, so NCCL overlaps the backward
  * kernels instead of queueing behind them. */
-static int cuda_worker(void)
+int em__dist_collective_worker(int ops_worker)
 {
-    em_placement pl = em__placement();
-    if (pl.where != STARPU_CUDA || pl.worker < 0) return -1;
-    int dev = starpu_worker_get_devid(pl.worker), w = pl.worker;
+    if (ops_worker < 0 || starpu_worker_get_type(ops_worker) != STARPU_CUDA_WORKER) return -1;
+    int dev = starpu_worker_get_devid(ops_worker), w = ops_worker;
     unsigned n = starpu_worker_get_count();
     for (unsigned i = 0; i < n; i++)
         if (starpu_worker_get_type((int)i) == STARPU_CUDA_WORKER && starpu_worker_get_devid((int)i) == dev) w = (int)i;
     return w;
+}
+
+static int cuda_worker(void)
+{
+    em_placement pl = em__placement();
+    if (pl.where != STARPU_CUDA || pl.worker < 0) return -1;
+    return em__dist_collective_worker(pl.worker);
 }
 
 #if !EM_DIST_NCCL
@@ -118,11 +124,26 @@ void em__dist_nccl_pack(void *dst, const void *src, size_t nbytes)
     (void)src;
     (void)nbytes;
 }
-void em__dist_nccl_allreduce_mean(void *buf, int64_t count, bool f64)
+void em__dist_nccl_allreduce_mean(void *buf, int64_t count, bool f64, void *comm, bool watch)
 {
     (void)buf;
     (void)count;
     (void)f64;
+    (void)comm;
+    (void)watch;
+}
+bool em__dist_nccl_local_init(const int *devs, int n, void **comms, char *why, size_t nwhy)
+{
+    (void)devs;
+    (void)n;
+    (void)comms;
+    snprintf(why, nwhy, "this build has no NCCL");
+    return false;
+}
+void em__dist_nccl_local_destroy(void **comms, int n)
+{
+    (void)comms;
+    (void)n;
 }
 
 #else /* EM_DIST_NCCL */
@@ -136,6 +157,7 @@ static struct {
     ncclResult_t (*GetVersion)(int *);
     ncclResult_t (*GetUniqueId)(ncclUniqueId *);
     ncclResult_t (*CommInitRank)(ncclComm_t *, int, ncclUniqueId, int);
+    ncclResult_t (*CommInitAll)(ncclComm_t *, int, const int *);
     ncclResult_t (*CommDestroy)(ncclComm_t);
     ncclResult_t (*AllReduce)(const void *, void *, size_t, ncclDataType_t, ncclRedOp_t, ncclComm_t, cudaStream_t);
     const char *(*GetErrorString)(ncclResult_t);
@@ -157,10 +179,11 @@ static bool load_nccl(char *why, size_t n)
     *(void **)&nc.GetVersion = dlsym(lib, "ncclGetVersion");
     *(void **)&nc.GetUniqueId = dlsym(lib, "ncclGetUniqueId");
     *(void **)&nc.CommInitRank = dlsym(lib, "ncclCommInitRank");
+    *(void **)&nc.CommInitAll = dlsym(lib, "ncclCommInitAll");
     *(void **)&nc.CommDestroy = dlsym(lib, "ncclCommDestroy");
     *(void **)&nc.AllReduce = dlsym(lib, "ncclAllReduce");
     *(void **)&nc.GetErrorString = dlsym(lib, "ncclGetErrorString");
-    if (!nc.GetVersion || !nc.GetUniqueId || !nc.CommInitRank || !nc.CommDestroy || !nc.AllReduce || !nc.GetErrorString) {
+    if (!nc.GetVersion || !nc.GetUniqueId || !nc.CommInitRank || !nc.CommInitAll || !nc.CommDestroy || !nc.AllReduce || !nc.GetErrorString) {
         snprintf(why, n, "the NCCL library lacks an entry point");
         dlclose(lib);
         memset(&nc, 0, sizeof nc);
@@ -283,6 +306,54 @@ void em__dist_nccl_shutdown(void)
     g_worker = -1;
 }
 
+/* ---- in-process replicas (replicas.c) ---------------------------------------- */
+
+bool em__dist_nccl_local_init(const int *devs, int n, void **comms, char *why, size_t nwhy)
+{
+    const char *env = getenv("EMBER_DIST_NCCL");
+    if (env && *env && atoi(env) == 0) {
+        snprintf(why, nwhy, "NCCL disabled (EMBER_DIST_NCCL=0)");
+        return false;
+    }
+    for (int i = 0; i < n; i++)
+        for (int j = 0; j < i; j++)
+            if (devs[i] == devs[j]) {
+                snprintf(why, nwhy, "two replicas share CUDA device %d (NCCL needs one GPU per rank)", devs[i]);
+                return false;
+            }
+    if (!load_nccl(why, nwhy)) return false;
+    int ver = 0;
+    if (nc.GetVersion(&ver) != ncclSuccess || ver < 21000) {
+        snprintf(why, nwhy, "the NCCL library (version code %d) is older than 2.10 (no ncclAvg)", ver);
+        return false;
+    }
+    ncclComm_t *c = calloc((size_t)n, sizeof *c);
+    if (!c) {
+        snprintf(why, nwhy, "out of memory");
+        return false;
+    }
+    int cur = -1;
+    cudaGetDevice(&cur); /* ncclCommInitAll switches devices on this thread */
+    ncclResult_t r = nc.CommInitAll(c, n, devs);
+    if (cur >= 0) cudaSetDevice(cur);
+    if (r != ncclSuccess) {
+        snprintf(why, nwhy, "ncclCommInitAll over %d GPUs failed: %s", n, nc.GetErrorString(r));
+        free(c);
+        return false;
+    }
+    for (int i = 0; i < n; i++) comms[i] = c[i];
+    free(c);
+    em_log_msg(EM_LOG_INFO, "replicas: NCCL %d.%d.%d communicator over %d GPUs of this process", ver / 10000, ver / 100 % 100,
+               ver % 100, n);
+    return true;
+}
+
+void em__dist_nccl_local_destroy(void **comms, int n)
+{
+    for (int i = 0; i < n; i++)
+        if (comms[i]) nc.CommDestroy((ncclComm_t)comms[i]);
+}
+
 /* ---- on the CUDA worker, inside the bucket task ----------------------------- */
 
 static void fatal(const char *what, const char *err)
@@ -305,12 +376,14 @@ void em__dist_nccl_pack(void *dst, const void *src, size_t nbytes)
     if (e != cudaSuccess) fatal("cudaMemcpyAsync (packing a gradient)", cudaGetErrorString(e));
 }
 
-void em__dist_nccl_allreduce_mean(void *buf, int64_t count, bool f64)
+void em__dist_nccl_allreduce_mean(void *buf, int64_t count, bool f64, void *comm, bool watch)
 {
     cudaStream_t s = starpu_cuda_get_local_stream();
-    em__dist_watch_begin(EM_DIST_SLOT_GRAD, "gradient all-reduce (NCCL)");
-    ncclResult_t r = nc.AllReduce(buf, buf, (size_t)count, f64 ? ncclFloat64 : ncclFloat32, ncclAvg, g_comm, s);
+    if (watch) em__dist_watch_begin(EM_DIST_SLOT_GRAD, "gradient all-reduce (NCCL)");
+    ncclResult_t r = nc.AllReduce(buf, buf, (size_t)count, f64 ? ncclFloat64 : ncclFloat32, ncclAvg,
+                                  comm ? (ncclComm_t)comm : g_comm, s);
     if (r != ncclSuccess) fatal("ncclAllReduce", nc.GetErrorString(r));
+    if (!watch) return;
     cudaError_t e = cudaLaunchHostFunc(s, watch_end_cb, NULL);
     if (e != cudaSuccess) {
         em__dist_watch_end(EM_DIST_SLOT_GRAD); /* cannot watch this one */

@@ -41,11 +41,26 @@ void em__dist_nccl_shutdown(void);
  *  reductions take the host MPI path. The same decision on every rank. */
 int em__dist_nccl_worker(void);
 
+/** The CUDA worker that runs collectives for the GPU of CUDA worker
+ *  @p ops_worker: the last worker on that GPU (its own stream when
+ *  STARPU_NWORKER_PER_CUDA >= 2), or -1 when @p ops_worker is not CUDA. */
+int em__dist_collective_worker(int ops_worker);
+
+/** In-process replicas (replicas.c): one NCCL communicator per CUDA device
+ *  of @p devs (n distinct CUDA device ids, ncclCommInitAll), comms[i] for
+ *  devs[i]. false with a reason in @p why when NCCL is absent, too old,
+ *  disabled (EMBER_DIST_NCCL=0), devices repeat, or set-up fails. */
+bool em__dist_nccl_local_init(const int *devs, int n, void **comms, char *why, size_t nwhy);
+/** Destroys communicators from em__dist_nccl_local_init (after em_sync). */
+void em__dist_nccl_local_destroy(void **comms, int n);
+
 /* Called by the CUDA implementation of the bucket task, on that worker:
  * both queue work on starpu_cuda_get_local_stream() and return at once. */
 /** Device-to-device copy of @p nbytes (packing a gradient into the bucket). */
 void em__dist_nccl_pack(void *dst, const void *src, size_t nbytes);
-/** In-place mean over ranks of @p count float32 (or float64) elements. */
-void em__dist_nccl_allreduce_mean(void *buf, int64_t count, bool f64);
+/** In-place mean over the ranks of @p comm (NULL: the process communicator
+ *  of em__dist_nccl_init) of @p count float32 (or float64) elements; @p watch:
+ *  under the collective watchdog. */
+void em__dist_nccl_allreduce_mean(void *buf, int64_t count, bool f64, void *comm, bool watch);
 
 #endif

@@ -110,6 +110,53 @@ int em_worker_count(em_device_kind kind)
     return (int)starpu_worker_get_count_by_type(archtype_of(kind));
 }
 
+int em_device_count(em_device_kind kind)
+{
+    if (!g_initialized) return 0;
+    if (kind == EM_DEVICE_CPU || kind == EM_DEVICE_AUTO) return em_worker_count(EM_DEVICE_CPU) > 0 || kind == EM_DEVICE_AUTO;
+    if (kind == EM_DEVICE_HIP) return 0;
+    int n = 0;
+    while (find_worker((em_device){kind, n}) >= 0) n++;
+    return n;
+}
+
+em_status em_devices_parse(const char *list, em_device *out, int max, int *n)
+{
+    if (!list || !out || !n || max < 1) return em__set_error(EM_ERR_INVALID, "em_devices_parse: bad arguments");
+    *n = 0;
+    const char *p = list;
+    while (*p) {
+        const char *end = strchr(p, ',');
+        size_t len = end ? (size_t)(end - p) : strlen(p);
+        char item[64];
+        if (len == 0 || len >= sizeof item)
+            return em__set_error(EM_ERR_INVALID, "bad device list '%s' (expected e.g. cuda:0,cuda:1 or cuda:all)", list);
+        memcpy(item, p, len);
+        item[len] = 0;
+        char *colon = strchr(item, ':');
+        if (colon && !strcasecmp(colon + 1, "all")) {
+            *colon = 0;
+            em_device d;
+            if (em_device_parse(item, &d) != EM_OK) return em_last_status();
+            if (!g_initialized) return em__set_error(EM_ERR_STATE, "device list '%s': '%s:all' needs the runtime (em_init first)", list, item);
+            int cnt = em_device_count(d.kind);
+            if (cnt == 0) return em__set_error(EM_ERR_DEVICE, "device list '%s': this process has no %s device", list, item);
+            for (int i = 0; i < cnt; i++) {
+                if (*n >= max) return em__set_error(EM_ERR_INVALID, "device list '%s': more than %d devices", list, max);
+                out[(*n)++] = (em_device){d.kind, i};
+            }
+        } else {
+            if (*n >= max) return em__set_error(EM_ERR_INVALID, "device list '%s': more than %d devices", list, max);
+            if (em_device_parse(item, &out[*n]) != EM_OK) return em_last_status();
+            (*n)++;
+        }
+        p += len;
+        if (*p == ',') p++;
+    }
+    if (*n == 0) return em__set_error(EM_ERR_INVALID, "empty device list");
+    return EM_OK;
+}
+
 int em__ncpu_workers(void) { return em_worker_count(EM_DEVICE_CPU); }
 
 em_status em_set_device(em_device d)

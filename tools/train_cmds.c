@@ -113,6 +113,8 @@ static void train_help(void)
            "  --patience N           early stopping after N epochs without val improvement (default off)\n"
            "  --seed N               seed for initialisation, shuffling and dropout (default 0)\n"
            "  --device DEV           cpu, cuda:N, opencl:N, auto (default: EMBER_DEVICE or cpu)\n"
+           "  --devices LIST         data-parallel replicas in this process, one per device:\n"
+           "                         cuda:0,cuda:1 or cuda:all (every GPU); --batch-size is per replica\n"
            "  --workers N            data-loader threads (default 1)\n"
            "  --out DIR              output directory (default runs/fashion-mnist)\n"
            "  --resume FILE          resume from a checkpoint (e.g. runs/fashion-mnist/checkpoint.safetensors)\n"
@@ -125,7 +127,9 @@ static void train_help(void)
            "epoch (the same number of steps on every rank) and gradients are averaged\n"
            "across ranks before each step, so the effective batch is batch-size x N (the\n"
            "learning rate is not scaled). Rank 0 prints and writes --out; metrics cover\n"
-           "all ranks. EMBER_DIST_TIMEOUT (s, default 120) bounds every collective.\n",
+           "all ranks. EMBER_DIST_TIMEOUT (s, default 120) bounds every collective.\n"
+           "One process, several GPUs: ember train --devices cuda:all does the same with\n"
+           "one replica per GPU and no mpirun (NCCL between the GPUs when available).\n",
            EM_FASHION_MNIST_DIR);
 }
 
@@ -137,7 +141,7 @@ int em_tool_train(int argc, char **argv)
     double lr = NAN, momentum = NAN, wd = 0, smoothing = 0, clip = 0, dropout = 0;
     uint64_t seed = 0;
     int workers = 1, progress = -1;
-    enum { O_HIDDEN = 256, O_LR, O_MOM, O_WD, O_SCHED, O_LS, O_CLIP, O_PAT, O_WORKERS, O_RESUME, O_PROG, O_NOPROG, O_DROP, O_STOP, O_DIST, O_GBATCH };
+    enum { O_HIDDEN = 256, O_LR, O_MOM, O_WD, O_SCHED, O_LS, O_CLIP, O_PAT, O_WORKERS, O_RESUME, O_PROG, O_NOPROG, O_DROP, O_STOP, O_DIST, O_GBATCH, O_DEVICES };
     static const struct option opts[] = {
         {"data", required_argument, 0, 'd'},         {"hidden", required_argument, 0, O_HIDDEN},
         {"epochs", required_argument, 0, 'e'},       {"batch-size", required_argument, 0, 'b'},
@@ -151,9 +155,11 @@ int em_tool_train(int argc, char **argv)
         {"no-progress", no_argument, 0, O_NOPROG},   {"dropout", required_argument, 0, O_DROP},
         {"stop-after-epoch", required_argument, 0, O_STOP},
         {"distributed", no_argument, 0, O_DIST},     {"global-batch", required_argument, 0, O_GBATCH}, /* [dist] */
+        {"devices", required_argument, 0, O_DEVICES},
         {"help", no_argument, 0, 'h'},               {0, 0, 0, 0}};
     int64_t stop_after = 0;
     bool distributed = false; /* [dist] */
+    const char *devices = NULL;
     int64_t global_batch = 0;
     int c;
     optind = 1;
@@ -182,6 +188,7 @@ int em_tool_train(int argc, char **argv)
         case O_STOP: stop_after = strtoll(optarg, NULL, 10); break;
         case O_DIST: distributed = true; break;                          /* [dist] */
         case O_GBATCH: global_batch = strtoll(optarg, NULL, 10); break;  /* [dist] */
+        case O_DEVICES: devices = optarg; break;                          /* [dist] */
         case 'h': train_help(); return 0;
         default: fprintf(stderr, "see 'ember train --help'\n"); return 2;
         }
@@ -205,6 +212,22 @@ int em_tool_train(int argc, char **argv)
         fprintf(stderr, "ember train: unknown optimizer '%s' (adam, adamw, sgd, rmsprop, adagrad)\n", optname);
         return 2;
     }
+    /* [dist] --devices: replica 0's device is the process's default device;
+     * several GPUs: two StarPU workers per GPU, the second one runs NCCL on
+     * its own stream (user settings win). */
+    char first_dev[64] = "";
+    if (devices) {
+        if (device) {
+            fprintf(stderr, "ember train: give --device or --devices, not both\n");
+            return 2;
+        }
+        size_t len = strcspn(devices, ",");
+        snprintf(first_dev, sizeof first_dev, "%.*s", (int)(len < sizeof first_dev ? len : sizeof first_dev - 1), devices);
+        char *all = strstr(first_dev, ":all");
+        if (all) strcpy(all, ":0");
+        device = first_dev;
+        if (strchr(devices, ',') || strstr(devices, ":all")) setenv("STARPU_NWORKER_PER_CUDA", "2", 0);
+    }
     /* [dist] under mpirun (or --distributed): MPI first, then the runtime */
     bool dist = distributed || em_dist_launched();
     if (dist) {
@@ -219,20 +242,30 @@ int em_tool_train(int argc, char **argv)
     }
     const int rank = em_dist_rank(), world = em_dist_world_size();
     bool lead = rank == 0, clean_exit = false; /* clean_exit: every rank failed alike, no abort needed */
+    em_device devs[64]; /* [dist] replicas in this process */
+    int ndev = 1;
+    if (devices && em_devices_parse(devices, devs, 64, &ndev) != EM_OK) {
+        fprintf(stderr, "ember train: --devices: %s\n", em_last_error());
+        if (dist) em_dist_shutdown();
+        else em_shutdown();
+        return 2;
+    }
     if (global_batch > 0) {
-        if (global_batch % world != 0) {
-            fprintf(stderr, "ember train: --global-batch %lld is not a multiple of the %d ranks\n", (long long)global_batch, world);
+        if (global_batch % ((int64_t)world * ndev) != 0) {
+            fprintf(stderr, "ember train: --global-batch %lld is not a multiple of %d ranks x %d devices\n", (long long)global_batch,
+                    world, ndev);
             if (dist) em_dist_shutdown();
             else em_shutdown();
             return 2;
         }
-        batch = global_batch / world;
+        batch = global_batch / world / ndev;
     }
     int rc = 1;
     em_dataset *tr = NULL, *te = NULL;
     em_loader *ltr = NULL, *lte = NULL;
-    em_module *model = NULL;
-    em_optim *opt = NULL;
+    em_module *model = NULL, *rmodels[64] = {0};
+    em_optim *opt = NULL, *ropts[64] = {0};
+    em_replicas *rep = NULL;
     em_lr_scheduler *sched = NULL;
     em_manual_seed(seed);
     tr = em_mnist_open(data, true);
@@ -263,6 +296,26 @@ int em_tool_train(int argc, char **argv)
         fprintf(stderr, "ember train: %s\n", em_last_error());
         goto done;
     }
+    if (devices) { /* [dist] replicas 1.. are copies of replica 0 (em_replicas_new copies the parameters) */
+        uint64_t rs, ro;
+        em_rng_get_state(&rs, &ro); /* building them must not move the random stream (dropout) */
+        rmodels[0] = model;
+        ropts[0] = opt;
+        for (int i = 1; i < ndev; i++) {
+            rmodels[i] = em_tool_build_model(spec, err, sizeof err);
+            ropts[i] = rmodels[i] ? em_optim_new_for_module(&oc, rmodels[i]) : NULL;
+            if (!ropts[i]) {
+                fprintf(stderr, "ember train: replica %d: %s\n", i, rmodels[i] ? em_last_error() : err);
+                goto done;
+            }
+        }
+        em_rng_set_state(rs, ro);
+        rep = em_replicas_new(rmodels, ropts, devs, ndev);
+        if (!rep) {
+            fprintf(stderr, "ember train: --devices %s: %s\n", devices, em_last_error());
+            goto done;
+        }
+    }
     sched = em_tool_make_scheduler(schedname, oc.lr, epochs);
     if (!sched) {
         fprintf(stderr, "ember train: unknown scheduler '%s' (constant, step, cosine, exponential, warmup-cosine)\n", schedname);
@@ -287,7 +340,7 @@ int em_tool_train(int argc, char **argv)
         }
     }
     em_loader_options lo = em_loader_options_default();
-    lo.batch_size = batch;
+    lo.batch_size = batch * ndev; /* [dist] split over the replicas */
     lo.shuffle = true;
     lo.seed = seed;
     lo.num_workers = workers;
@@ -299,7 +352,7 @@ int em_tool_train(int argc, char **argv)
     ltr = em_loader_new(tr, &lo);
     lo.shard_even = false; /* [dist] test set: every sample once over all ranks */
     lo.shuffle = false;
-    lo.batch_size = batch > 1000 ? batch : 1000;
+    lo.batch_size = batch * ndev > 1000 ? batch * ndev : 1000;
     lte = em_loader_new(te, &lo);
     if (!ltr || !lte) {
         fprintf(stderr, "ember train: %s\n", em_last_error());
@@ -310,6 +363,12 @@ int em_tool_train(int argc, char **argv)
            (long long)em_module_num_params(model), em_optim_kind_name(kind), oc.lr, (long long)batch, (long long)epochs,
            em_device_str(em_get_device(), dev, sizeof dev), em_worker_count(EM_DEVICE_CPU));
     if (lead) printf("data: %s (%lld train, %lld test samples)\n", data, (long long)em_dataset_length(tr), (long long)em_dataset_length(te));
+    if (lead && rep) { /* [dist] */
+        printf("replicas: %d in this process on", ndev);
+        for (int i = 0; i < ndev; i++) printf("%s%s", i ? "," : " ", em_device_str(devs[i], dev, sizeof dev));
+        printf(", batch %lld per replica = %lld per step, gradients averaged by %s\n", (long long)batch, (long long)(batch * ndev),
+               em_replicas_path(rep));
+    }
     if (lead && dist) /* [dist] */
         printf("distributed: %d ranks, batch %lld per rank = global batch %lld, %lld steps per epoch\n", world, (long long)batch,
                (long long)(batch * world), (long long)em_loader_num_batches(ltr));
@@ -322,6 +381,7 @@ int em_tool_train(int argc, char **argv)
     cfg.stop_after_epoch = stop_after;
     cfg.clip_grad_norm = clip;
     cfg.loss.label_smoothing = smoothing;
+    cfg.replicas = rep; /* [dist] */
     em_st_kv meta[2] = {{.key = "ember.model", .value = spec}, {.key = "ember.data", .value = data}};
     cfg.meta = meta;
     cfg.n_meta = 2;
@@ -341,6 +401,11 @@ int em_tool_train(int argc, char **argv)
     }
     rc = 0;
 done:
+    em_replicas_free(rep); /* [dist] */
+    for (int i = 1; i < 64; i++) {
+        em_optim_free(ropts[i]);
+        em_module_free(rmodels[i]);
+    }
     em_lr_scheduler_free(sched);
     em_optim_free(opt);
     em_module_free(model);

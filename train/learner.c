@@ -25,6 +25,8 @@ em_learner_config em_learner_config_default(void)
     return (em_learner_config){.epochs = 10, .progress = -1, .loss = em_cross_entropy_opts_default()};
 }
 
+#define EM_LEARNER_MAX_REPLICAS 64
+
 /* Device-side running sums, read on the host only when printed. */
 typedef struct running {
     em_tensor *loss_sum; /* f32 0-d: sum of per-batch mean loss * batch size */
@@ -59,33 +61,60 @@ static void running_add(running *r, em_tensor *loss, em_tensor *logits, em_tenso
     r->samples += bsz;
 }
 
-static void running_read(const running *r, double *loss, double *acc, double *top5)
+/* Sums of the replicas' running sums (one per replica; n = 1 without
+ * replicas) on the host: {loss_sum, correct, correct5}; false on a read error. */
+static bool running_sums(const running *r, int n, double v[3], int64_t *samples)
 {
-    double v = NAN;
+    v[0] = v[1] = v[2] = 0;
+    *samples = 0;
+    for (int k = 0; k < n; k++) {
+        double x = 0;
+        *samples += r[k].samples;
+        if (r[k].loss_sum) {
+            if (em_item(r[k].loss_sum, &x) != EM_OK) return false;
+            v[0] += x;
+        }
+        if (r[k].correct) {
+            if (em_item(r[k].correct, &x) != EM_OK) return false;
+            v[1] += x;
+        }
+        if (r[k].correct5) {
+            if (em_item(r[k].correct5, &x) != EM_OK) return false;
+            v[2] += x;
+        }
+    }
+    return true;
+}
+
+static void running_read(const running *r, int n, double *loss, double *acc, double *top5)
+{
+    double v[3];
+    int64_t samples;
     *loss = *acc = NAN;
     if (top5) *top5 = NAN;
-    if (r->samples == 0) return;
-    if (r->loss_sum && em_item(r->loss_sum, &v) == EM_OK) *loss = v / (double)r->samples;
-    if (r->correct && em_item(r->correct, &v) == EM_OK) *acc = v / (double)r->samples;
-    if (top5 && r->correct5 && em_item(r->correct5, &v) == EM_OK) *top5 = v / (double)r->samples;
+    if (!running_sums(r, n, v, &samples) || samples == 0) return;
+    *loss = v[0] / (double)samples;
+    *acc = v[1] / (double)samples;
+    if (top5) *top5 = v[2] / (double)samples;
 }
 
 /* [dist] Epoch-end read of the sums of ALL ranks (a collective when
  * distributed: every rank calls it at the same point, even after a local
  * failure, so that nobody waits forever). *samples gets the global count. */
-static void running_read_global(const running *r, bool ok, double *loss, double *acc, double *top5, double *samples)
+static void running_read_global(const running *r, int n, bool ok, double *loss, double *acc, double *top5, double *samples)
 {
     if (em_dist_world_size() <= 1) {
-        if (ok) running_read(r, loss, acc, top5);
-        *samples = (double)r->samples;
+        int64_t cnt = 0;
+        for (int k = 0; k < n; k++) cnt += r[k].samples;
+        if (ok) running_read(r, n, loss, acc, top5);
+        *samples = (double)cnt;
         return;
     }
-    double v[4] = {0, 0, 0, (double)r->samples}, x = 0;
-    if (ok && r->samples > 0) {
-        if (r->loss_sum && em_item(r->loss_sum, &x) == EM_OK) v[0] = x;
-        if (r->correct && em_item(r->correct, &x) == EM_OK) v[1] = x;
-        if (top5 && r->correct5 && em_item(r->correct5, &x) == EM_OK) v[2] = x;
-    }
+    double v[4] = {0, 0, 0, 0}, s3[3];
+    int64_t cnt = 0;
+    if (ok && running_sums(r, n, s3, &cnt)) memcpy(v, s3, sizeof s3);
+    else for (int k = 0; k < n; k++) cnt += r[k].samples;
+    v[3] = (double)cnt;
     *loss = *acc = NAN;
     if (top5) *top5 = NAN;
     *samples = 0;
@@ -96,12 +125,14 @@ static void running_read_global(const running *r, bool ok, double *loss, double 
     *samples = v[3];
 }
 
-static void running_free(running *r)
+static void running_free(running *r, int n)
 {
-    em_tensor_release(r->loss_sum);
-    em_tensor_release(r->correct);
-    em_tensor_release(r->correct5);
-    memset(r, 0, sizeof *r);
+    for (int k = 0; k < n; k++) {
+        em_tensor_release(r[k].loss_sum);
+        em_tensor_release(r[k].correct);
+        em_tensor_release(r[k].correct5);
+        memset(&r[k], 0, sizeof r[k]);
+    }
 }
 
 static void progress(FILE *f, bool bar, const char *phase, int64_t epoch, int64_t epochs, int64_t done, int64_t total,
@@ -123,75 +154,123 @@ static void progress(FILE *f, bool bar, const char *phase, int64_t epoch, int64_
     fflush(f);
 }
 
-/* One pass over @p data. train: optimizer steps; else no-grad evaluation. */
+/* Replica k's share of a batch of B samples split over n replicas:
+ * contiguous, sizes differ by at most one. */
+static void share_of(int64_t B, int n, int k, int64_t *lo, int64_t *cnt)
+{
+    int64_t base = B / n, extra = B % n;
+    *cnt = base + (k < extra ? 1 : 0);
+    *lo = (int64_t)k * base + (k < extra ? k : extra);
+}
+
+/* One pass over @p data. train: optimizer steps; else no-grad evaluation.
+ * With cfg->replicas, every batch is split over the replicas (r holds one
+ * running sum per replica). */
 static em_status run_epoch(em_module *model, em_optim *opt, em_lr_scheduler *sched, em_loader *data, const em_learner_config *cfg,
                            bool train, int64_t epoch, int64_t *step, running *r, int64_t *confusion, int64_t num_classes,
                            bool bar, FILE *log)
 {
+    em_replicas *rep = cfg->replicas; /* [dist] */
+    const int R = rep ? em_replicas_count(rep) : 1;
     em_status st = em_loader_start_epoch(data, epoch - 1);
     if (st != EM_OK) return st;
-    em_module_train(model, train);
+    for (int k = 0; k < R; k++) em_module_train(rep ? em_replicas_model(rep, k) : model, train);
     if (!train) em_no_grad_begin();
     int64_t total = em_loader_num_batches(data), done = 0;
     int64_t report_every = total / 10 > 0 ? total / 10 : 1;
     double t0 = now_s();
-    em_tensor **params = NULL;
+    const em_device home = em_get_device();
+    em_tensor **params = NULL; /* [R][np]: for clipping and the all-reduce */
+    em_grads **g = calloc((size_t)R, sizeof *g);
     int np = 0;
+    if (!g) return em__set_error(EM_ERR_NOMEM, "out of memory");
     if (train && (cfg->clip_grad_norm > 0 || em_dist_world_size() > 1)) { /* [dist] params for the all-reduce */
         np = em_module_num_param_tensors(model);
-        params = malloc(sizeof *params * (size_t)(np ? np : 1));
-        if (!params) return em__set_error(EM_ERR_NOMEM, "out of memory");
-        em_module_parameters(model, params, np);
+        params = malloc(sizeof *params * (size_t)R * (size_t)(np ? np : 1));
+        if (!params) {
+            free(g);
+            return em__set_error(EM_ERR_NOMEM, "out of memory");
+        }
+        for (int k = 0; k < R; k++) em_module_parameters(rep ? em_replicas_model(rep, k) : model, params + (size_t)k * (size_t)np, np);
     }
     const em_batch *b;
     while ((b = em_loader_next(data))) {
         em_scope_begin();
-        em_tensor *x = NULL, *y = NULL;
-        st = em_batch_to_tensors(b, &x, &y);
-        em_tensor *logits = st == EM_OK ? em_module_forward(model, x) : NULL;
-        em_tensor *loss = logits ? em_cross_entropy(logits, y, &cfg->loss) : NULL;
-        if (!loss) {
-            st = em_last_status() ? em_last_status() : EM_ERR_RUNTIME;
-            em_scope_end();
-            break;
-        }
-        if (train) {
-            em_grads *g = em_backward(loss);
-            if (!g) {
-                st = em_last_status();
-                em_scope_end();
+        for (int k = 0; k < R && st == EM_OK; k++) {
+            int64_t lo, cnt;
+            share_of(b->size, R, k, &lo, &cnt);
+            if (cnt == 0) { /* fewer samples than replicas: this one contributes nothing */
+                if (train && !(g[k] = em_grads_new())) st = em_last_status();
+                continue;
+            }
+            if (rep) st = em_set_device(em_replicas_device(rep, k));
+            em_batch sub = *b;
+            sub.size = cnt;
+            sub.x = b->x + lo * b->num_features;
+            sub.y = b->y + lo;
+            if (b->indices) sub.indices = b->indices + lo;
+            em_tensor *x = NULL, *y = NULL;
+            if (st == EM_OK) st = em_batch_to_tensors(&sub, &x, &y);
+            em_tensor *logits = st == EM_OK ? em_module_forward(rep ? em_replicas_model(rep, k) : model, x) : NULL;
+            em_tensor *loss = logits ? em_cross_entropy(logits, y, &cfg->loss) : NULL;
+            if (!loss) {
+                st = em_last_status() ? em_last_status() : EM_ERR_RUNTIME;
                 break;
             }
-            /* [dist] average gradients across ranks: submits reduction tasks, does not wait */
-            if (em_dist_world_size() > 1) st = em_dist_allreduce_grads(g, params, np);
-            if (cfg->clip_grad_norm > 0) em_clip_grad_norm(g, params, np, cfg->clip_grad_norm, 2.0);
-            if (st == EM_OK) st = em_optim_step(opt, g);
-            em_grads_free(g);
-            (*step)++;
-            if (sched && cfg->sched_per_step) em_lr_scheduler_step(sched, opt);
+            if (train) {
+                /* [dist] weight by the share so the replicas' mean is the whole batch's gradient */
+                em_tensor *l = R > 1 && cnt * R != b->size ? em_mul_scalar(loss, (double)(cnt * R) / (double)b->size) : loss;
+                g[k] = l ? em_backward(l) : NULL;
+                if (!g[k]) {
+                    st = em_last_status() ? em_last_status() : EM_ERR_RUNTIME;
+                    break;
+                }
+            }
+            running_add(&r[k], loss, logits, y, cnt, !train);
+            if (confusion) {
+                int64_t *pred = malloc(sizeof *pred * (size_t)cnt);
+                if (pred && em_to_host(em_argmax(logits, 1, false), pred, sizeof *pred * (size_t)cnt) == EM_OK)
+                    for (int64_t i = 0; i < cnt; i++)
+                        if (sub.y[i] >= 0 && sub.y[i] < num_classes && pred[i] >= 0 && pred[i] < num_classes)
+                            confusion[sub.y[i] * num_classes + pred[i]]++;
+                free(pred);
+            }
         }
-        running_add(r, loss, logits, y, b->size, !train);
-        if (confusion) {
-            int64_t B = b->size;
-            int64_t *pred = malloc(sizeof *pred * (size_t)B);
-            if (pred && em_to_host(em_argmax(logits, 1, false), pred, sizeof *pred * (size_t)B) == EM_OK)
-                for (int64_t i = 0; i < B; i++)
-                    if (b->y[i] >= 0 && b->y[i] < num_classes && pred[i] >= 0 && pred[i] < num_classes)
-                        confusion[b->y[i] * num_classes + pred[i]]++;
-            free(pred);
+        if (train && st == EM_OK) {
+            /* [dist] average gradients across replicas / ranks: submits reduction tasks, does not wait */
+            if (R > 1) st = em_replicas_allreduce_grads(rep, g);
+            else if (em_dist_world_size() > 1) st = em_dist_allreduce_grads(g[0], params, np);
+            for (int k = 0; k < R && st == EM_OK; k++) {
+                em_optim *o = rep ? em_replicas_optim(rep, k) : opt;
+                if (rep) st = em_set_device(em_replicas_device(rep, k));
+                if (st == EM_OK && cfg->clip_grad_norm > 0)
+                    em_clip_grad_norm(g[k], params + (size_t)k * (size_t)np, np, cfg->clip_grad_norm, 2.0);
+                if (st == EM_OK && k > 0) st = em_optim_set_lr(o, em_optim_get_lr(opt)); /* the scheduler drives replica 0 */
+                if (st == EM_OK) st = em_optim_step(o, g[k]);
+            }
+            if (st == EM_OK) {
+                (*step)++;
+                if (sched && cfg->sched_per_step) em_lr_scheduler_step(sched, opt);
+            }
         }
+        for (int k = 0; k < R; k++) {
+            em_grads_free(g[k]);
+            g[k] = NULL;
+        }
+        if (rep) em_set_device(home);
         em_scope_end();
         if (st != EM_OK) break;
         done++;
         if (log && (done % report_every == 0 || done == total) && (bar || done % (report_every * 5) == 0 || done == total)) {
             double l, a;
-            running_read(r, &l, &a, NULL);
+            running_read(r, R, &l, &a, NULL);
             progress(log, bar, train ? "train" : "valid", epoch, cfg->epochs, done, total, now_s() - t0, l);
         }
     }
     if (st == EM_OK && em_last_status() < 0 && !b) st = em_last_status(); /* loader error */
     if (bar && log) fputc('\n', log);
     free(params);
+    free(g);
     if (!train) em_no_grad_end();
     return st;
 }
@@ -239,30 +318,36 @@ em_status em_learner_fit(em_module *model, em_optim *opt, em_lr_scheduler *sched
         cfg.out_dir = NULL;
     }
     if (n_history) *n_history = 0;
+    const int R = cfg.replicas ? em_replicas_count(cfg.replicas) : 1; /* [dist] */
+    if (cfg.replicas && (em_replicas_model(cfg.replicas, 0) != model || em_replicas_optim(cfg.replicas, 0) != opt))
+        return em__set_error(EM_ERR_INVALID, "em_learner_fit: with replicas, model and optimizer must be replica 0's");
+    if (R > EM_LEARNER_MAX_REPLICAS)
+        return em__set_error(EM_ERR_INVALID, "em_learner_fit: %d replicas (at most %d)", R, EM_LEARNER_MAX_REPLICAS);
     em_checkpoint_info info = {.best_metric = cfg.monitor_loss ? INFINITY : -INFINITY};
     if (cfg.resume) {
         em_status st = em_checkpoint_load(cfg.resume, model, opt, sched, &info);
         if (st != EM_OK) return st;
         em_rng_set_state(info.rng_seed, info.rng_offset);
+        if (cfg.replicas && em_replicas_broadcast(cfg.replicas) != EM_OK) return em_last_status(); /* [dist] */
         if (log) fprintf(log, "resumed from %s at epoch %lld (step %lld)\n", cfg.resume, (long long)info.epoch, (long long)info.step);
     }
     if (cfg.out_dir && ensure_dir(cfg.out_dir) != EM_OK) return em_last_status();
     if (sched && !cfg.resume) em_optim_set_lr(opt, em_lr_scheduler_get_lr(sched));
     for (int64_t epoch = info.epoch + 1; epoch <= cfg.epochs; epoch++) {
         em_epoch_metrics m = {.epoch = epoch, .val_loss = NAN, .val_accuracy = NAN, .val_top5 = NAN};
-        running r = {0};
+        running r[EM_LEARNER_MAX_REPLICAS] = {{0}};
         double t0 = now_s();
-        em_status st = run_epoch(model, opt, sched, train, &cfg, true, epoch, &info.step, &r, NULL, 0, bar, log);
-        double dummy, nsamples; /* [dist] metrics and throughput of all ranks */
-        running_read_global(&r, st == EM_OK, &m.train_loss, &m.train_accuracy, &dummy, &nsamples);
+        em_status st = run_epoch(model, opt, sched, train, &cfg, true, epoch, &info.step, r, NULL, 0, bar, log);
+        double dummy, nsamples; /* [dist] metrics and throughput of all ranks and replicas */
+        running_read_global(r, R, st == EM_OK, &m.train_loss, &m.train_accuracy, &dummy, &nsamples);
         em_sync();
         double t_train = now_s() - t0;
         m.samples_per_s = t_train > 0 ? nsamples / t_train : 0;
-        running_free(&r);
+        running_free(r, R);
         if (st == EM_OK && val) {
-            st = run_epoch(model, opt, sched, val, &cfg, false, epoch, &info.step, &r, NULL, 0, bar, log);
-            running_read_global(&r, st == EM_OK, &m.val_loss, &m.val_accuracy, &m.val_top5, &dummy); /* [dist] */
-            running_free(&r);
+            st = run_epoch(model, opt, sched, val, &cfg, false, epoch, &info.step, r, NULL, 0, bar, log);
+            running_read_global(r, R, st == EM_OK, &m.val_loss, &m.val_accuracy, &m.val_top5, &dummy); /* [dist] */
+            running_free(r, R);
         }
         if (st != EM_OK) return st;
         if (sched && !cfg.sched_per_step) em_lr_scheduler_step(sched, opt);
@@ -315,12 +400,12 @@ em_status em_evaluate(em_module *model, em_loader *data, int64_t num_classes, em
     if (!model || !data || !out) return em__set_error(EM_ERR_INVALID, "em_evaluate: NULL argument");
     em_learner_config cfg = em_learner_config_default();
     cfg.epochs = 1;
-    running r = {0};
+    running r[1] = {{0}};
     if (confusion) memset(confusion, 0, sizeof *confusion * (size_t)(num_classes * num_classes));
     int64_t step = 0;
-    em_status st = run_epoch(model, NULL, NULL, data, &cfg, false, 1, &step, &r, confusion, num_classes, false, NULL);
-    if (st == EM_OK) running_read(&r, &out->loss, &out->accuracy, &out->top5);
-    out->samples = r.samples;
-    running_free(&r);
+    em_status st = run_epoch(model, NULL, NULL, data, &cfg, false, 1, &step, r, confusion, num_classes, false, NULL);
+    if (st == EM_OK) running_read(r, 1, &out->loss, &out->accuracy, &out->top5);
+    out->samples = r[0].samples;
+    running_free(r, 1);
     return st;
 }

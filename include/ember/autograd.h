@@ -39,6 +39,10 @@ EM_API bool em_grad_enabled(void);
 EM_API em_grads *em_backward(em_tensor *loss);
 /** Same with an explicit output gradient of loss's shape. */
 EM_API em_grads *em_backward_with(em_tensor *loss, const em_tensor *grad_output);
+/** An empty gradient container (fill with em_grads_set; free with
+ *  em_grads_free), e.g. for a data-parallel replica that got no samples in a
+ *  step and contributes no gradient. NULL when out of memory. */
+EM_API em_grads *em_grads_new(void);
 /** Gradient of @p t (borrowed, valid until em_grads_free), or NULL when t got none. */
 EM_API em_tensor *em_grad(const em_grads *g, const em_tensor *t);
 /** Replaces (or sets) the gradient of @p t; the container takes a new reference. */

@@ -126,6 +126,17 @@ EM_API em_status em_sync(void);
 
 /** Number of StarPU workers of each kind. */
 EM_API int em_worker_count(em_device_kind kind);
+/** Parses a comma-separated device list ("cuda:0,cuda:1", "cpu,opencl:0")
+ *  into @p out (at most @p max entries) and its length into @p *n.
+ *  "cuda:all" (any kind) stands for every device of that kind this process
+ *  drives, so it needs the runtime up (EM_ERR_STATE before em_init;
+ *  EM_ERR_DEVICE when there is none). Bad syntax: EM_ERR_INVALID naming the
+ *  entry. Does not check that listed devices exist (em_set_device does). */
+EM_API em_status em_devices_parse(const char *list, em_device *out, int max, int *n);
+/** Number of devices of @p kind this process drives (cuda:0 .. cuda:N-1):
+ *  distinct devices, whatever the workers per device; 1 for cpu and auto
+ *  when the runtime is up, 0 before em_init. */
+EM_API int em_device_count(em_device_kind kind);
 /** Prints workers, devices, memory nodes and the hwloc topology summary. */
 EM_API void em_print_devices(FILE *f);
 

@@ -40,6 +40,7 @@
 
 #include "ember/autograd.h"
 #include "ember/nn.h"
+#include "ember/optim.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -110,6 +111,78 @@ EM_API em_status em_dist_allreduce_sum(double *vals, int n);
 EM_API em_status em_dist_allreduce_max(double *vals, int n);
 /** Waits for every rank (collective). */
 EM_API em_status em_dist_barrier(void);
+
+/* ---- one process, several devices (no mpirun) -------------------------------
+ *
+ * Data-parallel replicas inside one process, one per device (DESIGN.md §7):
+ * the caller builds n copies of the model and one optimizer per copy;
+ * replica i runs its share of every batch on devices[i] (em_set_device before
+ * its forward, backward and optimizer step); em_replicas_allreduce_grads then
+ * averages the gradients of all replicas, so every optimizer applies the same
+ * update and the replicas stay identical. One thread submits everything:
+ * submission only queues tasks, and StarPU runs each replica's tasks on its
+ * own device's workers at the same time.
+ *
+ *     em_module *m[2] = {build(), build()};
+ *     em_optim *o[2] = {em_adam_new(...m[0]...), em_adam_new(...m[1]...)};
+ *     em_device d[2] = {em_device_cuda(0), em_device_cuda(1)};
+ *     em_replicas *r = em_replicas_new(m, o, d, 2);   // copies m[0] into m[1]
+ *     each step, for i in 0..1: em_set_device(d[i]); loss_i = ... half i of the batch ...;
+ *                               g[i] = em_backward(loss_i);
+ *     em_replicas_allreduce_grads(r, g);              // submits tasks, never waits
+ *     for i in 0..1: em_set_device(d[i]); em_optim_step(o[i], g[i]);
+ *
+ * The mean of the replicas' gradients equals the gradient of the mean loss
+ * over the whole batch when the shares have equal sizes; for unequal shares
+ * scale replica i's loss by n * share_i / batch before backward (the Learner
+ * does). Two reduction paths, chosen once by em_replicas_new:
+ *  - NCCL, when every device is a distinct CUDA GPU and libnccl (>= 2.10)
+ *    loads: per bucket, one task per replica packs the gradients and calls
+ *    ncclAllReduce(ncclAvg) on that GPU's last StarPU worker (its own stream
+ *    with STARPU_NWORKER_PER_CUDA >= 2), exactly as across ranks;
+ *  - tasks, otherwise (CPU, OpenCL, mixed devices, no NCCL): per gradient,
+ *    the replicas' gradients are summed on device 0 by ADD tasks (StarPU moves
+ *    the data), scaled by 1/n, and copied back to each device by a COPY task.
+ * Both give every replica bit-identical averaged gradients.
+ *
+ * Not supported yet: several replicas per rank under mpirun (world size > 1);
+ * em_replicas_new then fails with EM_ERR_STATE. Use one rank per GPU. */
+typedef struct em_replicas em_replicas;
+
+/** Groups @p n replicas (1 <= n <= 64): models[i] (BORROWED, same
+ *  architecture: same parameter keys, shapes, dtypes), opts[i] (BORROWED,
+ *  over exactly models[i]'s parameters, same kind and settings) and
+ *  devices[i] (every one must exist: EM_ERR_DEVICE naming it). Copies replica
+ *  0's parameters, buffers and optimizer state into the others and waits.
+ *  Errors (NULL + em_last_error()): EM_ERR_INVALID (bad arguments, models of
+ *  different architectures naming the replica and key, an optimizer over
+ *  other tensors), EM_ERR_DEVICE, EM_ERR_STATE (under mpirun with n > 1).
+ *  Leaves the process's current device as it was. */
+EM_API em_replicas *em_replicas_new(em_module *const *models, em_optim *const *opts, const em_device *devices, int n);
+/** Waits for pending tasks, then frees the group (not the models, optimizers). */
+EM_API void em_replicas_free(em_replicas *r);
+EM_API int em_replicas_count(const em_replicas *r);
+EM_API em_module *em_replicas_model(const em_replicas *r, int i);
+EM_API em_optim *em_replicas_optim(const em_replicas *r, int i);
+EM_API em_device em_replicas_device(const em_replicas *r, int i);
+/** "nccl" or "tasks": the reduction path chosen by em_replicas_new. */
+EM_API const char *em_replicas_path(const em_replicas *r);
+
+/** Copies replica 0's parameters, buffers, optimizer state, step counters and
+ *  learning rate into every other replica, and waits (e.g. after loading a
+ *  checkpoint into replica 0). */
+EM_API em_status em_replicas_broadcast(em_replicas *r);
+
+/** Replaces each g[i] (the gradients of replica i, from em_backward; one
+ *  container per replica, in replica order) with the mean over the replicas.
+ *  Only submits tasks: returns before backward's tasks have run. Parameters
+ *  that do not require grad are skipped; a gradient missing in some replica
+ *  counts as zeros there. float32/float64 gradients. No-op for one replica. */
+EM_API em_status em_replicas_allreduce_grads(em_replicas *r, em_grads *const *g);
+
+/** Largest absolute difference between any replica's parameters and buffers
+ *  and replica 0's (0 when identical). Waits; for tests and checks. */
+EM_API em_status em_replicas_divergence(const em_replicas *r, double *max_abs_diff);
 
 #ifdef __cplusplus
 }

@@ -66,6 +66,15 @@ typedef struct em_learner_config {
     const em_st_kv *meta;     /**< extra checkpoint metadata (model configuration)           */
     size_t n_meta;
     FILE *log;                /**< where progress goes (default stdout)                       */
+    /** [dist] One process, several devices: data-parallel replicas
+     *  (em_replicas_new; BORROWED). The model and optimizer passed to
+     *  em_learner_fit must then be replica 0's. Every batch is split into
+     *  contiguous shares, one per replica (sizes differ by at most one); each
+     *  replica's loss is weighted by its share so the averaged gradient is
+     *  that of the whole batch; validation is split the same way.
+     *  Checkpoints hold replica 0; resuming loads it and copies it to the
+     *  others. NULL: the model alone. */
+    struct em_replicas *replicas;
 } em_learner_config;
 
 EM_API em_learner_config em_learner_config_default(void);

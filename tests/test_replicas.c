@@ -1,0 +1,355 @@
+/* Data-parallel replicas in one process (em_replicas, dist/replicas.c).
+ *
+ * Devices: EMBER_TEST_REPLICA_DEVICES (default "cpu,cpu": two replicas on the
+ * CPU, the tasks path). CI also runs it as test_replicas_opencl with
+ * "cpu,opencl:0" (PoCL: two memory nodes, StarPU moves the gradients), and
+ * the GPU machine with "cuda:0,cuda:1" and EMBER_TEST_REPLICA_PATH=nccl (the
+ * test then fails unless the NCCL path was taken).
+ *
+ * The core check: K optimizer steps of the replicas, each on its share of
+ * the batch, give the parameters of K single-model steps on the whole batch
+ * (also with unequal shares, weighted as the Learner does), and the replicas
+ * stay bit-identical. */
+#include "testutil.h"
+
+#include "ember/dist.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define F_IN 8
+#define F_HID 16
+#define F_OUT 4
+#define MAXR 8
+
+static em_device g_dev[MAXR];
+static int g_n;
+
+static int setup(void **state)
+{
+    if (em_test_setup(state) != 0) return -1;
+    const char *list = getenv("EMBER_TEST_REPLICA_DEVICES");
+    if (em_devices_parse(list && *list ? list : "cpu,cpu", g_dev, MAXR, &g_n) != EM_OK) {
+        fprintf(stderr, "EMBER_TEST_REPLICA_DEVICES: %s\n", em_last_error());
+        return -1;
+    }
+    char b[32];
+    fprintf(stderr, "test_replicas: %d replicas:", g_n);
+    for (int i = 0; i < g_n; i++) fprintf(stderr, " %s", em_device_str(g_dev[i], b, sizeof b));
+    fprintf(stderr, "\n");
+    return 0;
+}
+
+static uint64_t g_lcg;
+static double urand(void)
+{
+    g_lcg = g_lcg * 6364136223846793005ULL + 1442695040888963407ULL;
+    return (double)(g_lcg >> 11) / 9007199254740992.0;
+}
+
+static void make_batch(int step, int64_t n, float *x, int64_t *y)
+{
+    g_lcg = 7654321u + (uint64_t)step * 131u;
+    for (int64_t i = 0; i < n * F_IN; i++) x[i] = (float)(urand() * 2 - 1);
+    for (int64_t i = 0; i < n; i++) y[i] = (int64_t)(urand() * F_OUT) % F_OUT;
+}
+
+static em_module *make_mlp(void)
+{
+    em_module *mods[3] = {em_linear_new(F_IN, F_HID, true), em_relu_new(), em_linear_new(F_HID, F_OUT, true)};
+    return em_sequential_new(mods, 3);
+}
+
+static double max_param_diff(const em_module *a, const em_module *b)
+{
+    em_tensor *pa[16], *pb[16];
+    int na = em_module_parameters(a, pa, 16), nb = em_module_parameters(b, pb, 16);
+    if (na != nb) return INFINITY;
+    double worst = 0;
+    for (int i = 0; i < na; i++) {
+        double *va = em_test_values(pa[i]), *vb = em_test_values(pb[i]);
+        for (int64_t j = 0; j < em_tensor_numel(pa[i]); j++) worst = fmax(worst, fabs(va[j] - vb[j]));
+        free(va);
+        free(vb);
+    }
+    return worst;
+}
+
+/* A group of g_n replicas with optimizers of @p kind; m[0] is built from
+ * seed 1, the others from other seeds (em_replicas_new must copy m[0]). */
+static em_replicas *make_group(em_optim_kind kind, em_module **m, em_optim **o)
+{
+    em_optim_config oc = em_optim_config_default(kind);
+    oc.lr = kind == EM_OPTIM_SGD ? 0.1 : 0.01;
+    if (kind == EM_OPTIM_SGD) oc.momentum = 0.9;
+    for (int k = 0; k < g_n; k++) {
+        em_manual_seed(1 + (uint64_t)k * 1000);
+        m[k] = make_mlp();
+        assert_non_null(m[k]);
+        o[k] = em_optim_new_for_module(&oc, m[k]);
+        assert_non_null(o[k]);
+    }
+    em_replicas *r = em_replicas_new(m, o, g_dev, g_n);
+    if (!r) fail_msg("em_replicas_new: %s", em_last_error());
+    const char *want = getenv("EMBER_TEST_REPLICA_PATH");
+    if (want && *want && strcmp(want, em_replicas_path(r)) != 0)
+        fail_msg("reduction path is '%s', EMBER_TEST_REPLICA_PATH wants '%s'", em_replicas_path(r), want);
+    return r;
+}
+
+static void free_group(em_replicas *r, em_module **m, em_optim **o)
+{
+    em_replicas_free(r);
+    for (int k = 0; k < g_n; k++) {
+        em_optim_free(o[k]);
+        em_module_free(m[k]);
+    }
+}
+
+/* K steps: replicas on shares of a batch of @p B samples (contiguous shares,
+ * sizes differ by at most one, losses weighted by n*share/B) against one
+ * model on the whole batch. */
+static void run_equivalence(em_optim_kind kind, int64_t B, double tol)
+{
+    const int steps = 3;
+    em_module *m[MAXR], *ref;
+    em_optim *o[MAXR], *oref;
+    em_replicas *r = make_group(kind, m, o);
+    double div0 = -1;
+    assert_int_equal(em_replicas_divergence(r, &div0), EM_OK);
+    assert_true(div0 == 0.0); /* em_replicas_new copied replica 0 */
+    em_manual_seed(99);
+    ref = make_mlp();
+    em_tensor *pr[8], *p0[8];
+    int np = em_module_parameters(ref, pr, 8);
+    assert_int_equal(em_module_parameters(m[0], p0, 8), np);
+    em_no_grad_begin();
+    for (int i = 0; i < np; i++) assert_int_equal(em_copy_(pr[i], p0[i]), EM_OK);
+    em_no_grad_end();
+    em_optim_config oc = *em_optim_get_config(o[0]);
+    oref = em_optim_new_for_module(&oc, ref);
+    assert_non_null(oref);
+    float *x = malloc(sizeof(float) * (size_t)(B * F_IN));
+    int64_t *y = malloc(sizeof(int64_t) * (size_t)B);
+    for (int s = 0; s < steps; s++) {
+        make_batch(s, B, x, y);
+        em_scope_begin();
+        em_grads *g[MAXR] = {0};
+        int64_t base = B / g_n, extra = B % g_n, lo = 0;
+        for (int k = 0; k < g_n; k++) {
+            int64_t cnt = base + (k < extra);
+            assert_int_equal(em_set_device(g_dev[k]), EM_OK);
+            if (cnt == 0) {
+                g[k] = em_grads_new();
+            } else {
+                em_tensor *loss = em_cross_entropy(em_module_forward(m[k], em_from_host(x + lo * F_IN, SHAPE(cnt, F_IN), 2, EM_F32)),
+                                                   em_from_host(y + lo, SHAPE(cnt), 1, EM_I64), NULL);
+                assert_non_null(loss);
+                if (cnt * g_n != B) loss = em_mul_scalar(loss, (double)(cnt * g_n) / (double)B);
+                g[k] = em_backward(loss);
+            }
+            assert_non_null(g[k]);
+            lo += cnt;
+        }
+        assert_int_equal(em_replicas_allreduce_grads(r, g), EM_OK);
+        for (int k = 0; k < g_n; k++) {
+            assert_int_equal(em_set_device(g_dev[k]), EM_OK);
+            assert_int_equal(em_optim_step(o[k], g[k]), EM_OK);
+            em_grads_free(g[k]);
+        }
+        assert_int_equal(em_set_device(em_device_cpu()), EM_OK);
+        em_tensor *loss = em_cross_entropy(em_module_forward(ref, em_from_host(x, SHAPE(B, F_IN), 2, EM_F32)),
+                                           em_from_host(y, SHAPE(B), 1, EM_I64), NULL);
+        em_grads *gr = em_backward(loss);
+        assert_non_null(gr);
+        assert_int_equal(em_optim_step(oref, gr), EM_OK);
+        em_grads_free(gr);
+        em_scope_end();
+    }
+    double err = max_param_diff(m[0], ref), div = -1;
+    assert_int_equal(em_replicas_divergence(r, &div), EM_OK);
+    fprintf(stderr, "  %s, batch %lld over %d replicas (%s): |replica - whole-batch model| = %.3g, divergence %.3g\n",
+            em_optim_kind_name(kind), (long long)B, g_n, em_replicas_path(r), err, div);
+    assert_true(err < tol);
+    assert_true(div == 0.0);
+    free(x);
+    free(y);
+    em_optim_free(oref);
+    em_module_free(ref);
+    free_group(r, m, o);
+}
+
+/* SGD steps are linear in the gradient, so they catch a wrong mean or a
+ * wrong share weight (a sum instead of a mean is off by 0.05 here); Adam
+ * normalises the gradient away and only checks the plumbing of its state.
+ * The whole-batch model runs on the CPU; replicas on other devices differ by
+ * their kernels' rounding. */
+static void test_sgd_equal_shares(void **state)
+{
+    (void)state;
+    run_equivalence(EM_OPTIM_SGD, 16, 1e-5);
+}
+
+static void test_sgd_unequal_shares(void **state)
+{
+    (void)state;
+    run_equivalence(EM_OPTIM_SGD, 7, 1e-5); /* 4 + 3 for two replicas */
+}
+
+static void test_adam_equal_shares(void **state)
+{
+    (void)state;
+    run_equivalence(EM_OPTIM_ADAM, 16, 1e-5);
+}
+
+static void test_adam_unequal_shares(void **state)
+{
+    (void)state;
+    run_equivalence(EM_OPTIM_ADAM, 7, 1e-5);
+}
+
+static void test_fewer_samples_than_replicas(void **state)
+{
+    (void)state;
+    run_equivalence(EM_OPTIM_SGD, 1, 1e-5); /* replica 1.. get nothing: zeros */
+}
+
+/* A gradient that one replica lacks counts as zeros: the mean is g0 / n. */
+static void test_missing_gradient_is_zero(void **state)
+{
+    (void)state;
+    em_module *m[MAXR];
+    em_optim *o[MAXR];
+    em_replicas *r = make_group(EM_OPTIM_SGD, m, o);
+    em_scope_begin();
+    em_grads *g[MAXR];
+    em_tensor *p[MAXR][8];
+    int np = 0;
+    for (int k = 0; k < g_n; k++) {
+        np = em_module_parameters(m[k], p[k], 8);
+        g[k] = em_grads_new();
+        assert_non_null(g[k]);
+    }
+    assert_int_equal(em_set_device(g_dev[0]), EM_OK);
+    assert_int_equal(em_grads_set(g[0], p[0][np - 1], em_full(em_tensor_shape(p[0][np - 1]), 1, EM_F32, 3.0)), EM_OK);
+    assert_int_equal(em_set_device(em_device_cpu()), EM_OK);
+    assert_int_equal(em_replicas_allreduce_grads(r, g), EM_OK);
+    for (int k = 0; k < g_n; k++) {
+        em_tensor *last = em_grad(g[k], p[k][np - 1]), *first = em_grad(g[k], p[k][0]);
+        assert_non_null(last);
+        assert_non_null(first);
+        double *v = em_test_values(last), *z = em_test_values(first);
+        for (int64_t j = 0; j < em_tensor_numel(last); j++) assert_true(fabs(v[j] - 3.0 / g_n) < 1e-6);
+        for (int64_t j = 0; j < em_tensor_numel(first); j++) assert_true(z[j] == 0.0);
+        free(v);
+        free(z);
+        em_grads_free(g[k]);
+    }
+    em_scope_end();
+    free_group(r, m, o);
+}
+
+/* em_replicas_broadcast repairs a replica that drifted, optimizer state included. */
+static void test_broadcast(void **state)
+{
+    (void)state;
+    if (g_n < 2) skip();
+    em_module *m[MAXR];
+    em_optim *o[MAXR];
+    em_replicas *r = make_group(EM_OPTIM_ADAM, m, o);
+    em_tensor *p1[8];
+    em_module_parameters(m[1], p1, 8);
+    em_no_grad_begin();
+    assert_int_equal(em_copy_(p1[0], em_full(em_tensor_shape(p1[0]), 2, EM_F32, 5.0)), EM_OK);
+    em_no_grad_end();
+    em_optim_set_lr(o[0], 0.123);
+    double d = 0;
+    assert_int_equal(em_replicas_divergence(r, &d), EM_OK);
+    assert_true(d > 0);
+    assert_int_equal(em_replicas_broadcast(r), EM_OK);
+    assert_int_equal(em_replicas_divergence(r, &d), EM_OK);
+    assert_true(d == 0.0);
+    assert_true(em_optim_get_lr(o[1]) == 0.123);
+    free_group(r, m, o);
+}
+
+static void test_errors(void **state)
+{
+    (void)state;
+    em_module *m[2];
+    em_optim *o[2];
+    em_optim_config oc = em_optim_config_default(EM_OPTIM_SGD);
+    em_module *mods[3] = {em_linear_new(F_IN, F_HID + 1, true), em_relu_new(), em_linear_new(F_HID + 1, F_OUT, true)};
+    m[0] = make_mlp();
+    m[1] = em_sequential_new(mods, 3);
+    o[0] = em_optim_new_for_module(&oc, m[0]);
+    o[1] = em_optim_new_for_module(&oc, m[1]);
+    em_device d[2] = {em_device_cpu(), em_device_cpu()};
+    /* different architectures: names the replica and the key */
+    assert_null(em_replicas_new(m, o, d, 2));
+    assert_int_equal(em_last_status(), EM_ERR_INVALID);
+    assert_non_null(strstr(em_last_error(), "replica 1"));
+    assert_non_null(strstr(em_last_error(), "0.weight"));
+    /* an optimizer over another model's parameters */
+    em_module *m2[2] = {m[0], make_mlp()};
+    em_optim *o2[2] = {o[0], o[0]};
+    assert_null(em_replicas_new(m2, o2, d, 2));
+    assert_int_equal(em_last_status(), EM_ERR_INVALID);
+    assert_non_null(strstr(em_last_error(), "optimizer 1"));
+    /* a device that does not exist */
+    em_device bad[2] = {em_device_cpu(), em_device_cuda(7)};
+    o2[1] = em_optim_new_for_module(&oc, m2[1]);
+    assert_null(em_replicas_new(m2, o2, bad, 2));
+    assert_int_equal(em_last_status(), EM_ERR_DEVICE);
+    assert_non_null(strstr(em_last_error(), "cuda:7"));
+    assert_null(em_replicas_new(m2, o2, d, 0));
+    assert_int_equal(em_last_status(), EM_ERR_INVALID);
+    /* the process's device is left alone */
+    assert_int_equal(em_get_device().kind, EM_DEVICE_CPU);
+    em_optim_free(o2[1]);
+    em_module_free(m2[1]);
+    for (int k = 0; k < 2; k++) {
+        em_optim_free(o[k]);
+        em_module_free(m[k]);
+    }
+}
+
+static void test_device_lists(void **state)
+{
+    (void)state;
+    em_device d[8];
+    int n = 0;
+    assert_int_equal(em_devices_parse("cpu,cuda:1,opencl:0", d, 8, &n), EM_OK);
+    assert_int_equal(n, 3);
+    assert_true(d[1].kind == EM_DEVICE_CUDA && d[1].index == 1 && d[2].kind == EM_DEVICE_OPENCL);
+    assert_int_equal(em_devices_parse("cpu:all", d, 8, &n), EM_OK);
+    assert_int_equal(n, 1);
+    assert_int_equal(em_devices_parse("cpu,,cpu", d, 8, &n), EM_ERR_INVALID);
+    assert_int_equal(em_devices_parse("tpu:0", d, 8, &n), EM_ERR_INVALID);
+    assert_int_equal(em_devices_parse("cpu,cpu,cpu", d, 2, &n), EM_ERR_INVALID);
+    if (em_device_count(EM_DEVICE_CUDA) == 0) {
+        assert_int_equal(em_devices_parse("cuda:all", d, 8, &n), EM_ERR_DEVICE);
+        assert_non_null(strstr(em_last_error(), "no cuda device"));
+    } else {
+        assert_int_equal(em_devices_parse("cuda:all", d, 8, &n), EM_OK);
+        assert_int_equal(n, em_device_count(EM_DEVICE_CUDA));
+    }
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_device_lists),
+        cmocka_unit_test(test_sgd_equal_shares),
+        cmocka_unit_test(test_sgd_unequal_shares),
+        cmocka_unit_test(test_adam_equal_shares),
+        cmocka_unit_test(test_adam_unequal_shares),
+        cmocka_unit_test(test_fewer_samples_than_replicas),
+        cmocka_unit_test(test_missing_gradient_is_zero),
+        cmocka_unit_test(test_broadcast),
+        cmocka_unit_test(test_errors),
+    };
+    return cmocka_run_group_tests(tests, setup, em_test_teardown);
+}
