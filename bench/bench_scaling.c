@@ -15,11 +15,16 @@
  * rank), so the averaging matters; at the end the replicas must still be
  * identical (divergence printed; non-zero is a bug).
  *
+ * One process, several devices (no mpirun): --devices cuda:0,cuda:1 (or
+ * cuda:all) runs one replica per device (em_replicas: NCCL between the GPUs
+ * when available) with the same step; each replica has its own random batch.
+ *
  * Options: --in N (784) --hidden LIST (4096,4096,4096) --classes N (10)
- *          --batch N per rank (512) --steps N (100) --warmup N (20)
+ *          --batch N per rank or replica (512) --steps N (100) --warmup N (20)
  *          --device DEV (default: EMBER_DEVICE, else cpu) --label NAME (wide)
+ *          --devices LIST (replicas in this process)
  * Output (rank 0): a human line and one machine line
- *   RESULT label=wide ranks=2 batch=512 steps=100 params=... samples_per_s=... ms_per_step=... divergence=0 */
+ *   RESULT label=wide ranks=2 replicas=1 batch=512 steps=100 params=... samples_per_s=... ms_per_step=... divergence=0 */
 #include "ember/dist.h"
 #include "ember/ember.h"
 
@@ -63,6 +68,8 @@ int main(int argc, char **argv)
     int steps = 100, warmup = 20;
     const char *hidden = "4096,4096,4096", *label = "wide";
     const char *device = NULL; /* EMBER_DEVICE, else cpu (like the other benchmarks) */
+    const char *devices = NULL; /* replicas in this process */
+    char first[64] = "";
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!v) {
@@ -77,6 +84,7 @@ int main(int argc, char **argv)
         else if (!strcmp(a, "--warmup")) warmup = atoi(v);
         else if (!strcmp(a, "--device")) device = v;
         else if (!strcmp(a, "--label")) label = v;
+        else if (!strcmp(a, "--devices")) devices = v;
         else {
             fprintf(stderr, "bench_scaling: unknown option %s\n", a);
             return 2;
@@ -89,6 +97,13 @@ int main(int argc, char **argv)
         return 2;
     }
 
+    if (devices) { /* replica 0's device is the default; two workers per GPU (NCCL on the second) */
+        snprintf(first, sizeof first, "%.*s", (int)strcspn(devices, ","), devices);
+        char *all = strstr(first, ":all");
+        if (all) strcpy(all, ":0");
+        device = first;
+        setenv("STARPU_NWORKER_PER_CUDA", "2", 0);
+    }
     em_config cfg = em_config_default();
     cfg.device = device;
     if (em_dist_init(&argc, &argv, &cfg) != EM_OK) {
@@ -97,23 +112,36 @@ int main(int argc, char **argv)
     }
     const int rank = em_dist_rank(), world = em_dist_world_size();
 
+    em_device devs[64];
+    int R = 1;
+    if (devices && em_devices_parse(devices, devs, 64, &R) != EM_OK) die("--devices");
+    if (!devices) devs[0] = em_get_device();
+
     /* The model: in -> hidden... -> classes, ReLU between; same init everywhere. */
     em_manual_seed(0);
-    em_module *m = em_sequential_new(NULL, 0);
-    int64_t prev = in;
+    em_module *models[64];
+    em_optim *opts[64];
     char spec[256];
-    int k = snprintf(spec, sizeof spec, "%lld", (long long)in);
-    for (int i = 0; i < nh; i++) {
-        em_sequential_append(m, em_linear_new(prev, hs[i], true));
-        em_sequential_append(m, em_relu_new());
-        prev = hs[i];
-        k += snprintf(spec + k, sizeof spec - (size_t)k, "-%lld", (long long)hs[i]);
-    }
-    em_sequential_append(m, em_linear_new(prev, classes, true));
-    snprintf(spec + k, sizeof spec - (size_t)k, "-%lld", (long long)classes);
     em_optim_config oc = em_optim_config_default(EM_OPTIM_ADAM);
-    em_optim *opt = em_optim_new_for_module(&oc, m);
-    if (!m || !opt) die("building the model");
+    for (int r = 0; r < R; r++) {
+        em_module *mm = em_sequential_new(NULL, 0);
+        int64_t prev = in;
+        int k = snprintf(spec, sizeof spec, "%lld", (long long)in);
+        for (int i = 0; i < nh; i++) {
+            em_sequential_append(mm, em_linear_new(prev, hs[i], true));
+            em_sequential_append(mm, em_relu_new());
+            prev = hs[i];
+            k += snprintf(spec + k, sizeof spec - (size_t)k, "-%lld", (long long)hs[i]);
+        }
+        em_sequential_append(mm, em_linear_new(prev, classes, true));
+        snprintf(spec + k, sizeof spec - (size_t)k, "-%lld", (long long)classes);
+        models[r] = mm;
+        opts[r] = mm ? em_optim_new_for_module(&oc, mm) : NULL;
+        if (!mm || !opts[r]) die("building the model");
+    }
+    em_module *m = models[0];
+    em_replicas *rep = NULL;
+    if (devices && !(rep = em_replicas_new(models, opts, devs, R))) die("replicas");
     char hp[512];
     snprintf(hp, sizeof hp, "mlp=%s batch=%lld steps=%d warmup=%d", spec, (long long)batch, steps, warmup);
     if (em_dist_check_config(m, hp) != EM_OK) die("configuration check");
@@ -123,13 +151,19 @@ int main(int argc, char **argv)
     if (!params) die("out of memory");
     em_module_parameters(m, params, np);
 
-    /* This rank's random batch (made on the device, kept for every step). */
-    em_manual_seed(1000 + (uint64_t)rank);
-    em_tensor *x = em_rand_normal((int64_t[]){batch, in}, 2, EM_F32, 0, 1);
-    em_tensor *yf = em_rand_uniform((int64_t[]){batch}, 1, EM_F32, 0, (double)classes);
-    em_tensor *y = yf ? em_cast(em_floor(yf), EM_I64) : NULL;
-    if (!x || !y) die("making the data");
+    /* Each rank's / replica's random batch (made on its device, kept for every step). */
+    em_tensor *x[64], *y[64];
+    for (int r = 0; r < R; r++) {
+        if (rep && em_set_device(devs[r]) != EM_OK) die("device");
+        em_manual_seed(1000 + (uint64_t)rank * 64 + (uint64_t)r);
+        x[r] = em_rand_normal((int64_t[]){batch, in}, 2, EM_F32, 0, 1);
+        em_tensor *yf = em_rand_uniform((int64_t[]){batch}, 1, EM_F32, 0, (double)classes);
+        y[r] = yf ? em_cast(em_floor(yf), EM_I64) : NULL;
+        if (!x[r] || !y[r]) die("making the data");
+    }
+    if (rep) em_set_device(devs[0]);
     em_cross_entropy_opts ce = em_cross_entropy_opts_default();
+    em_grads *g[64];
 
     double t0 = 0, init_s = 0;
     for (int s = 0; s < warmup + steps; s++) {
@@ -139,12 +173,22 @@ int main(int argc, char **argv)
         }
         if (s == 0) init_s = now();
         em_scope_begin();
-        em_tensor *loss = em_cross_entropy(em_module_forward(m, x), y, &ce);
-        em_grads *g = loss ? em_backward(loss) : NULL;
-        if (!g) die("forward/backward");
-        if (em_dist_allreduce_grads(g, params, np) != EM_OK) die("gradient all-reduce");
-        if (em_optim_step(opt, g) != EM_OK) die("optimizer step");
-        em_grads_free(g);
+        for (int r = 0; r < R; r++) {
+            if (rep) em_set_device(devs[r]);
+            em_tensor *loss = em_cross_entropy(em_module_forward(models[r], x[r]), y[r], &ce);
+            g[r] = loss ? em_backward(loss) : NULL;
+            if (!g[r]) die("forward/backward");
+        }
+        if (rep) {
+            if (em_replicas_allreduce_grads(rep, g) != EM_OK) die("gradient all-reduce (replicas)");
+        } else if (em_dist_allreduce_grads(g[0], params, np) != EM_OK) {
+            die("gradient all-reduce");
+        }
+        for (int r = 0; r < R; r++) {
+            if (rep) em_set_device(devs[r]);
+            if (em_optim_step(opts[r], g[r]) != EM_OK) die("optimizer step");
+            em_grads_free(g[r]);
+        }
         em_scope_end();
         if (s == 0) {
             if (em_sync() != EM_OK) die("sync");
@@ -155,21 +199,25 @@ int main(int argc, char **argv)
     double t = now() - t0;
     if (em_dist_allreduce_max(&t, 1) != EM_OK) die("timing");
     double div = 0;
-    if (em_dist_param_divergence(m, &div) != EM_OK) die("divergence check");
-    double sps = (double)batch * world * steps / t;
+    if (rep ? em_replicas_divergence(rep, &div) != EM_OK : em_dist_param_divergence(m, &div) != EM_OK) die("divergence check");
+    double sps = (double)batch * world * R * steps / t;
     char dev[32];
     if (rank == 0) {
-        printf("bench_scaling: %s MLP %s (%lld parameters), %d rank(s) on %s, batch %lld per rank (global %lld), "
+        printf("bench_scaling: %s MLP %s (%lld parameters), %d rank(s) x %d replica(s)%s%s on %s, batch %lld per replica (global %lld), "
                "%d steps after %d warm-up: %.0f samples/s, %.2f ms/step (first step %.2f s); replicas differ by %.3g\n",
-               label, spec, (long long)em_module_num_params(m), world, em_device_str(em_get_device(), dev, sizeof dev),
-               (long long)batch, (long long)batch * world, steps, warmup, sps, t / steps * 1e3, init_s, div);
-        printf("RESULT label=%s ranks=%d batch=%lld steps=%d params=%lld samples_per_s=%.1f ms_per_step=%.4f divergence=%.3g\n", label,
-               world, (long long)batch, steps, (long long)em_module_num_params(m), sps, t / steps * 1e3, div);
+               label, spec, (long long)em_module_num_params(m), world, R, rep ? ", all-reduce " : "", rep ? em_replicas_path(rep) : "",
+               em_device_str(em_get_device(), dev, sizeof dev), (long long)batch, (long long)batch * world * R, steps, warmup, sps,
+               t / steps * 1e3, init_s, div);
+        printf("RESULT label=%s ranks=%d replicas=%d batch=%lld steps=%d params=%lld samples_per_s=%.1f ms_per_step=%.4f divergence=%.3g\n",
+               label, world, R, (long long)batch, steps, (long long)em_module_num_params(m), sps, t / steps * 1e3, div);
         fflush(stdout);
     }
     free(params);
-    em_optim_free(opt);
-    em_module_free(m);
+    em_replicas_free(rep);
+    for (int r = 0; r < R; r++) {
+        em_optim_free(opts[r]);
+        em_module_free(models[r]);
+    }
     em_dist_shutdown();
     return div == 0 ? 0 : 3;
 }

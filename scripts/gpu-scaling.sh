@@ -20,6 +20,11 @@
 #   wide     compute-bound MLP 784-4096-4096-4096-10, random data, batch
 #            WIDE_BATCH (512) per GPU, WIDE_STEPS (300) timed steps after 20:
 #            Ember build-gpu/bench/bench_scaling vs bench/ddp_torch.py --model wide
+#   check1p  tests/test_replicas with one replica per GPU in ONE process
+#            (EMBER_TEST_REPLICA_PATH=nccl: fails unless NCCL was used)
+#   wide1p   the wide MLP with one process driving all G GPUs (bench_scaling --devices)
+#   fmnist1p `ember train --devices cuda:0,...` (one process, G GPUs)
+#   profile  (not default) nsys kernel traces of a few wide steps, CSV in $OUT/profile
 #   fmnist   the `ember train` default MLP 784-256-128-10 on real Fashion-MNIST,
 #            batch 64 per GPU, FMNIST_EPOCHS (3) epochs, throughput = mean of
 #            epochs 2.. (train part only): `ember train --distributed` vs
@@ -65,7 +70,7 @@ WIDE_WARMUP="${WIDE_WARMUP:-20}"
 FMNIST_BATCH="${FMNIST_BATCH:-64}"
 FMNIST_EPOCHS="${FMNIST_EPOCHS:-3}"
 DEV="${SCALING_DEVICE:-cuda:0}"
-STEPS="${*:-env check wide fmnist}"
+STEPS="${*:-env check check1p wide wide1p fmnist fmnist1p}"
 
 say "gpu-scaling: $(date -u +%Y-%m-%dT%H:%M:%SZ) on $(hostname), steps: $STEPS, budget ${BUDGET}s, logs in $LOGS"
 if [ ! -x "$BUILD/ember" ] || [ ! -d "$DEPS/starpu/lib" ]; then
@@ -220,12 +225,101 @@ run_fmnist() {
   done
 }
 
+# ---- one process, several GPUs (em_replicas; no mpirun) ---------------------------------
+devlist() { local i l="cuda:0"; for ((i = 1; i < $1; i++)); do l="$l,cuda:$i"; done; echo "$l"; }
+replica_path() { grep -q "all-reduce nccl\|averaged by nccl" "$1" && echo "NCCL (1 process)" || echo "tasks (1 process)"; }
+
+run_check1p() {
+  local g rc
+  for g in $GS; do
+    [ "$g" -ge 2 ] || continue
+    fits 30 || { say "step check1p G=$g: not run (time budget)"; continue; }
+    EMBER_TEST_REPLICA_DEVICES=$(devlist "$g") EMBER_TEST_REPLICA_PATH=nccl timeout "$(tlimit 120)" "$BUILD/tests/test_replicas" \
+      >"$LOGS/check1p-G$g.log" 2>&1
+    rc=$?
+    say "step check1p G=$g: test_replicas on $(devlist "$g") (NCCL required): $([ $rc -eq 0 ] && echo ok || echo "FAIL (rc $rc)")"
+    [ $rc -ne 0 ] && FAILED=1
+  done
+}
+
+run_wide1p() {
+  local g log rc
+  for g in $GS; do
+    [ "$g" -ge 2 ] || continue
+    log="$LOGS/wide1p-ember-G$g.log"
+    if fits 30 && [ -x "$BUILD/bench/bench_scaling" ]; then
+      timeout "$(tlimit 120)" "$BUILD/bench/bench_scaling" --devices "$(devlist "$g")" --label wide1p \
+        --hidden "$WIDE_HIDDEN" --batch "$WIDE_BATCH" --steps "$WIDE_STEPS" --warmup "$WIDE_WARMUP" >"$log" 2>&1
+      rc=$?
+      R[wide1p,ember,$g]=$(result_of "$log")
+      PATHS[wide1p,$g]=$(replica_path "$log")
+      say "run wide1p Ember G=$g (one process): rc $rc, ${R[wide1p,ember,$g]:-no result} samples/s, ${PATHS[wide1p,$g]}$(grep -o 'replicas differ by [^ ]*' "$log" | head -1 | sed 's/^/, /')"
+      [ -z "${R[wide1p,ember,$g]}" ] && FAILED=1
+    else
+      say "run wide1p Ember G=$g: not run (time budget or no bench_scaling)"
+    fi
+  done
+}
+
+run_fmnist1p() {
+  local g log rc
+  [ -f "$DATA/train-images-idx3-ubyte.gz" ] || { say "step fmnist1p: skipped (no $DATA)"; return; }
+  for g in $GS; do
+    [ "$g" -ge 2 ] || continue
+    log="$LOGS/fmnist1p-ember-G$g.log"
+    if fits 40; then
+      ( cd "$WORK" && timeout "$(tlimit 150)" "$BUILD/ember" train --devices "$(devlist "$g")" --data "$DATA" --no-progress \
+          --workers 1 --batch-size "$FMNIST_BATCH" --epochs "$FMNIST_EPOCHS" --out "$WORK/fmnist1p-G$g" ) >"$log" 2>&1
+      rc=$?
+      R[fmnist1p,ember,$g]=$(awk '/^epoch [0-9]+\/[0-9]+ / { split($2, e, "/"); for (i = 1; i <= NF; i++) if ($i == "samples/s") { v[e[1]] = $(i-1) } }
+        END { s = 0; n = 0; for (k in v) if (k + 0 >= 2) { s += v[k]; n++ } if (n == 0) for (k in v) { s += v[k]; n++ } if (n) printf "%.1f", s / n }' "$log")
+      PATHS[fmnist1p,$g]=$(replica_path "$log")
+      say "run fmnist1p Ember G=$g (one process): rc $rc, ${R[fmnist1p,ember,$g]:-no result} samples/s, ${PATHS[fmnist1p,$g]}$(grep -o 'final test accuracy [0-9.]*' "$log" | sed 's/^/, /')"
+      [ -z "${R[fmnist1p,ember,$g]}" ] && FAILED=1
+    else
+      say "run fmnist1p Ember G=$g: not run (time budget)"
+    fi
+  done
+}
+
+# nsys timelines of a few wide steps at the largest G (both forms), kernel
+# traces as CSV for offline analysis; skipped without nsys.
+run_profile() {
+  local g=${NGPU} nsys
+  [ "$g" -ge 2 ] || return
+  nsys=$(command -v nsys || ls /usr/local/cuda/bin/nsys /opt/nvidia/nsight-systems/*/bin/nsys 2>/dev/null | head -1)
+  [ -n "$nsys" ] || { say "step profile: no nsys"; return; }
+  fits 90 || { say "step profile: not run (time budget)"; return; }
+  mkdir -p "$OUT/profile"
+  timeout "$(tlimit 90)" "$nsys" profile -t cuda,nvtx -o "$OUT/profile/wide1p-G$g" -f true \
+    "$BUILD/bench/bench_scaling" --devices "$(devlist "$g")" --hidden "$WIDE_HIDDEN" --batch "$WIDE_BATCH" --steps 30 --warmup 10 \
+    >"$LOGS/profile-wide1p.log" 2>&1
+  "$nsys" stats -q --report cuda_gpu_trace --format csv -o "$OUT/profile/wide1p-G$g" "$OUT/profile/wide1p-G$g.nsys-rep" >>"$LOGS/profile-wide1p.log" 2>&1
+  timeout "$(tlimit 90)" "$nsys" profile -t cuda,nvtx -o "$OUT/profile/wide-ember1-G1" -f true \
+    "$BUILD/bench/bench_scaling" --device cuda:0 --hidden "$WIDE_HIDDEN" --batch "$WIDE_BATCH" --steps 30 --warmup 10 \
+    >"$LOGS/profile-wide1.log" 2>&1
+  "$nsys" stats -q --report cuda_gpu_trace --format csv -o "$OUT/profile/wide-ember1-G1" "$OUT/profile/wide-ember1-G1.nsys-rep" >>"$LOGS/profile-wide1.log" 2>&1
+  if [ "$TORCH_OK" = 1 ]; then
+    timeout "$(tlimit 90)" env LD_LIBRARY_PATH="$ORIG_LD" "$nsys" profile -t cuda,nvtx -o "$OUT/profile/wide-torch-G$g" -f true \
+      python3 -m torch.distributed.run --standalone --nproc_per_node "$g" "$ROOT/bench/ddp_torch.py" --model wide \
+      --hidden "$WIDE_HIDDEN" --batch "$WIDE_BATCH" --steps 30 --warmup 10 >"$LOGS/profile-torch.log" 2>&1
+    "$nsys" stats -q --report cuda_gpu_trace --format csv -o "$OUT/profile/wide-torch-G$g" "$OUT/profile/wide-torch-G$g.nsys-rep" >>"$LOGS/profile-torch.log" 2>&1
+  fi
+  rm -f "$OUT"/profile/*.nsys-rep "$OUT"/profile/*.sqlite
+  gzip -f "$OUT"/profile/*.csv 2>/dev/null
+  say "step profile: $(ls "$OUT/profile" | xargs)"
+}
+
 for s in $STEPS; do
   case "$s" in
     env) run_env ;;
     check) run_check ;;
+    check1p) run_check1p ;;
     wide) run_wide ;;
+    wide1p) run_wide1p ;;
     fmnist) run_fmnist ;;
+    fmnist1p) run_fmnist1p ;;
+    profile) run_profile ;;
     *) say "gpu-scaling: unknown step '$s'" ;;
   esac
 done
@@ -240,8 +334,11 @@ eff() { # samples/s at G, samples/s at 1, G -> efficiency
   echo "wide   = MLP 784-${WIDE_HIDDEN//,/-}-10, random data, batch $WIDE_BATCH per GPU, Adam, $WIDE_STEPS timed steps"
   echo "fmnist = MLP 784-256-128-10 (ember train default), Fashion-MNIST, batch $FMNIST_BATCH per GPU, Adam, mean of epochs 2..$FMNIST_EPOCHS"
   printf "%-7s %3s %14s %6s %14s %6s %12s  %s\n" model G "Ember" eff "PyTorch DDP" eff "Ember/PyT" "Ember all-reduce"
-  for m in wide fmnist; do
+  for m in wide wide1p fmnist fmnist1p; do
+    b=${m%1p}  # one-process rows: efficiency against the same 1-GPU run, PyTorch DDP from the multi-process rows
+    R[$m,ember,1]=${R[$m,ember,1]:-${R[$b,ember,1]:-}}
     for g in $GS; do
+      [ "$m" != "$b" ] && R[$m,torch,$g]=${R[$b,torch,$g]:-}
       e="${R[$m,ember,$g]:-}"; t="${R[$m,torch,$g]:-}"
       [ -z "$e$t" ] && continue
       ratio=$( [ -n "$e" ] && [ -n "$t" ] && awk -v a="$e" -v b="$t" 'BEGIN { printf "%.2f", a / b }' || echo -)
