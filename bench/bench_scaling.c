@@ -62,6 +62,36 @@ static int parse_list(const char *s, int64_t *out, int max)
     return n;
 }
 
+/* One replica's share of a step (em_replicas_run: its own thread and device). */
+typedef struct bench_job {
+    em_module **models;
+    em_optim **opts;
+    em_tensor **x, **y;
+    em_grads **g;
+    const em_cross_entropy_opts *ce;
+} bench_job;
+
+static em_status forward_backward(em_replicas *r, int i, void *p)
+{
+    (void)r;
+    bench_job *j = p;
+    em_scope_begin();
+    em_tensor *loss = em_cross_entropy(em_module_forward(j->models[i], j->x[i]), j->y[i], j->ce);
+    j->g[i] = loss ? em_backward(loss) : NULL;
+    em_scope_end();
+    return j->g[i] ? EM_OK : em_last_status();
+}
+
+static em_status optimizer_step(em_replicas *r, int i, void *p)
+{
+    (void)r;
+    bench_job *j = p;
+    em_status st = em_optim_step(j->opts[i], j->g[i]);
+    em_grads_free(j->g[i]);
+    j->g[i] = NULL;
+    return st;
+}
+
 int main(int argc, char **argv)
 {
     int64_t in = 784, classes = 10, batch = 512, hs[16];
@@ -163,7 +193,8 @@ int main(int argc, char **argv)
     }
     if (rep) em_set_device(devs[0]);
     em_cross_entropy_opts ce = em_cross_entropy_opts_default();
-    em_grads *g[64];
+    em_grads *g[64] = {0};
+    bench_job job = {models, opts, x, y, g, &ce};
 
     double t0 = 0, init_s = 0;
     for (int s = 0; s < warmup + steps; s++) {
@@ -173,21 +204,14 @@ int main(int argc, char **argv)
         }
         if (s == 0) init_s = now();
         em_scope_begin();
-        for (int r = 0; r < R; r++) {
-            if (rep) em_set_device(devs[r]);
-            em_tensor *loss = em_cross_entropy(em_module_forward(models[r], x[r]), y[r], &ce);
-            g[r] = loss ? em_backward(loss) : NULL;
-            if (!g[r]) die("forward/backward");
-        }
-        if (rep) {
+        if (rep) { /* one thread per replica submits its forward/backward and its step */
+            if (em_replicas_run(rep, forward_backward, &job) != EM_OK) die("forward/backward");
             if (em_replicas_allreduce_grads(rep, g) != EM_OK) die("gradient all-reduce (replicas)");
-        } else if (em_dist_allreduce_grads(g[0], params, np) != EM_OK) {
-            die("gradient all-reduce");
-        }
-        for (int r = 0; r < R; r++) {
-            if (rep) em_set_device(devs[r]);
-            if (em_optim_step(opts[r], g[r]) != EM_OK) die("optimizer step");
-            em_grads_free(g[r]);
+            if (em_replicas_run(rep, optimizer_step, &job) != EM_OK) die("optimizer step");
+        } else {
+            if (forward_backward(NULL, 0, &job) != EM_OK) die("forward/backward");
+            if (em_dist_allreduce_grads(g[0], params, np) != EM_OK) die("gradient all-reduce");
+            if (optimizer_step(NULL, 0, &job) != EM_OK) die("optimizer step");
         }
         em_scope_end();
         if (s == 0) {

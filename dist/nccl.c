@@ -132,21 +132,34 @@ void em__dist_nccl_allreduce_mean(void *buf, int64_t count, bool f64, void *comm
     (void)comm;
     (void)watch;
 }
-bool em__dist_nccl_local_init(const int *devs, int n, void **comms, char *why, size_t nwhy)
+bool em__dist_nccl_local_init(const int *devs, int n, void **comms, void **streams, char *why, size_t nwhy)
 {
     (void)devs;
     (void)n;
     (void)comms;
+    (void)streams;
     snprintf(why, nwhy, "this build has no NCCL");
     return false;
 }
-void em__dist_nccl_local_destroy(void **comms, int n)
+void em__dist_nccl_local_destroy(void **comms, void **streams, int n)
 {
     (void)comms;
+    (void)streams;
+    (void)n;
+}
+void em__dist_nccl_group_allreduce_mean(void *const *bufs, int64_t count, bool f64, void *const *comms, void *const *streams, int n)
+{
+    (void)bufs;
+    (void)count;
+    (void)f64;
+    (void)comms;
+    (void)streams;
     (void)n;
 }
 
 #else /* EM_DIST_NCCL */
+
+static void fatal(const char *what, const char *err);
 
 static ncclComm_t g_comm;
 static int g_worker = -1; /* StarPU worker owning g_comm; -1: host MPI path */
@@ -158,6 +171,8 @@ static struct {
     ncclResult_t (*GetUniqueId)(ncclUniqueId *);
     ncclResult_t (*CommInitRank)(ncclComm_t *, int, ncclUniqueId, int);
     ncclResult_t (*CommInitAll)(ncclComm_t *, int, const int *);
+    ncclResult_t (*GroupStart)(void);
+    ncclResult_t (*GroupEnd)(void);
     ncclResult_t (*CommDestroy)(ncclComm_t);
     ncclResult_t (*AllReduce)(const void *, void *, size_t, ncclDataType_t, ncclRedOp_t, ncclComm_t, cudaStream_t);
     const char *(*GetErrorString)(ncclResult_t);
@@ -180,10 +195,12 @@ static bool load_nccl(char *why, size_t n)
     *(void **)&nc.GetUniqueId = dlsym(lib, "ncclGetUniqueId");
     *(void **)&nc.CommInitRank = dlsym(lib, "ncclCommInitRank");
     *(void **)&nc.CommInitAll = dlsym(lib, "ncclCommInitAll");
+    *(void **)&nc.GroupStart = dlsym(lib, "ncclGroupStart");
+    *(void **)&nc.GroupEnd = dlsym(lib, "ncclGroupEnd");
     *(void **)&nc.CommDestroy = dlsym(lib, "ncclCommDestroy");
     *(void **)&nc.AllReduce = dlsym(lib, "ncclAllReduce");
     *(void **)&nc.GetErrorString = dlsym(lib, "ncclGetErrorString");
-    if (!nc.GetVersion || !nc.GetUniqueId || !nc.CommInitRank || !nc.CommInitAll || !nc.CommDestroy || !nc.AllReduce || !nc.GetErrorString) {
+    if (!nc.GetVersion || !nc.GetUniqueId || !nc.CommInitRank || !nc.CommInitAll || !nc.GroupStart || !nc.GroupEnd || !nc.CommDestroy || !nc.AllReduce || !nc.GetErrorString) {
         snprintf(why, n, "the NCCL library lacks an entry point");
         dlclose(lib);
         memset(&nc, 0, sizeof nc);
@@ -308,7 +325,7 @@ void em__dist_nccl_shutdown(void)
 
 /* ---- in-process replicas (replicas.c) ---------------------------------------- */
 
-bool em__dist_nccl_local_init(const int *devs, int n, void **comms, char *why, size_t nwhy)
+bool em__dist_nccl_local_init(const int *devs, int n, void **comms, void **streams, char *why, size_t nwhy)
 {
     const char *env = getenv("EMBER_DIST_NCCL");
     if (env && *env && atoi(env) == 0) {
@@ -333,11 +350,30 @@ bool em__dist_nccl_local_init(const int *devs, int n, void **comms, char *why, s
         return false;
     }
     int cur = -1;
-    cudaGetDevice(&cur); /* ncclCommInitAll switches devices on this thread */
+    cudaGetDevice(&cur); /* ncclCommInitAll and the stream creation switch devices on this thread */
     ncclResult_t r = nc.CommInitAll(c, n, devs);
+    bool ok = r == ncclSuccess;
+    if (!ok) snprintf(why, nwhy, "ncclCommInitAll over %d GPUs failed: %s", n, nc.GetErrorString(r));
+    for (int i = 0; i < n; i++) streams[i] = NULL;
+    for (int i = 0; i < n && ok; i++) {
+        cudaStream_t st;
+        cudaError_t e = cudaSetDevice(devs[i]);
+        if (e == cudaSuccess) e = cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking);
+        if (e != cudaSuccess) {
+            snprintf(why, nwhy, "cannot create a stream on GPU %d: %s", devs[i], cudaGetErrorString(e));
+            cudaGetLastError();
+            ok = false;
+        } else {
+            streams[i] = st;
+        }
+    }
     if (cur >= 0) cudaSetDevice(cur);
-    if (r != ncclSuccess) {
-        snprintf(why, nwhy, "ncclCommInitAll over %d GPUs failed: %s", n, nc.GetErrorString(r));
+    if (!ok) {
+        for (int i = 0; i < n; i++) {
+            if (streams[i]) cudaStreamDestroy((cudaStream_t)streams[i]);
+            streams[i] = NULL;
+            if (r == ncclSuccess) nc.CommDestroy(c[i]);
+        }
         free(c);
         return false;
     }
@@ -348,10 +384,28 @@ bool em__dist_nccl_local_init(const int *devs, int n, void **comms, char *why, s
     return true;
 }
 
-void em__dist_nccl_local_destroy(void **comms, int n)
+void em__dist_nccl_local_destroy(void **comms, void **streams, int n)
 {
-    for (int i = 0; i < n; i++)
+    for (int i = 0; i < n; i++) {
         if (comms[i]) nc.CommDestroy((ncclComm_t)comms[i]);
+        if (streams[i]) cudaStreamDestroy((cudaStream_t)streams[i]);
+        comms[i] = streams[i] = NULL;
+    }
+}
+
+void em__dist_nccl_group_allreduce_mean(void *const *bufs, int64_t count, bool f64, void *const *comms, void *const *streams, int n)
+{
+    ncclResult_t r = nc.GroupStart();
+    for (int i = 0; i < n && r == ncclSuccess; i++)
+        r = nc.AllReduce(bufs[i], bufs[i], (size_t)count, f64 ? ncclFloat64 : ncclFloat32, ncclAvg, (ncclComm_t)comms[i],
+                         (cudaStream_t)streams[i]);
+    ncclResult_t r2 = nc.GroupEnd();
+    if (r != ncclSuccess) fatal("ncclAllReduce (replicas)", nc.GetErrorString(r));
+    if (r2 != ncclSuccess) fatal("ncclGroupEnd (replicas)", nc.GetErrorString(r2));
+    for (int i = 0; i < n; i++) {
+        cudaError_t e = cudaStreamSynchronize((cudaStream_t)streams[i]);
+        if (e != cudaSuccess) fatal("cudaStreamSynchronize after ncclAllReduce (replicas)", cudaGetErrorString(e));
+    }
 }
 
 /* ---- on the CUDA worker, inside the bucket task ----------------------------- */

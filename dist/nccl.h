@@ -48,11 +48,21 @@ int em__dist_collective_worker(int ops_worker);
 
 /** In-process replicas (replicas.c): one NCCL communicator per CUDA device
  *  of @p devs (n distinct CUDA device ids, ncclCommInitAll), comms[i] for
- *  devs[i]. false with a reason in @p why when NCCL is absent, too old,
- *  disabled (EMBER_DIST_NCCL=0), devices repeat, or set-up fails. */
-bool em__dist_nccl_local_init(const int *devs, int n, void **comms, char *why, size_t nwhy);
-/** Destroys communicators from em__dist_nccl_local_init (after em_sync). */
-void em__dist_nccl_local_destroy(void **comms, int n);
+ *  devs[i], and one private non-blocking stream per device (streams[i]).
+ *  false with a reason in @p why when NCCL is absent, too old, disabled
+ *  (EMBER_DIST_NCCL=0), devices repeat, or set-up fails. */
+bool em__dist_nccl_local_init(const int *devs, int n, void **comms, void **streams, char *why, size_t nwhy);
+/** Destroys communicators and streams from em__dist_nccl_local_init (after em_sync). */
+void em__dist_nccl_local_destroy(void **comms, void **streams, int n);
+/** From ONE thread (a CPU worker): in-place ncclAvg of @p count elements of
+ *  bufs[i] (device pointers, GPU i) over the n GPUs, launched together in one
+ *  ncclGroupStart/End on the private streams, then waits for the streams.
+ *  Launching every GPU's part at once from one thread is what keeps a
+ *  single process safe: with one launch per GPU from different threads, a
+ *  GPU whose collective already runs waits for a launch that another
+ *  thread's CUDA call (a cudaFree synchronising a device) can hold up
+ *  (seen: a hang with staggered launches). Aborts the process on failure. */
+void em__dist_nccl_group_allreduce_mean(void *const *bufs, int64_t count, bool f64, void *const *comms, void *const *streams, int n);
 
 /* Called by the CUDA implementation of the bucket task, on that worker:
  * both queue work on starpu_cuda_get_local_stream() and return at once. */

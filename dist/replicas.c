@@ -1,11 +1,16 @@
 /* Data-parallel replicas inside one process, one per device (DESIGN.md §7;
  * the API and the two reduction paths are described in include/ember/dist.h).
  *
- * NCCL path: one communicator per GPU (ncclCommInitAll), one chain token per
- * replica, and em__dist_reduce_grads (allreduce.c) run once per replica with
- * that replica's target: the same buckets, packing and in-place ncclAvg as
- * the cross-rank path, on the GPU's collective worker. Each GPU issues its
- * collectives in the same (submission) order, so they match.
+ * NCCL path. Gradients are bucketed as across ranks (reverse parameter order,
+ * em_dist_get_bucket_bytes). Per bucket and replica, COPY tasks on the
+ * replica's device pack its gradients into a flat bucket (none for a bucket of
+ * one gradient that owns its storage); then ONE task per bucket, on a CPU
+ * worker, gets every replica's bucket in that replica's GPU memory (StarPU
+ * codelet specific_nodes) and launches the in-place ncclAvg on all GPUs in
+ * one NCCL group, on private streams, and waits for them. One launch for all
+ * GPUs from one thread is what a single process needs (see nccl.h); the
+ * group tasks are chained by a token, so collectives keep submission order.
+ * Each replica's gradients become views of its reduced bucket.
  *
  * Tasks path: per gradient, ADD tasks on device 0 sum the replicas'
  * gradients (StarPU moves each to device 0), one MUL task scales by 1/n, and
@@ -16,6 +21,7 @@
 #include "runtime/internal.h"
 
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -29,10 +35,41 @@ struct em_replicas {
     em_device *devs;
     em_tensor **params;  /* [n][np], borrowed from the models */
     bool nccl;
-    void **comms;                 /* [nccl] [n] */
-    starpu_data_handle_t *tokens; /* [nccl] [n] chain tokens */
-    int *workers;                 /* [nccl] [n] collective worker of each GPU */
+    void **comms;               /* [nccl] [n] one communicator per GPU */
+    void **streams;             /* [nccl] [n] private stream per GPU */
+    starpu_data_handle_t token; /* [nccl] chains the group tasks */
+    struct starpu_codelet cl;   /* [nccl] the group task: n buckets on their GPUs + token */
+    int *nodes;                 /* [nccl] [n + 1] memory node of each buffer (cl.dyn_nodes) */
+    /* em_replicas_run: threads 1..n-1, one job at a time */
+    pthread_t *threads;
+    int nthreads;                /* started */
+    pthread_mutex_t mu;
+    pthread_cond_t go, done;
+    uint64_t gen;                /* job number */
+    int pending;                 /* threads still working on job gen */
+    bool stop;
+    em_replica_fn fn;
+    void *ctx;
+    em_status *st;               /* [n] */
+    char (*msg)[512];            /* [n] */
 };
+
+/* [nccl] Arguments of one group task. */
+typedef struct group_args {
+    const em_replicas *r;
+    int64_t count;
+    int32_t f64;
+    int64_t offset[]; /* [n] element offset of the bucket in each buffer */
+} group_args;
+
+static void group_allreduce_cpu(void *buffers[], void *cl_arg)
+{
+    const group_args *a = cl_arg;
+    size_t es = a->f64 ? sizeof(double) : sizeof(float);
+    void *bufs[EM_REPLICAS_MAX];
+    for (int k = 0; k < a->r->n; k++) bufs[k] = (char *)STARPU_VECTOR_GET_PTR(buffers[k]) + (size_t)a->offset[k] * es;
+    em__dist_nccl_group_allreduce_mean(bufs, a->count, a->f64 != 0, a->r->comms, a->r->streams, a->r->n);
+}
 
 int em_replicas_count(const em_replicas *r) { return r ? r->n : 0; }
 em_module *em_replicas_model(const em_replicas *r, int i) { return r && i >= 0 && i < r->n ? r->models[i] : NULL; }
@@ -136,14 +173,17 @@ em_status em_replicas_broadcast(em_replicas *r)
     return st;
 }
 
-/* [nccl] Communicators, tokens and collective workers when every replica is
- * on its own CUDA GPU and NCCL loads; false (logged) otherwise. */
+/* [nccl] Communicators, streams, token and the group codelet when every
+ * replica is on its own CUDA GPU, NCCL loads and a CPU worker exists to run
+ * the group tasks; false (logged) otherwise. */
 static bool setup_nccl(em_replicas *r)
 {
     int devs[EM_REPLICAS_MAX];
     char why[512] = "";
     em_device saved = em_get_device();
     bool ok = true;
+    r->nodes = calloc((size_t)r->n + 1, sizeof *r->nodes);
+    if (!r->nodes) return false;
     for (int k = 0; k < r->n && ok; k++) {
         if (r->devs[k].kind != EM_DEVICE_CUDA || em_set_device(r->devs[k]) != EM_OK) {
             snprintf(why, sizeof why, "not every replica is on a CUDA device");
@@ -151,16 +191,20 @@ static bool setup_nccl(em_replicas *r)
             break;
         }
         int w = em__placement().worker;
-        r->workers[k] = em__dist_collective_worker(w);
         devs[k] = w >= 0 ? starpu_worker_get_devid(w) : -1;
-        if (r->workers[k] < 0) {
+        r->nodes[k] = w >= 0 ? (int)starpu_worker_get_memory_node((unsigned)w) : -1;
+        if (w < 0) {
             snprintf(why, sizeof why, "replica %d has no CUDA worker", k);
             ok = false;
         }
     }
     em_set_device(saved);
     em_clear_error();
-    if (ok) ok = em__dist_nccl_local_init(devs, r->n, r->comms, why, sizeof why);
+    if (ok && em_worker_count(EM_DEVICE_CPU) == 0) {
+        snprintf(why, sizeof why, "no CPU worker to launch the NCCL groups (EMBER_NCPU=0)");
+        ok = false;
+    }
+    if (ok) ok = em__dist_nccl_local_init(devs, r->n, r->comms, r->streams, why, sizeof why);
     if (!ok) {
         bool all_cuda = true;
         for (int k = 0; k < r->n; k++) all_cuda = all_cuda && r->devs[k].kind == EM_DEVICE_CUDA;
@@ -168,26 +212,125 @@ static bool setup_nccl(em_replicas *r)
                    "replicas: %s: gradients are averaged by ADD/COPY tasks through device 0 instead of NCCL", why);
         return false;
     }
-    for (int k = 0; k < r->n; k++) starpu_void_data_register(&r->tokens[k]);
+    r->nodes[r->n] = STARPU_SPECIFIC_NODE_CPU; /* the token (no data) */
+    starpu_codelet_init(&r->cl);
+    r->cl.where = STARPU_CPU;
+    r->cl.cpu_funcs[0] = group_allreduce_cpu;
+    r->cl.nbuffers = r->n + 1;
+    r->cl.specific_nodes = 1;
+    r->cl.dyn_nodes = r->nodes;
+    r->cl.name = "replicas_nccl_allreduce_mean";
+    starpu_void_data_register(&r->token);
     return true;
+}
+
+/* ---- em_replicas_run ------------------------------------------------------- */
+
+typedef struct thread_arg {
+    em_replicas *r;
+    int i;
+} thread_arg;
+
+static void run_one(em_replicas *r, int i)
+{
+    em_status st = em_set_thread_device(r->devs[i]);
+    if (st == EM_OK) st = r->fn(r, i, r->ctx);
+    r->st[i] = st;
+    if (st != EM_OK) snprintf(r->msg[i], sizeof r->msg[i], "%s", em_last_error());
+    em_clear_thread_device();
+}
+
+static void *replica_thread(void *p)
+{
+    thread_arg a = *(thread_arg *)p;
+    free(p);
+    em_replicas *r = a.r;
+    uint64_t seen = 0;
+    pthread_mutex_lock(&r->mu);
+    for (;;) {
+        while (!r->stop && r->gen == seen) pthread_cond_wait(&r->go, &r->mu);
+        if (r->stop) break;
+        seen = r->gen;
+        pthread_mutex_unlock(&r->mu);
+        run_one(r, a.i);
+        pthread_mutex_lock(&r->mu);
+        if (--r->pending == 0) pthread_cond_signal(&r->done);
+    }
+    pthread_mutex_unlock(&r->mu);
+    return NULL;
+}
+
+static void stop_threads(em_replicas *r)
+{
+    if (!r->threads) return;
+    pthread_mutex_lock(&r->mu);
+    r->stop = true;
+    pthread_cond_broadcast(&r->go);
+    pthread_mutex_unlock(&r->mu);
+    for (int i = 0; i < r->nthreads; i++) pthread_join(r->threads[i], NULL);
+    free(r->threads);
+    r->threads = NULL;
+    r->nthreads = 0;
+}
+
+em_status em_replicas_run(em_replicas *r, em_replica_fn fn, void *ctx)
+{
+    if (!r || !fn) return em__set_error(EM_ERR_INVALID, "em_replicas_run: NULL argument");
+    if (r->n > 1 && !r->threads) { /* start the threads on first use */
+        r->threads = calloc((size_t)r->n - 1, sizeof *r->threads);
+        if (!r->threads) return em__set_error(EM_ERR_NOMEM, "em_replicas_run: out of memory");
+        for (int i = 1; i < r->n; i++) {
+            thread_arg *a = malloc(sizeof *a);
+            if (a) *a = (thread_arg){r, i};
+            if (!a || pthread_create(&r->threads[i - 1], NULL, replica_thread, a) != 0) {
+                free(a);
+                stop_threads(r);
+                return em__set_error(EM_ERR_RUNTIME, "em_replicas_run: cannot start the thread of replica %d", i);
+            }
+            r->nthreads++;
+        }
+    }
+    r->fn = fn;
+    r->ctx = ctx;
+    pthread_mutex_lock(&r->mu);
+    r->pending = r->n - 1;
+    r->gen++;
+    pthread_cond_broadcast(&r->go);
+    pthread_mutex_unlock(&r->mu);
+    /* replica 0 here; this thread's own device setting (if any) comes back after */
+    bool had = em__has_thread_device();
+    em_device saved = em_get_device();
+    run_one(r, 0);
+    if (had) em_set_thread_device(saved);
+    pthread_mutex_lock(&r->mu);
+    while (r->pending > 0) pthread_cond_wait(&r->done, &r->mu);
+    pthread_mutex_unlock(&r->mu);
+    for (int i = 0; i < r->n; i++)
+        if (r->st[i] != EM_OK) return em__set_error(r->st[i], "replica %d: %s", i, r->msg[i]);
+    return EM_OK;
 }
 
 void em_replicas_free(em_replicas *r)
 {
     if (!r) return;
+    stop_threads(r);
+    pthread_mutex_destroy(&r->mu);
+    pthread_cond_destroy(&r->go);
+    pthread_cond_destroy(&r->done);
     if (em_is_initialized()) em_sync();
     if (r->nccl) {
-        em__dist_nccl_local_destroy(r->comms, r->n);
-        if (em_is_initialized())
-            for (int k = 0; k < r->n; k++) starpu_data_unregister(r->tokens[k]);
+        em__dist_nccl_local_destroy(r->comms, r->streams, r->n);
+        if (em_is_initialized()) starpu_data_unregister(r->token);
     }
     free(r->models);
     free(r->opts);
     free(r->devs);
     free(r->params);
     free(r->comms);
-    free(r->tokens);
-    free(r->workers);
+    free(r->streams);
+    free(r->nodes);
+    free(r->st);
+    free(r->msg);
     free(r);
 }
 
@@ -223,10 +366,14 @@ em_replicas *em_replicas_new(em_module *const *models, em_optim *const *opts, co
         r->devs = malloc(sizeof *r->devs * (size_t)n);
         r->params = calloc((size_t)n * (size_t)(np > 0 ? np : 1), sizeof *r->params);
         r->comms = calloc((size_t)n, sizeof *r->comms);
-        r->tokens = calloc((size_t)n, sizeof *r->tokens);
-        r->workers = calloc((size_t)n, sizeof *r->workers);
+        r->streams = calloc((size_t)n, sizeof *r->streams);
+        r->st = calloc((size_t)n, sizeof *r->st);
+        r->msg = calloc((size_t)n, sizeof *r->msg);
+        pthread_mutex_init(&r->mu, NULL);
+        pthread_cond_init(&r->go, NULL);
+        pthread_cond_init(&r->done, NULL);
     }
-    if (!r || !r->models || !r->opts || !r->devs || !r->params || !r->comms || !r->tokens || !r->workers) {
+    if (!r || !r->models || !r->opts || !r->devs || !r->params || !r->comms || !r->streams || !r->st || !r->msg) {
         em_replicas_free(r);
         return em__fail(EM_ERR_NOMEM, "em_replicas_new: out of memory");
     }
@@ -309,6 +456,163 @@ static em_status reduce_with_tasks(em_replicas *r, em_grads *const *g)
     return st;
 }
 
+/* [nccl] May replica k's gradient @p t be reduced where it lies (a bucket of
+ * one)? Only when nothing else sees its storage: contiguous, alone on it,
+ * and not also the gradient of another parameter of the same replica. */
+static bool own_storage(em_replicas *r, em_grads *gk, int k, const em_tensor *t)
+{
+    if (!em__covers_storage(t) || __atomic_load_n(&t->storage->refcount, __ATOMIC_RELAXED) != 1) return false;
+    int hits = 0;
+    for (int i = 0; i < r->np; i++) hits += em_grad(gk, r->params[(size_t)k * (size_t)r->np + (size_t)i]) == t;
+    return hits == 1;
+}
+
+/* [nccl] Parameters [lo, hi) of the reverse-order list @p idx as one bucket:
+ * pack per replica, one group task, views back. */
+static em_status nccl_bucket(em_replicas *r, em_grads *const *g, const int *idx, int lo, int hi)
+{
+    const int n = r->n, np = r->np;
+    em_tensor *buf[EM_REPLICAS_MAX] = {0};
+    group_args *a = malloc(sizeof *a + sizeof(int64_t) * (size_t)n);
+    if (!a) return em__set_error(EM_ERR_NOMEM, "out of memory");
+    em_status st = EM_OK;
+    int64_t total = 0;
+    em_dtype dt = EM_F32;
+    for (int k = 0; k < n && st == EM_OK; k++) {
+        st = em_set_device(r->devs[k]);
+        em_tensor *first = st == EM_OK ? em_grad(g[k], r->params[(size_t)k * (size_t)np + (size_t)idx[lo]]) : NULL;
+        dt = first ? em_tensor_dtype(first) : EM_F32;
+        if (hi - lo == 1 && first && own_storage(r, g[k], k, first)) { /* in place */
+            buf[k] = em_tensor_retain(first);
+            a->offset[k] = first->offset;
+            total = em_tensor_numel(first);
+            continue;
+        }
+        total = 0;
+        for (int j = lo; j < hi; j++) total += em_tensor_numel(r->params[(size_t)idx[j]]);
+        em_tensor *flat = st == EM_OK ? em__tensor_new(dt, &total, 1) : NULL;
+        if (!flat) {
+            st = em_last_status();
+            break;
+        }
+        int64_t off = 0;
+        for (int j = lo; j < hi && st == EM_OK; j++) {
+            em_tensor *gr = em_grad(g[k], r->params[(size_t)k * (size_t)np + (size_t)idx[j]]);
+            int64_t cnt = em_tensor_numel(gr), one = 1;
+            em_tensor *dst = em__tensor_view(flat, &cnt, &one, 1, off);
+            em_tensor *src = em_reshape(em_contiguous(gr), &cnt, 1);
+            st = dst && src ? em_copy_(dst, src) : em_last_status();
+            em_tensor_release(dst);
+            off += cnt;
+        }
+        buf[k] = flat;
+        a->offset[k] = 0;
+    }
+    if (st == EM_OK) { /* one NCCL group for all GPUs: buckets RW on their own GPUs, then the token */
+        a->r = r;
+        a->count = total;
+        a->f64 = dt == EM_F64;
+        struct starpu_task *task = starpu_task_create();
+        starpu_data_handle_t *dh = NULL;
+        enum starpu_data_access_mode *dm = NULL;
+        int nb = n + 1;
+        if (task && nb > STARPU_NMAXBUFS) {
+            dh = malloc(sizeof *dh * (size_t)nb);
+            dm = malloc(sizeof *dm * (size_t)nb);
+        }
+        if (!task || (nb > STARPU_NMAXBUFS && (!dh || !dm))) {
+            free(dh);
+            free(dm);
+            if (task) {
+                task->destroy = 0;
+                starpu_task_destroy(task);
+            }
+            st = em__set_error(EM_ERR_NOMEM, "out of memory creating a task");
+        } else {
+            starpu_data_handle_t *H = dh ? dh : task->handles;
+            enum starpu_data_access_mode *M = dm ? dm : task->modes;
+            for (int k = 0; k < n; k++) {
+                H[k] = buf[k]->storage->handle;
+                M[k] = STARPU_RW;
+            }
+            H[n] = r->token;
+            M[n] = STARPU_RW;
+            task->dyn_handles = dh;
+            task->dyn_modes = dm;
+            task->cl = &r->cl;
+            task->cl_arg = a;
+            task->cl_arg_size = sizeof *a + sizeof(int64_t) * (size_t)n;
+            task->cl_arg_free = 1;
+            task->priority = STARPU_MAX_PRIO;
+            task->detach = 1;
+            a = NULL; /* the task owns it */
+            int ret = starpu_task_submit(task);
+            if (ret != 0) {
+                task->destroy = 0;
+                starpu_task_destroy(task);
+                st = em__set_error(EM_ERR_RUNTIME, "replicas: NCCL group task submission failed (%d)", ret);
+            } else {
+                __atomic_add_fetch(&em__tasks, 1, __ATOMIC_RELAXED);
+            }
+        }
+    }
+    /* each replica's gradients become views of its reduced bucket */
+    for (int k = 0; k < n && st == EM_OK; k++) {
+        if (hi - lo == 1 && em_grad(g[k], r->params[(size_t)k * (size_t)np + (size_t)idx[lo]]) == buf[k]) continue; /* in place */
+        int64_t off = 0;
+        for (int j = lo; j < hi && st == EM_OK; j++) {
+            const em_tensor *p = r->params[(size_t)k * (size_t)np + (size_t)idx[j]];
+            int64_t strides[EM_MAX_DIMS];
+            em__contiguous_strides(p->shape, p->ndim, strides);
+            em_tensor *v = em__tensor_view(buf[k], p->shape, strides, p->ndim, off);
+            st = v ? em_grads_set(g[k], p, v) : em_last_status();
+            em_tensor_release(v);
+            off += em_tensor_numel(p);
+        }
+    }
+    for (int k = 0; k < n; k++) em_tensor_release(buf[k]);
+    free(a);
+    return st;
+}
+
+/* [nccl] Buckets of consecutive (reverse-order) parameters of one dtype up to
+ * em_dist_get_bucket_bytes(), the same on every replica. */
+static em_status reduce_with_nccl(em_replicas *r, em_grads *const *g)
+{
+    const int n = r->n, np = r->np;
+    int *idx = malloc(sizeof *idx * (size_t)(np ? np : 1)), m = 0;
+    if (!idx) return em__set_error(EM_ERR_NOMEM, "out of memory");
+    em_status st = EM_OK;
+    for (int i = np - 1; i >= 0 && st == EM_OK; i--) {
+        if (!em_requires_grad(r->params[i])) continue;
+        for (int k = 0; k < n && st == EM_OK; k++) {
+            st = em_set_device(r->devs[k]);
+            em_tensor *gr = st == EM_OK ? grad_or_zeros(g[k], r->params[(size_t)k * (size_t)np + (size_t)i]) : NULL;
+            if (st == EM_OK && !gr) st = em_last_status();
+            em_dtype dt = gr ? em_tensor_dtype(gr) : EM_F32;
+            if (st == EM_OK && (dt != em_tensor_dtype(r->params[i]) || (dt != EM_F32 && dt != EM_F64)))
+                st = em__set_error(EM_ERR_DTYPE, "em_replicas_allreduce_grads: gradient of parameter %d has dtype %s (float32/float64 "
+                                   "of the parameter's dtype only)", i, em_dtype_name(dt));
+        }
+        idx[m++] = i;
+    }
+    size_t cap = em_dist_get_bucket_bytes(), bytes = 0;
+    int lo = 0;
+    for (int j = 0; j < m && st == EM_OK; j++) {
+        const em_tensor *p = r->params[idx[j]];
+        size_t nb = (size_t)em_tensor_numel(p) * em_dtype_size(em_tensor_dtype(p));
+        if (j > lo && (em_tensor_dtype(r->params[idx[lo]]) != em_tensor_dtype(p) || bytes + nb > cap)) {
+            st = nccl_bucket(r, g, idx, lo, j);
+            lo = j;
+            bytes = 0;
+        }
+        bytes += nb;
+    }
+    if (st == EM_OK && m > lo) st = nccl_bucket(r, g, idx, lo, m);
+    free(idx);
+    return st;
+}
+
 em_status em_replicas_allreduce_grads(em_replicas *r, em_grads *const *g)
 {
     if (!r || !g) return em__set_error(EM_ERR_INVALID, "em_replicas_allreduce_grads: NULL argument");
@@ -320,18 +624,7 @@ em_status em_replicas_allreduce_grads(em_replicas *r, em_grads *const *g)
     em_scope_begin();
     em_no_grad_begin();
     if (r->nccl) {
-        for (int k = 0; k < r->n && st == EM_OK; k++) {
-            em__ar_target tg = {.worker = r->workers[k], .token = r->tokens[k], .nccl_comm = r->comms[k], .watch = false};
-            st = em_set_device(r->devs[k]); /* packing copies and zeros go to replica k's device */
-            if (st == EM_OK) st = em__dist_reduce_grads(g[k], r->params + (size_t)k * (size_t)r->np, r->np, &tg);
-        }
-        /* A replica failing after another submitted its collectives would
-         * leave those waiting forever on the GPU: nothing sensible remains. */
-        if (st != EM_OK && em_last_status() != EM_OK) {
-            char msg[1024];
-            snprintf(msg, sizeof msg, "gradient all-reduce between replicas failed half-way: %s", em_last_error());
-            em_dist_abort(5, msg);
-        }
+        st = reduce_with_nccl(r, g);
     } else {
         st = reduce_with_tasks(r, g);
     }

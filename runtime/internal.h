@@ -58,6 +58,8 @@ void em__contiguous_strides(const int64_t *shape, int ndim, int64_t *strides);
 int64_t em__numel(const int64_t *shape, int ndim);
 /** true when t covers its whole storage contiguously from offset 0. */
 bool em__covers_storage(const em_tensor *t);
+/* Has the calling thread its own device (em_set_thread_device)? */
+bool em__has_thread_device(void);
 /** Normalises a possibly negative dim; -1 (and an error naming op, dim and
  *  shape) when out of range. */
 int em__norm_dim(const em_tensor *t, int dim, int ndim_extra, const char *op);

@@ -12,7 +12,9 @@
 extern void openblas_set_num_threads(int);
 
 static bool g_initialized;
-static em_device g_device;
+static em_device g_device;               /* the process's device */
+static _Thread_local bool tl_has_device; /* em_set_thread_device */
+static _Thread_local em_device tl_device;
 static char g_sched[64];
 
 size_t em_dtype_size(em_dtype dt)
@@ -159,7 +161,7 @@ em_status em_devices_parse(const char *list, em_device *out, int max, int *n)
 
 int em__ncpu_workers(void) { return em_worker_count(EM_DEVICE_CPU); }
 
-em_status em_set_device(em_device d)
+static em_status check_device(em_device d)
 {
     char buf[32];
     if (!g_initialized) return em__set_error(EM_ERR_STATE, "em_set_device: call em_init first");
@@ -169,20 +171,42 @@ em_status em_set_device(em_device d)
                              em_worker_count(EM_DEVICE_CUDA), em_worker_count(EM_DEVICE_OPENCL));
     if (d.kind == EM_DEVICE_CPU && em_worker_count(EM_DEVICE_CPU) == 0)
         return em__set_error(EM_ERR_DEVICE, "device cpu is not available: no CPU workers (EMBER_NCPU=0?)");
-    g_device = d;
     return EM_OK;
 }
 
-em_device em_get_device(void) { return g_device; }
+em_status em_set_device(em_device d)
+{
+    em_status st = check_device(d);
+    if (st != EM_OK) return st;
+    if (tl_has_device) tl_device = d;
+    else g_device = d;
+    return EM_OK;
+}
+
+em_status em_set_thread_device(em_device d)
+{
+    em_status st = check_device(d);
+    if (st != EM_OK) return st;
+    tl_device = d;
+    tl_has_device = true;
+    return EM_OK;
+}
+
+void em_clear_thread_device(void) { tl_has_device = false; }
+
+bool em__has_thread_device(void) { return tl_has_device; }
+
+em_device em_get_device(void) { return tl_has_device ? tl_device : g_device; }
 
 em_placement em__placement(void)
 {
     em_placement p = {STARPU_CPU, -1};
-    switch (g_device.kind) {
+    const em_device dev = em_get_device();
+    switch (dev.kind) {
     case EM_DEVICE_CPU: p.where = STARPU_CPU; break;
     case EM_DEVICE_AUTO: p.where = STARPU_CPU | STARPU_CUDA | STARPU_OPENCL; break;
-    case EM_DEVICE_CUDA: p.where = STARPU_CUDA; p.worker = find_worker(g_device); break;
-    case EM_DEVICE_OPENCL: p.where = STARPU_OPENCL; p.worker = find_worker(g_device); break;
+    case EM_DEVICE_CUDA: p.where = STARPU_CUDA; p.worker = find_worker(dev); break;
+    case EM_DEVICE_OPENCL: p.where = STARPU_OPENCL; p.worker = find_worker(dev); break;
     default: break;
     }
     return p;

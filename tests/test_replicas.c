@@ -25,6 +25,15 @@
 #define MAXR 8
 
 static em_device g_dev[MAXR];
+
+/* An error status with a message, from a replica thread. */
+static em_status em__test_fail(const char *fmt, int k)
+{
+    char msg[128];
+    snprintf(msg, sizeof msg, fmt, k);
+    fprintf(stderr, "%s\n", msg);
+    return EM_ERR_STATE;
+}
 static int g_n;
 
 static int setup(void **state)
@@ -108,10 +117,39 @@ static void free_group(em_replicas *r, em_module **m, em_optim **o)
     }
 }
 
+/* One replica's forward and backward for em_replicas_run (its own thread). */
+typedef struct share_ctx {
+    const float *x;
+    const int64_t *y;
+    int64_t B;
+    em_module **m;
+    em_grads **g;
+} share_ctx;
+
+static em_status share_fn(em_replicas *r, int k, void *p)
+{
+    share_ctx *c = p;
+    int n = em_replicas_count(r);
+    int64_t base = c->B / n, extra = c->B % n, cnt = base + (k < extra), lo = (int64_t)k * base + (k < extra ? k : extra);
+    if (em_get_device().kind != g_dev[k].kind || em_get_device().index != g_dev[k].index)
+        return em__test_fail("replica %d runs on the wrong device", k);
+    if (cnt == 0) {
+        c->g[k] = em_grads_new();
+        return c->g[k] ? EM_OK : em_last_status();
+    }
+    em_scope_begin();
+    em_tensor *loss = em_cross_entropy(em_module_forward(c->m[k], em_from_host(c->x + lo * F_IN, SHAPE(cnt, F_IN), 2, EM_F32)),
+                                       em_from_host(c->y + lo, SHAPE(cnt), 1, EM_I64), NULL);
+    if (loss && cnt * n != c->B) loss = em_mul_scalar(loss, (double)(cnt * n) / (double)c->B);
+    c->g[k] = loss ? em_backward(loss) : NULL;
+    em_scope_end();
+    return c->g[k] ? EM_OK : em_last_status();
+}
+
 /* K steps: replicas on shares of a batch of @p B samples (contiguous shares,
  * sizes differ by at most one, losses weighted by n*share/B) against one
  * model on the whole batch. */
-static void run_equivalence(em_optim_kind kind, int64_t B, double tol)
+static void run_equivalence(em_optim_kind kind, int64_t B, double tol, bool threaded)
 {
     const int steps = 3;
     em_module *m[MAXR], *ref;
@@ -138,7 +176,9 @@ static void run_equivalence(em_optim_kind kind, int64_t B, double tol)
         em_scope_begin();
         em_grads *g[MAXR] = {0};
         int64_t base = B / g_n, extra = B % g_n, lo = 0;
-        for (int k = 0; k < g_n; k++) {
+        share_ctx sc = {x, y, B, m, g};
+        if (threaded) assert_int_equal(em_replicas_run(r, share_fn, &sc), EM_OK);
+        for (int k = 0; k < g_n && !threaded; k++) {
             int64_t cnt = base + (k < extra);
             assert_int_equal(em_set_device(g_dev[k]), EM_OK);
             if (cnt == 0) {
@@ -170,8 +210,8 @@ static void run_equivalence(em_optim_kind kind, int64_t B, double tol)
     }
     double err = max_param_diff(m[0], ref), div = -1;
     assert_int_equal(em_replicas_divergence(r, &div), EM_OK);
-    fprintf(stderr, "  %s, batch %lld over %d replicas (%s): |replica - whole-batch model| = %.3g, divergence %.3g\n",
-            em_optim_kind_name(kind), (long long)B, g_n, em_replicas_path(r), err, div);
+    fprintf(stderr, "  %s, batch %lld over %d replicas (%s, %s): |replica - whole-batch model| = %.3g, divergence %.3g\n",
+            em_optim_kind_name(kind), (long long)B, g_n, em_replicas_path(r), threaded ? "em_replicas_run" : "one thread", err, div);
     assert_true(err < tol);
     assert_true(div == 0.0);
     free(x);
@@ -189,31 +229,33 @@ static void run_equivalence(em_optim_kind kind, int64_t B, double tol)
 static void test_sgd_equal_shares(void **state)
 {
     (void)state;
-    run_equivalence(EM_OPTIM_SGD, 16, 1e-5);
+    run_equivalence(EM_OPTIM_SGD, 16, 1e-5, false);
+    run_equivalence(EM_OPTIM_SGD, 16, 1e-5, true);
 }
 
 static void test_sgd_unequal_shares(void **state)
 {
     (void)state;
-    run_equivalence(EM_OPTIM_SGD, 7, 1e-5); /* 4 + 3 for two replicas */
+    run_equivalence(EM_OPTIM_SGD, 7, 1e-5, false); /* 4 + 3 for two replicas */
+    run_equivalence(EM_OPTIM_SGD, 7, 1e-5, true);
 }
 
 static void test_adam_equal_shares(void **state)
 {
     (void)state;
-    run_equivalence(EM_OPTIM_ADAM, 16, 1e-5);
+    run_equivalence(EM_OPTIM_ADAM, 16, 1e-5, true);
 }
 
 static void test_adam_unequal_shares(void **state)
 {
     (void)state;
-    run_equivalence(EM_OPTIM_ADAM, 7, 1e-5);
+    run_equivalence(EM_OPTIM_ADAM, 7, 1e-5, false);
 }
 
 static void test_fewer_samples_than_replicas(void **state)
 {
     (void)state;
-    run_equivalence(EM_OPTIM_SGD, 1, 1e-5); /* replica 1.. get nothing: zeros */
+    run_equivalence(EM_OPTIM_SGD, 1, 1e-5, true); /* replica 1.. get nothing: zeros */
 }
 
 /* A gradient that one replica lacks counts as zeros: the mean is g0 / n. */
@@ -272,6 +314,35 @@ static void test_broadcast(void **state)
     assert_int_equal(em_replicas_divergence(r, &d), EM_OK);
     assert_true(d == 0.0);
     assert_true(em_optim_get_lr(o[1]) == 0.123);
+    free_group(r, m, o);
+}
+
+static em_status failing_fn(em_replicas *r, int k, void *p)
+{
+    (void)r;
+    (void)p;
+    if (k == em_replicas_count(r) - 1) {
+        em_scope_begin();
+        em_tensor *bad = em_add(em_zeros(SHAPE(2), 1, EM_F32), em_zeros(SHAPE(3), 1, EM_F32)); /* shape error */
+        em_scope_end();
+        if (!bad) return em_last_status();
+    }
+    return EM_OK;
+}
+
+/* A replica's error comes back to the caller with the replica named. */
+static void test_run_error(void **state)
+{
+    (void)state;
+    em_module *m[MAXR];
+    em_optim *o[MAXR];
+    em_replicas *r = make_group(EM_OPTIM_SGD, m, o);
+    em_status st = em_replicas_run(r, failing_fn, NULL);
+    assert_int_equal(st, EM_ERR_SHAPE);
+    char want[32];
+    snprintf(want, sizeof want, "replica %d: ", g_n - 1);
+    assert_non_null(strstr(em_last_error(), want));
+    assert_int_equal(em_replicas_run(r, failing_fn, NULL), EM_ERR_SHAPE); /* the threads still work */
     free_group(r, m, o);
 }
 
@@ -349,6 +420,7 @@ int main(void)
         cmocka_unit_test(test_fewer_samples_than_replicas),
         cmocka_unit_test(test_missing_gradient_is_zero),
         cmocka_unit_test(test_broadcast),
+        cmocka_unit_test(test_run_error),
         cmocka_unit_test(test_errors),
     };
     return cmocka_run_group_tests(tests, setup, em_test_teardown);

@@ -163,9 +163,84 @@ static void share_of(int64_t B, int n, int k, int64_t *lo, int64_t *cnt)
     *lo = (int64_t)k * base + (k < extra ? k : extra);
 }
 
+/* [dist] One step's work for replica k (or the model alone: rep NULL). */
+typedef struct share_job {
+    em_module *model;           /* without replicas */
+    em_optim *opt;              /* replica 0's / the model's */
+    const em_batch *b;
+    const em_learner_config *cfg;
+    bool train;
+    running *r;                 /* [R] */
+    em_grads **g;               /* [R] */
+    em_tensor **params;         /* [R][np] */
+    int np;
+    int64_t *confusion;
+    int64_t num_classes;
+} share_job;
+
+/* Forward, loss, backward and running metrics of replica k's share of the
+ * batch (em_replicas_run: on the replica's own thread and device). */
+static em_status share_forward_backward(em_replicas *rep, int k, void *ctx)
+{
+    const share_job *j = ctx;
+    const int R = rep ? em_replicas_count(rep) : 1;
+    const em_batch *b = j->b;
+    int64_t lo, cnt;
+    share_of(b->size, R, k, &lo, &cnt);
+    if (cnt == 0) { /* fewer samples than replicas: this one contributes nothing */
+        if (j->train && !(j->g[k] = em_grads_new())) return em_last_status();
+        return EM_OK;
+    }
+    em_status st = EM_OK;
+    em_scope_begin();
+    if (!j->train) em_no_grad_begin();
+    em_batch sub = *b;
+    sub.size = cnt;
+    sub.x = b->x + lo * b->num_features;
+    sub.y = b->y + lo;
+    if (b->indices) sub.indices = b->indices + lo;
+    em_tensor *x = NULL, *y = NULL;
+    st = em_batch_to_tensors(&sub, &x, &y);
+    em_tensor *logits = st == EM_OK ? em_module_forward(rep ? em_replicas_model(rep, k) : j->model, x) : NULL;
+    em_tensor *loss = logits ? em_cross_entropy(logits, y, &j->cfg->loss) : NULL;
+    if (!loss) st = em_last_status() ? em_last_status() : EM_ERR_RUNTIME;
+    if (st == EM_OK && j->train) {
+        /* [dist] weight by the share so the replicas' mean is the whole batch's gradient */
+        em_tensor *l = R > 1 && cnt * R != b->size ? em_mul_scalar(loss, (double)(cnt * R) / (double)b->size) : loss;
+        j->g[k] = l ? em_backward(l) : NULL;
+        if (!j->g[k]) st = em_last_status() ? em_last_status() : EM_ERR_RUNTIME;
+    }
+    if (st == EM_OK) running_add(&j->r[k], loss, logits, y, cnt, !j->train);
+    if (st == EM_OK && j->confusion) {
+        int64_t *pred = malloc(sizeof *pred * (size_t)cnt);
+        if (pred && em_to_host(em_argmax(logits, 1, false), pred, sizeof *pred * (size_t)cnt) == EM_OK)
+            for (int64_t i = 0; i < cnt; i++)
+                if (sub.y[i] >= 0 && sub.y[i] < j->num_classes && pred[i] >= 0 && pred[i] < j->num_classes)
+                    j->confusion[sub.y[i] * j->num_classes + pred[i]]++;
+        free(pred);
+    }
+    if (!j->train) em_no_grad_end();
+    em_scope_end();
+    return st;
+}
+
+/* Clipping and the optimizer step of replica k (after the all-reduce). */
+static em_status share_step(em_replicas *rep, int k, void *ctx)
+{
+    const share_job *j = ctx;
+    em_optim *o = rep ? em_replicas_optim(rep, k) : j->opt;
+    em_status st = EM_OK;
+    em_scope_begin();
+    if (j->cfg->clip_grad_norm > 0) em_clip_grad_norm(j->g[k], j->params + (size_t)k * (size_t)j->np, j->np, j->cfg->clip_grad_norm, 2.0);
+    if (k > 0) st = em_optim_set_lr(o, em_optim_get_lr(j->opt)); /* the scheduler drives replica 0 */
+    if (st == EM_OK) st = em_optim_step(o, j->g[k]);
+    em_scope_end();
+    return st;
+}
+
 /* One pass over @p data. train: optimizer steps; else no-grad evaluation.
- * With cfg->replicas, every batch is split over the replicas (r holds one
- * running sum per replica). */
+ * With cfg->replicas, every batch is split over the replicas, each driven by
+ * its own thread (em_replicas_run); r holds one running sum per replica. */
 static em_status run_epoch(em_module *model, em_optim *opt, em_lr_scheduler *sched, em_loader *data, const em_learner_config *cfg,
                            bool train, int64_t epoch, int64_t *step, running *r, int64_t *confusion, int64_t num_classes,
                            bool bar, FILE *log)
@@ -179,86 +254,39 @@ static em_status run_epoch(em_module *model, em_optim *opt, em_lr_scheduler *sch
     int64_t total = em_loader_num_batches(data), done = 0;
     int64_t report_every = total / 10 > 0 ? total / 10 : 1;
     double t0 = now_s();
-    const em_device home = em_get_device();
-    em_tensor **params = NULL; /* [R][np]: for clipping and the all-reduce */
-    em_grads **g = calloc((size_t)R, sizeof *g);
-    int np = 0;
-    if (!g) return em__set_error(EM_ERR_NOMEM, "out of memory");
+    share_job job = {.model = model, .opt = opt, .cfg = cfg, .train = train, .r = r, .confusion = confusion, .num_classes = num_classes};
+    job.g = calloc((size_t)R, sizeof *job.g);
+    if (!job.g) return em__set_error(EM_ERR_NOMEM, "out of memory");
     if (train && (cfg->clip_grad_norm > 0 || em_dist_world_size() > 1)) { /* [dist] params for the all-reduce */
-        np = em_module_num_param_tensors(model);
-        params = malloc(sizeof *params * (size_t)R * (size_t)(np ? np : 1));
-        if (!params) {
-            free(g);
+        job.np = em_module_num_param_tensors(model);
+        job.params = malloc(sizeof *job.params * (size_t)R * (size_t)(job.np ? job.np : 1));
+        if (!job.params) {
+            free(job.g);
             return em__set_error(EM_ERR_NOMEM, "out of memory");
         }
-        for (int k = 0; k < R; k++) em_module_parameters(rep ? em_replicas_model(rep, k) : model, params + (size_t)k * (size_t)np, np);
+        for (int k = 0; k < R; k++)
+            em_module_parameters(rep ? em_replicas_model(rep, k) : model, job.params + (size_t)k * (size_t)job.np, job.np);
     }
     const em_batch *b;
     while ((b = em_loader_next(data))) {
-        em_scope_begin();
-        for (int k = 0; k < R && st == EM_OK; k++) {
-            int64_t lo, cnt;
-            share_of(b->size, R, k, &lo, &cnt);
-            if (cnt == 0) { /* fewer samples than replicas: this one contributes nothing */
-                if (train && !(g[k] = em_grads_new())) st = em_last_status();
-                continue;
-            }
-            if (rep) st = em_set_device(em_replicas_device(rep, k));
-            em_batch sub = *b;
-            sub.size = cnt;
-            sub.x = b->x + lo * b->num_features;
-            sub.y = b->y + lo;
-            if (b->indices) sub.indices = b->indices + lo;
-            em_tensor *x = NULL, *y = NULL;
-            if (st == EM_OK) st = em_batch_to_tensors(&sub, &x, &y);
-            em_tensor *logits = st == EM_OK ? em_module_forward(rep ? em_replicas_model(rep, k) : model, x) : NULL;
-            em_tensor *loss = logits ? em_cross_entropy(logits, y, &cfg->loss) : NULL;
-            if (!loss) {
-                st = em_last_status() ? em_last_status() : EM_ERR_RUNTIME;
-                break;
-            }
-            if (train) {
-                /* [dist] weight by the share so the replicas' mean is the whole batch's gradient */
-                em_tensor *l = R > 1 && cnt * R != b->size ? em_mul_scalar(loss, (double)(cnt * R) / (double)b->size) : loss;
-                g[k] = l ? em_backward(l) : NULL;
-                if (!g[k]) {
-                    st = em_last_status() ? em_last_status() : EM_ERR_RUNTIME;
-                    break;
-                }
-            }
-            running_add(&r[k], loss, logits, y, cnt, !train);
-            if (confusion) {
-                int64_t *pred = malloc(sizeof *pred * (size_t)cnt);
-                if (pred && em_to_host(em_argmax(logits, 1, false), pred, sizeof *pred * (size_t)cnt) == EM_OK)
-                    for (int64_t i = 0; i < cnt; i++)
-                        if (sub.y[i] >= 0 && sub.y[i] < num_classes && pred[i] >= 0 && pred[i] < num_classes)
-                            confusion[sub.y[i] * num_classes + pred[i]]++;
-                free(pred);
-            }
-        }
+        job.b = b;
+        st = rep ? em_replicas_run(rep, share_forward_backward, &job) : share_forward_backward(NULL, 0, &job);
         if (train && st == EM_OK) {
             /* [dist] average gradients across replicas / ranks: submits reduction tasks, does not wait */
-            if (R > 1) st = em_replicas_allreduce_grads(rep, g);
-            else if (em_dist_world_size() > 1) st = em_dist_allreduce_grads(g[0], params, np);
-            for (int k = 0; k < R && st == EM_OK; k++) {
-                em_optim *o = rep ? em_replicas_optim(rep, k) : opt;
-                if (rep) st = em_set_device(em_replicas_device(rep, k));
-                if (st == EM_OK && cfg->clip_grad_norm > 0)
-                    em_clip_grad_norm(g[k], params + (size_t)k * (size_t)np, np, cfg->clip_grad_norm, 2.0);
-                if (st == EM_OK && k > 0) st = em_optim_set_lr(o, em_optim_get_lr(opt)); /* the scheduler drives replica 0 */
-                if (st == EM_OK) st = em_optim_step(o, g[k]);
-            }
+            em_scope_begin();
+            if (R > 1) st = em_replicas_allreduce_grads(rep, job.g);
+            else if (em_dist_world_size() > 1) st = em_dist_allreduce_grads(job.g[0], job.params, job.np);
+            em_scope_end();
+            if (st == EM_OK) st = rep ? em_replicas_run(rep, share_step, &job) : share_step(NULL, 0, &job);
             if (st == EM_OK) {
                 (*step)++;
                 if (sched && cfg->sched_per_step) em_lr_scheduler_step(sched, opt);
             }
         }
         for (int k = 0; k < R; k++) {
-            em_grads_free(g[k]);
-            g[k] = NULL;
+            em_grads_free(job.g[k]);
+            job.g[k] = NULL;
         }
-        if (rep) em_set_device(home);
-        em_scope_end();
         if (st != EM_OK) break;
         done++;
         if (log && (done % report_every == 0 || done == total) && (bar || done % (report_every * 5) == 0 || done == total)) {
@@ -269,8 +297,8 @@ static em_status run_epoch(em_module *model, em_optim *opt, em_lr_scheduler *sch
     }
     if (st == EM_OK && em_last_status() < 0 && !b) st = em_last_status(); /* loader error */
     if (bar && log) fputc('\n', log);
-    free(params);
-    free(g);
+    free(job.params);
+    free(job.g);
     if (!train) em_no_grad_end();
     return st;
 }

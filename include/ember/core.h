@@ -87,11 +87,21 @@ EM_API em_device em_device_auto(void);
 EM_API em_status em_device_parse(const char *s, em_device *out);
 /** Writes "cpu", "cuda:0", ... into buf. */
 EM_API const char *em_device_str(em_device d, char *buf, size_t n);
-/** Sets the device used by ops submitted from now on (all threads).
- *  Fails with EM_ERR_DEVICE (message names the device) when no worker of that
- *  device exists. */
+/** Sets the device used by ops submitted from now on: the process's device
+ *  (all threads), or the calling thread's own device when it has one
+ *  (em_set_thread_device). Fails with EM_ERR_DEVICE (message names the
+ *  device) when no worker of that device exists. */
 EM_API em_status em_set_device(em_device d);
+/** The device ops submitted by the calling thread go to: its own device when
+ *  set, else the process's. */
 EM_API em_device em_get_device(void);
+/** Gives the calling thread its own device, overriding the process's device
+ *  for the ops it submits (as torch.cuda.set_device, which is per thread),
+ *  until em_clear_thread_device. Used by threads that drive one replica each
+ *  (em_replicas_run). Errors as em_set_device. */
+EM_API em_status em_set_thread_device(em_device d);
+/** The calling thread follows the process's device again. */
+EM_API void em_clear_thread_device(void);
 
 /** Log levels for em_log. */
 typedef enum em_log_level {

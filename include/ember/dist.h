@@ -180,6 +180,23 @@ EM_API em_status em_replicas_broadcast(em_replicas *r);
  *  counts as zeros there. float32/float64 gradients. No-op for one replica. */
 EM_API em_status em_replicas_allreduce_grads(em_replicas *r, em_grads *const *g);
 
+/** Work of one replica in em_replicas_run: @p i is the replica. Return
+ *  EM_OK, or an error status with em_last_error() set (on that thread). */
+typedef em_status (*em_replica_fn)(em_replicas *r, int i, void *ctx);
+
+/** Runs fn(r, i, ctx) for every replica at once: replica 0 on the calling
+ *  thread, replica i > 0 on the group's thread i (started on first use, kept
+ *  until em_replicas_free), each with the replica's device as its thread
+ *  device (em_set_thread_device), and waits for all of them. Submitting a
+ *  replica's forward and backward is serial CPU work; with one thread per
+ *  replica the n submissions overlap, so a small model's step does not grow
+ *  n-fold. Thread-local state (scopes, no-grad, errors) is per thread: @p fn
+ *  opens and closes its own scope and no-grad region; tensors it keeps for
+ *  the caller (e.g. gradients) must be referenced by something that
+ *  outlives its scope. Returns EM_OK, or the first failing replica's status
+ *  with its message prefixed by "replica i: ". Not reentrant. */
+EM_API em_status em_replicas_run(em_replicas *r, em_replica_fn fn, void *ctx);
+
 /** Largest absolute difference between any replica's parameters and buffers
  *  and replica 0's (0 when identical). Waits; for tests and checks. */
 EM_API em_status em_replicas_divergence(const em_replicas *r, double *max_abs_diff);
