@@ -127,16 +127,16 @@ int main(int argc, char **argv)
         return 2;
     }
 
-    if (devices) { /* replica 0's device is the default; two workers per GPU (NCCL on the second) */
+    if (devices) { /* replica 0's device is the process's default device */
         snprintf(first, sizeof first, "%.*s", (int)strcspn(devices, ","), devices);
         char *all = strstr(first, ":all");
         if (all) strcpy(all, ":0");
         device = first;
-        setenv("STARPU_NWORKER_PER_CUDA", "2", 0);
     }
     em_config cfg = em_config_default();
     cfg.device = device;
-    if (em_dist_init(&argc, &argv, &cfg) != EM_OK) {
+    /* one process driving several devices: no MPI (em_dist_init would bind this process to one GPU) */
+    if (devices ? em_init(&cfg) != EM_OK : em_dist_init(&argc, &argv, &cfg) != EM_OK) {
         fprintf(stderr, "bench_scaling: %s\n", em_last_error());
         return 1;
     }
@@ -242,6 +242,7 @@ int main(int argc, char **argv)
         em_optim_free(opts[r]);
         em_module_free(models[r]);
     }
-    em_dist_shutdown();
+    if (devices) em_shutdown();
+    else em_dist_shutdown();
     return div == 0 ? 0 : 3;
 }

@@ -488,23 +488,26 @@ static em_status nccl_bucket(em_replicas *r, em_grads *const *g, const int *idx,
             total = em_tensor_numel(first);
             continue;
         }
-        total = 0;
-        for (int j = lo; j < hi; j++) total += em_tensor_numel(r->params[(size_t)idx[j]]);
-        em_tensor *flat = st == EM_OK ? em__tensor_new(dt, &total, 1) : NULL;
+        /* pack: one FILL + one COPY per gradient into a flat tensor (em_cat of the flattened gradients) */
+        em_tensor *flat_in[64], **fl = hi - lo <= 64 ? flat_in : malloc(sizeof *fl * (size_t)(hi - lo));
+        if (!fl) {
+            st = em__set_error(EM_ERR_NOMEM, "out of memory");
+            break;
+        }
+        for (int j = lo; j < hi && st == EM_OK; j++) {
+            em_tensor *gr = em_grad(g[k], r->params[(size_t)k * (size_t)np + (size_t)idx[j]]);
+            int64_t cnt = em_tensor_numel(gr);
+            fl[j - lo] = em_reshape(em_contiguous(gr), &cnt, 1);
+            if (!fl[j - lo]) st = em_last_status();
+        }
+        em_tensor *flat = st == EM_OK ? em_cat(fl, hi - lo, 0) : NULL;
+        if (fl != flat_in) free(fl);
         if (!flat) {
             st = em_last_status();
             break;
         }
-        int64_t off = 0;
-        for (int j = lo; j < hi && st == EM_OK; j++) {
-            em_tensor *gr = em_grad(g[k], r->params[(size_t)k * (size_t)np + (size_t)idx[j]]);
-            int64_t cnt = em_tensor_numel(gr), one = 1;
-            em_tensor *dst = em__tensor_view(flat, &cnt, &one, 1, off);
-            em_tensor *src = em_reshape(em_contiguous(gr), &cnt, 1);
-            st = dst && src ? em_copy_(dst, src) : em_last_status();
-            em_tensor_release(dst);
-            off += cnt;
-        }
+        total = em_tensor_numel(flat);
+        em_tensor_retain(flat); /* buf[] holds a reference (released below) */
         buf[k] = flat;
         a->offset[k] = 0;
     }

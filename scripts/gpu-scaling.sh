@@ -29,6 +29,7 @@
 #            batch 64 per GPU, FMNIST_EPOCHS (3) epochs, throughput = mean of
 #            epochs 2.. (train part only): `ember train --distributed` vs
 #            bench/ddp_torch.py --model fmnist
+# SCALING_TORCH=0 skips the PyTorch runs (tuning Ember alone).
 # Weak scaling: the per-GPU batch is fixed, the global batch is G x batch.
 # Scaling efficiency = samples/s at G / (G x samples/s at 1 GPU), per framework.
 #
@@ -108,7 +109,9 @@ if ! ldconfig -p | grep -q 'libnccl.so.2 ' && ! ls /usr/local/cuda/lib64/libnccl
 fi
 say "gpu-scaling: NCCL for Ember: ${EMBER_NCCL_LIB:-$( (ldconfig -p | grep -m1 'libnccl.so.2 ' | sed 's/.*=> //') || true)}${EMBER_NCCL_LIB:+ (EMBER_NCCL_LIB)}"
 TORCH_OK=0
-if LD_LIBRARY_PATH="$ORIG_LD" python3 -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
+if [ "${SCALING_TORCH:-1}" = 0 ]; then
+  say "gpu-scaling: PyTorch runs skipped (SCALING_TORCH=0)"
+elif LD_LIBRARY_PATH="$ORIG_LD" python3 -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
   TORCH_OK=1
   say "gpu-scaling: PyTorch $(LD_LIBRARY_PATH="$ORIG_LD" python3 -c 'import torch; print(torch.__version__, "NCCL", ".".join(map(str, torch.cuda.nccl.version())))' 2>/dev/null)"
 else

@@ -212,9 +212,7 @@ int em_tool_train(int argc, char **argv)
         fprintf(stderr, "ember train: unknown optimizer '%s' (adam, adamw, sgd, rmsprop, adagrad)\n", optname);
         return 2;
     }
-    /* [dist] --devices: replica 0's device is the process's default device;
-     * several GPUs: two StarPU workers per GPU, the second one runs NCCL on
-     * its own stream (user settings win). */
+    /* [dist] --devices: replica 0's device is the process's default device */
     char first_dev[64] = "";
     if (devices) {
         if (device) {
@@ -226,7 +224,6 @@ int em_tool_train(int argc, char **argv)
         char *all = strstr(first_dev, ":all");
         if (all) strcpy(all, ":0");
         device = first_dev;
-        if (strchr(devices, ',') || strstr(devices, ":all")) setenv("STARPU_NWORKER_PER_CUDA", "2", 0);
     }
     /* [dist] under mpirun (or --distributed): MPI first, then the runtime */
     bool dist = distributed || em_dist_launched();
