@@ -190,6 +190,7 @@ static em_status submit_task(ar_args *a, size_t args_size, starpu_data_handle_t 
         task->where = STARPU_CPU;
     }
     task->detach = 1;
+    em__trace_attach(task);
     int ret = starpu_task_submit(task);
     if (ret != 0) {
         task->destroy = 0;

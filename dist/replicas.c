@@ -549,6 +549,7 @@ static em_status nccl_bucket(em_replicas *r, em_grads *const *g, const int *idx,
             task->priority = STARPU_MAX_PRIO;
             task->detach = 1;
             a = NULL; /* the task owns it */
+            em__trace_attach(task);
             int ret = starpu_task_submit(task);
             if (ret != 0) {
                 task->destroy = 0;

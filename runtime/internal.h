@@ -58,6 +58,12 @@ void em__contiguous_strides(const int64_t *shape, int ndim, int64_t *strides);
 int64_t em__numel(const int64_t *shape, int ndim);
 /** true when t covers its whole storage contiguously from offset 0. */
 bool em__covers_storage(const em_tensor *t);
+/* EMBER_TRACE task timeline (runtime/trace.c): init after starpu_init,
+ * attach to every task before submission, shutdown writes the file. */
+struct starpu_task;
+void em__trace_init(void);
+void em__trace_attach(struct starpu_task *t);
+void em__trace_shutdown(void);
 /* Has the calling thread its own device (em_set_thread_device)? */
 bool em__has_thread_device(void);
 /** Normalises a possibly negative dim; -1 (and an error naming op, dim and

@@ -264,6 +264,7 @@ em_status em_init(const em_config *user)
     if (ret != 0) return em__set_error(EM_ERR_RUNTIME, "em_init: starpu_init failed (%d)", ret);
     openblas_set_num_threads(1);
     g_initialized = true;
+    em__trace_init();
     em_status st = em__codelets_init();
     if (st == EM_OK) st = em__cuda_init();
     if (st == EM_OK) st = em__opencl_init();
@@ -298,6 +299,7 @@ void em_shutdown(void)
 {
     if (!g_initialized) return;
     starpu_task_wait_for_all();
+    em__trace_shutdown();
     em__pool_drain();
     em__opencl_shutdown();
     em__cuda_shutdown();

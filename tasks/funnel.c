@@ -137,6 +137,7 @@ em_status em__task_submit(const em_op *op, const em_kargs *kin, void *const *han
         task->workerid = (unsigned)pl.worker;
     }
     task->detach = 1;
+    em__trace_attach(task);
     int ret = starpu_task_submit(task);
     if (ret == -ENODEV && pl.where != STARPU_CPU) {
         /* No kernel for this op on the chosen device: run it on the CPU, explicitly. */
