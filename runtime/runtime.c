@@ -246,6 +246,10 @@ em_status em_init(const em_config *user)
     if (cfg.device && em_device_parse(cfg.device, &dev) != EM_OK) return em_last_status();
 
     if (!cfg.starpu_verbose) setenv("STARPU_SILENT", "1", 0);
+    /* CUDA workers queue up to 32 ready tasks on their stream instead of
+     * StarPU's default 2 (measured on 2 x H200: +1% on one GPU, +4-5% with
+     * data-parallel NCCL traffic). The user's own setting wins. */
+    setenv("STARPU_CUDA_PIPELINE", "32", 0);
 
     struct starpu_conf conf;
     starpu_conf_init(&conf);

@@ -162,6 +162,7 @@ U(f_std, em_std(x[0], NULL, 0, 0.0, false))
 U(f_softmax, em_softmax(x[0], 1))
 U(f_logsoftmax, em_log_softmax(x[0], 0))
 U(f_mm, em_matmul(x[0], x[1]))
+U(f_mm_tt, em_matmul(em_transpose(x[0], 0, 1), em_transpose(x[1], 0, 1))) /* both operands stored transposed */
 U(f_reshape, em_reshape(x[0], SHAPE(3, 2), 2))
 U(f_transpose, em_mul(em_transpose(x[0], 0, 1), em_arange(1, 3, 1, EM_F64)))
 U(f_permute, em_contiguous(em_permute(x[0], (const int[]){2, 0, 1}, 3)))
@@ -245,6 +246,7 @@ static const gcase cases[] = {
     {"std", f_std, S1(3, 4), R(-2, 2)},       {"softmax", f_softmax, S1(3, 4), R(-2, 2)},
     {"log_softmax", f_logsoftmax, S1(3, 4), R(-2, 2)},
     {"matmul_2d", f_mm, .nin = 2, .ndim = {2, 2}, .shape = {{2, 3}, {3, 4}}, R(-2, 2)},
+    {"matmul_transposed_operands", f_mm_tt, .nin = 2, .ndim = {2, 2}, .shape = {{3, 2}, {4, 3}}, R(-2, 2)},
     {"matmul_batched", f_mm, .nin = 2, .ndim = {3, 2}, .shape = {{2, 2, 3}, {3, 2}}, R(-2, 2)},
     {"matmul_bcast", f_mm, .nin = 2, .ndim = {4, 3}, .shape = {{2, 1, 2, 3}, {2, 3, 2}}, R(-2, 2)},
     {"matmul_vec_mat", f_mm, .nin = 2, .ndim = {1, 2}, .shape = {{3}, {3, 2}}, R(-2, 2)},
