@@ -5,7 +5,7 @@
 # build-gpu after scripts/gpu-pack.sh). For each model (wide: 784-4096x3-10
 # batch 512; small: 784-256-128-10 batch 64) it traces TRACE_STEPS steps on
 # 1 GPU, on 2 GPUs with mpirun (one file per rank) and on 2 GPUs in one
-# process (--devices), and writes $OUT/traces/<model>-<form>.json[.rankN].gz
+# process (--devices) (TRACE_MODELS: which models, default "wide small"), and writes $OUT/traces/<model>-<form>.json[.rankN].gz
 # plus $OUT/traces/summary.txt.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
@@ -25,7 +25,7 @@ MPIRUN=(mpirun --allow-run-as-root --bind-to none --mca btl_vader_single_copy_me
         -x LD_LIBRARY_PATH -x PATH -x STARPU_HOME -x STARPU_SILENT -x OCL_ICD_VENDORS -x STARPU_WORKERS_NOBIND -x EMBER_NCPU
         -x NCCL_NVLS_ENABLE -x STARPU_NWORKER_PER_CUDA -x EMBER_DIST_BUCKET_KB -x EMBER_TRACE ${TRACE_MPI_ARGS:-})
 "$BUILD/ember" devices >/dev/null 2>&1   # bus calibration once
-for model in wide small; do
+for model in ${TRACE_MODELS:-wide small}; do
   if [ "$model" = wide ]; then args=(--hidden 4096,4096,4096 --batch 512); else args=(--hidden 256,128 --batch 64); fi
   args+=(--steps "$STEPS" --warmup 10 --label "$model")
   EMBER_TRACE="$T/$model-1gpu.json" timeout 120 "$BUILD/bench/bench_scaling" --device cuda:0 "${args[@]}" 2>&1 | grep RESULT
