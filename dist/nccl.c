@@ -220,18 +220,51 @@ typedef struct nccl_job {
     ncclComm_t comm;
 } nccl_job;
 
+/* [nccl] The collectives' own stream, at the device's highest priority, and
+ * two events that order it with the worker's stream (see
+ * em__dist_nccl_allreduce_mean). Made on the NCCL worker, for its GPU. */
+static cudaStream_t g_prio_stream;
+static cudaEvent_t g_ev_ready, g_ev_done;
+
+/* A non-blocking stream at the GPU's highest priority (NULL on failure). */
+static cudaStream_t prio_stream_new(void)
+{
+    int least = 0, greatest = 0;
+    cudaStream_t s = NULL;
+    if (cudaDeviceGetStreamPriorityRange(&least, &greatest) != cudaSuccess ||
+        cudaStreamCreateWithPriority(&s, cudaStreamNonBlocking, greatest) != cudaSuccess) {
+        cudaGetLastError();
+        return NULL;
+    }
+    return s;
+}
+
 static void init_on_worker(void *arg)
 {
     nccl_job *j = arg;
     j->device = -1;
     cudaGetDevice(&j->device);
     j->res = nc.CommInitRank(&j->comm, j->nranks, j->id, j->rank);
+    if (j->res != ncclSuccess) return;
+    g_prio_stream = prio_stream_new();
+    if (g_prio_stream && (cudaEventCreateWithFlags(&g_ev_ready, cudaEventDisableTiming) != cudaSuccess ||
+                          cudaEventCreateWithFlags(&g_ev_done, cudaEventDisableTiming) != cudaSuccess)) {
+        cudaGetLastError();
+        cudaStreamDestroy(g_prio_stream);
+        g_prio_stream = NULL; /* the collectives then use the worker's own stream */
+    }
 }
 
 static void destroy_on_worker(void *arg)
 {
     ncclComm_t *c = arg;
     nc.CommDestroy(*c);
+    if (g_prio_stream) {
+        cudaStreamDestroy(g_prio_stream);
+        cudaEventDestroy(g_ev_ready);
+        cudaEventDestroy(g_ev_done);
+        g_prio_stream = NULL;
+    }
 }
 
 static void log_host_path(const char *why)
@@ -356,9 +389,9 @@ bool em__dist_nccl_local_init(const int *devs, int n, void **comms, void **strea
     if (!ok) snprintf(why, nwhy, "ncclCommInitAll over %d GPUs failed: %s", n, nc.GetErrorString(r));
     for (int i = 0; i < n; i++) streams[i] = NULL;
     for (int i = 0; i < n && ok; i++) {
-        cudaStream_t st;
+        cudaStream_t st = NULL;
         cudaError_t e = cudaSetDevice(devs[i]);
-        if (e == cudaSuccess) e = cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking);
+        if (e == cudaSuccess && !(st = prio_stream_new())) e = cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking);
         if (e != cudaSuccess) {
             snprintf(why, nwhy, "cannot create a stream on GPU %d: %s", devs[i], cudaGetErrorString(e));
             cudaGetLastError();
@@ -432,17 +465,31 @@ void em__dist_nccl_pack(void *dst, const void *src, size_t nbytes)
 
 void em__dist_nccl_allreduce_mean(void *buf, int64_t count, bool f64, void *comm, bool watch)
 {
-    cudaStream_t s = starpu_cuda_get_local_stream();
+    /* The collective runs on the high-priority stream, fenced by events on
+     * both sides: it starts after the worker's stream has packed the bucket,
+     * and the worker's stream (whose completion StarPU tracks) waits for it.
+     * Its kernels then get the SMs before the backward GEMMs and optimizer
+     * updates that run at the same time on the ops worker's stream, which
+     * otherwise delay the last buckets, the ones on the critical path. */
+    cudaStream_t s = starpu_cuda_get_local_stream(), cs = s;
+    if (g_prio_stream && !comm) {
+        cs = g_prio_stream;
+        if (cudaEventRecord(g_ev_ready, s) != cudaSuccess || cudaStreamWaitEvent(cs, g_ev_ready, 0) != cudaSuccess)
+            fatal("ordering the collective stream", cudaGetErrorString(cudaGetLastError()));
+    }
     if (watch) em__dist_watch_begin(EM_DIST_SLOT_GRAD, "gradient all-reduce (NCCL)");
     ncclResult_t r = nc.AllReduce(buf, buf, (size_t)count, f64 ? ncclFloat64 : ncclFloat32, ncclAvg,
-                                  comm ? (ncclComm_t)comm : g_comm, s);
+                                  comm ? (ncclComm_t)comm : g_comm, cs);
     if (r != ncclSuccess) fatal("ncclAllReduce", nc.GetErrorString(r));
-    if (!watch) return;
-    cudaError_t e = cudaLaunchHostFunc(s, watch_end_cb, NULL);
-    if (e != cudaSuccess) {
-        em__dist_watch_end(EM_DIST_SLOT_GRAD); /* cannot watch this one */
-        cudaGetLastError();
+    if (watch) {
+        cudaError_t e = cudaLaunchHostFunc(cs, watch_end_cb, NULL);
+        if (e != cudaSuccess) {
+            em__dist_watch_end(EM_DIST_SLOT_GRAD); /* cannot watch this one */
+            cudaGetLastError();
+        }
     }
+    if (cs != s && (cudaEventRecord(g_ev_done, cs) != cudaSuccess || cudaStreamWaitEvent(s, g_ev_done, 0) != cudaSuccess))
+        fatal("ordering the collective stream", cudaGetErrorString(cudaGetLastError()));
 }
 
 #endif /* EM_DIST_NCCL */

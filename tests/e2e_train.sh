@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # End-to-end checks of `ember train/eval/predict` on Fashion-MNIST with a small
 # MLP: an interrupted + resumed run ends byte-identical to an uninterrupted
-# one; eval reproduces the final test accuracy; bad input fails cleanly and
-# overwrites nothing. Usage: e2e_train.sh path/to/ember
+# one (also with two replicas in one process, --devices cpu,cpu); eval
+# reproduces the final test accuracy; bad input fails cleanly and overwrites
+# nothing. Usage: e2e_train.sh path/to/ember
 set -euo pipefail
 EMBER="$1"
 T="$(mktemp -d)"
@@ -25,6 +26,22 @@ acc_eval=$("$EMBER" eval --checkpoint "$T/a/checkpoint.safetensors" | awk '/^tes
 echo "ok: eval reproduces accuracy $acc_eval"
 "$EMBER" predict --checkpoint "$T/a/best.safetensors" --index 0,1 | grep -q "image 1 (true: Pullover)" || fail "predict output"
 echo "ok: predict"
+
+# [dist] one process, two replicas (--devices): a resumed run is byte-identical
+# too (resume copies replica 0 into the others), and the accuracy is that of
+# one model with the same total batch (2 x 128 = 256 as above)
+rep=(--hidden 32 --batch-size 128 --seed 7 --no-progress --workers 2 --devices cpu,cpu)
+"$EMBER" train "${rep[@]}" --epochs 3 --out "$T/r" > "$T/r.log"
+grep -q "replicas: 2 in this process" "$T/r.log" || fail "--devices: no replicas line: $(head -5 "$T/r.log")"
+"$EMBER" train "${rep[@]}" --epochs 3 --stop-after-epoch 2 --out "$T/r2" > /dev/null
+"$EMBER" train "${rep[@]}" --epochs 3 --out "$T/r2" --resume "$T/r2/checkpoint.safetensors" > /dev/null
+cmp "$T/r/checkpoint.safetensors" "$T/r2/checkpoint.safetensors" || fail "--devices: resumed run differs from the uninterrupted one"
+acc_rep=$(grep '^final test accuracy' "$T/r.log" | awk '{print $4}')
+awk -v a="$acc_rep" -v b="$acc_train" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(d < 0.01) }' ||
+  fail "--devices cpu,cpu accuracy $acc_rep is not within 0.01 of the single model's $acc_train"
+echo "ok: --devices cpu,cpu: accuracy $acc_rep (one model: $acc_train), resumed run byte-identical"
+if "$EMBER" train "${rep[@]/cpu,cpu/cpu,cuda:9}" --epochs 1 --out "$T/r3" 2> "$T/err4.log" >/dev/null; then fail "--devices with a missing GPU accepted"; fi
+grep -q "cuda:9" "$T/err4.log" || fail "missing-device error does not name it: $(cat "$T/err4.log")"
 
 # bad input: nothing is overwritten
 sum_before=$(md5sum "$T/a/checkpoint.safetensors" "$T/a/best.safetensors" "$T/a/metrics.csv")
