@@ -4,7 +4,7 @@
  *
  * StarPU's task profiling is switched on (starpu_profiling_status_set) and
  * every task Ember submits gets a callback that copies its profiling record:
- * codelet name, worker, start and end (StarPU's clock, CLOCK_MONOTONIC, so
+ * codelet name, worker, submission, start and end (StarPU's clock, CLOCK_MONOTONIC, so
  * the files of several processes on one host line up). For asynchronous CUDA
  * and OpenCL tasks the span runs from the launch to the moment the worker
  * saw the device finish, i.e. it includes time queued on the stream.
@@ -26,7 +26,7 @@
 typedef struct trace_event {
     const char *name; /* codelet name: static storage */
     int worker;
-    double start_us, end_us;
+    double submit_us, start_us, end_us;
 } trace_event;
 
 #define TRACE_MAX_EVENTS (4 << 20)
@@ -46,7 +46,7 @@ static void trace_cb(void *arg)
     if (!t || !t->profiling_info) return;
     const struct starpu_profiling_task_info *p = t->profiling_info;
     trace_event e = {.name = t->cl && t->cl->name ? t->cl->name : "task", .worker = p->workerid,
-                     .start_us = ts_us(&p->start_time), .end_us = ts_us(&p->end_time)};
+                     .submit_us = ts_us(&p->submit_time), .start_us = ts_us(&p->start_time), .end_us = ts_us(&p->end_time)};
     pthread_mutex_lock(&g_lock);
     if (g_n == g_cap && g_cap < TRACE_MAX_EVENTS) {
         size_t cap = g_cap ? g_cap * 2 : 65536;
@@ -114,8 +114,9 @@ void em__trace_shutdown(void)
             const trace_event *e = &g_ev[i];
             fprintf(f, "{\"ph\":\"X\",\"name\":\"");
             put_name(f, e->name);
-            fprintf(f, "\",\"pid\":%d,\"tid\":%d,\"ts\":%.3f,\"dur\":%.3f}%s\n", (int)getpid(), e->worker, e->start_us - t0,
-                    e->end_us > e->start_us ? e->end_us - e->start_us : 0.0, i + 1 < g_n ? "," : "");
+            fprintf(f, "\",\"pid\":%d,\"tid\":%d,\"ts\":%.3f,\"dur\":%.3f,\"args\":{\"submit\":%.3f}}%s\n", (int)getpid(),
+                    e->worker, e->start_us - t0, e->end_us > e->start_us ? e->end_us - e->start_us : 0.0, e->submit_us - t0,
+                    i + 1 < g_n ? "," : "");
         }
         fprintf(f, "]}\n");
         bool ok = fflush(f) == 0 && !ferror(f);

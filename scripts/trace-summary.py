@@ -7,7 +7,10 @@ For each file and worker: tasks, busy time (union of the task spans), busy
 share of the window, and the codelets that take the most time. --skip drops
 the first fraction of the window (warm-up). Spans of asynchronous GPU tasks
 run from launch to completion seen by the worker, so overlapping spans on a
-GPU worker are queued work, not parallel work.
+GPU worker are queued work, not parallel work. Idle time between tasks is
+split into "starved" (the next task was not even submitted yet when the
+worker became free: the submitting thread is behind) and "waiting" (it was
+submitted but its inputs or its launch were not ready).
 """
 import argparse
 import collections
@@ -59,8 +62,19 @@ def main():
                 per[e["name"]] += e["dur"]
                 cnt[e["name"]] += 1
             top = ", ".join(f"{n} {t / 1e3:.1f} ms/{cnt[n]}" for n, t in per.most_common(a.top))
+            es.sort(key=lambda e: e["ts"])
+            starved = waiting = 0.0
+            end = es[0]["ts"] + es[0]["dur"]
+            for e in es[1:]:
+                gap = e["ts"] - end
+                if gap > 0:
+                    sub = e.get("args", {}).get("submit", e["ts"])
+                    s_part = min(gap, max(0.0, sub - end))
+                    starved += s_part
+                    waiting += gap - s_part
+                end = max(end, e["ts"] + e["dur"])
             print(f"  worker {w:2d} {names.get(w, '?'):28.28s} {len(es):6d} tasks  busy {busy / 1e3:8.1f} ms "
-                  f"({busy / window:5.1%})  {top}")
+                  f"({busy / window:5.1%})  idle: starved {starved / 1e3:.1f} ms, waiting {waiting / 1e3:.1f} ms  {top}")
 
 
 if __name__ == "__main__":
