@@ -28,6 +28,7 @@ typedef struct em_storage {
     void *handle;      /* starpu_data_handle_t: a byte vector of nbytes */
     size_t nbytes;
     int refcount;
+    int pool_class;    /* pool.c: the device it was made for (handles are recycled per device) */
 } em_storage;
 
 struct em_node;
