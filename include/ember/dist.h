@@ -119,9 +119,11 @@ EM_API em_status em_dist_barrier(void);
  * replica i runs its share of every batch on devices[i] (em_set_device before
  * its forward, backward and optimizer step); em_replicas_allreduce_grads then
  * averages the gradients of all replicas, so every optimizer applies the same
- * update and the replicas stay identical. One thread submits everything:
- * submission only queues tasks, and StarPU runs each replica's tasks on its
- * own device's workers at the same time.
+ * update and the replicas stay identical. Submission only queues tasks and
+ * StarPU runs each replica's tasks on its own device's workers at the same
+ * time; em_replicas_run also gives each replica its own submitting thread.
+ * Storage handles are recycled per device (runtime/pool.c), so replicas
+ * never wait on each other except in the gradient reduction.
  *
  *     em_module *m[2] = {build(), build()};
  *     em_optim *o[2] = {em_adam_new(...m[0]...), em_adam_new(...m[1]...)};
@@ -136,10 +138,13 @@ EM_API em_status em_dist_barrier(void);
  * over the whole batch when the shares have equal sizes; for unequal shares
  * scale replica i's loss by n * share_i / batch before backward (the Learner
  * does). Two reduction paths, chosen once by em_replicas_new:
- *  - NCCL, when every device is a distinct CUDA GPU and libnccl (>= 2.10)
- *    loads: per bucket, one task per replica packs the gradients and calls
- *    ncclAllReduce(ncclAvg) on that GPU's last StarPU worker (its own stream
- *    with STARPU_NWORKER_PER_CUDA >= 2), exactly as across ranks;
+ *  - NCCL, when every device is a distinct CUDA GPU, libnccl (>= 2.10)
+ *    loads and a CPU worker exists: gradients are bucketed as across ranks
+ *    (em_dist_get_bucket_bytes); per bucket, COPY tasks on each GPU pack its
+ *    replica's gradients, then ONE task on a CPU worker launches the
+ *    in-place ncclAllReduce(ncclAvg) of every GPU in one NCCL group, on
+ *    high-priority private streams, and waits for it (one launch for all
+ *    GPUs from one thread: per-GPU launches from different threads hung);
  *  - tasks, otherwise (CPU, OpenCL, mixed devices, no NCCL): per gradient,
  *    the replicas' gradients are summed on device 0 by ADD tasks (StarPU moves
  *    the data), scaled by 1/n, and copied back to each device by a COPY task.
