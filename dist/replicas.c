@@ -51,6 +51,8 @@ struct em_replicas {
     em_replica_fn fn;
     void *ctx;
     em_status *st;               /* [n] */
+    uint64_t rng_seed, rng_offset; /* the global random state when the run started */
+    uint64_t rng_used[EM_REPLICAS_MAX]; /* counters each replica drew */
     char (*msg)[512];            /* [n] */
 };
 
@@ -231,13 +233,28 @@ typedef struct thread_arg {
     int i;
 } thread_arg;
 
+/* Replica i's random stream in a run: replica 0 continues the global stream
+ * (so one replica draws what the model alone would), replica i > 0 uses the
+ * global counter under its own key. Deterministic whatever the threads'
+ * timing; the run then advances the global counter past what any used. */
+static uint64_t replica_seed(uint64_t seed, int i)
+{
+    if (i == 0) return seed;
+    uint64_t z = seed + 0x9e3779b97f4a7c15ULL * (uint64_t)i; /* splitmix64 */
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+}
+
 static void run_one(em_replicas *r, int i)
 {
+    em__rng_thread_begin(replica_seed(r->rng_seed, i), r->rng_offset);
     em_status st = em_set_thread_device(r->devs[i]);
     if (st == EM_OK) st = r->fn(r, i, r->ctx);
     r->st[i] = st;
     if (st != EM_OK) snprintf(r->msg[i], sizeof r->msg[i], "%s", em_last_error());
     em_clear_thread_device();
+    r->rng_used[i] = em__rng_thread_end();
 }
 
 static void *replica_thread(void *p)
@@ -292,6 +309,7 @@ em_status em_replicas_run(em_replicas *r, em_replica_fn fn, void *ctx)
     }
     r->fn = fn;
     r->ctx = ctx;
+    em_rng_get_state(&r->rng_seed, &r->rng_offset);
     pthread_mutex_lock(&r->mu);
     r->pending = r->n - 1;
     r->gen++;
@@ -305,6 +323,9 @@ em_status em_replicas_run(em_replicas *r, em_replica_fn fn, void *ctx)
     pthread_mutex_lock(&r->mu);
     while (r->pending > 0) pthread_cond_wait(&r->done, &r->mu);
     pthread_mutex_unlock(&r->mu);
+    uint64_t used = 0;
+    for (int i = 0; i < r->n; i++) used = r->rng_used[i] > used ? r->rng_used[i] : used;
+    em_rng_set_state(r->rng_seed, r->rng_offset + used);
     for (int i = 0; i < r->n; i++)
         if (r->st[i] != EM_OK) return em__set_error(r->st[i], "replica %d: %s", i, r->msg[i]);
     return EM_OK;

@@ -65,6 +65,11 @@ struct starpu_task;
 void em__trace_init(void);
 void em__trace_attach(struct starpu_task *t);
 void em__trace_shutdown(void);
+/* tasks/create.c: the calling thread draws random numbers from its own
+ * Philox stream (seed, counter offset) until em__rng_thread_end, which
+ * returns how many counters it used. */
+void em__rng_thread_begin(uint64_t seed, uint64_t offset);
+uint64_t em__rng_thread_end(void);
 /* Has the calling thread its own device (em_set_thread_device)? */
 bool em__has_thread_device(void);
 /** Normalises a possibly negative dim; -1 (and an error naming op, dim and

@@ -66,6 +66,23 @@ em_tensor *em_eye(int64_t n, int64_t m, em_dtype dt)
 
 static uint64_t g_seed = 0x853c49e6748fea9bULL, g_offset;
 static pthread_mutex_t g_rng_lock = PTHREAD_MUTEX_INITIALIZER;
+/* A thread's own stream (em__rng_thread_begin): replica threads draw from
+ * these, so what each replica gets does not depend on thread timing. */
+static _Thread_local bool tl_rng_own;
+static _Thread_local uint64_t tl_seed, tl_offset, tl_start;
+
+void em__rng_thread_begin(uint64_t seed, uint64_t offset)
+{
+    tl_rng_own = true;
+    tl_seed = seed;
+    tl_offset = tl_start = offset;
+}
+
+uint64_t em__rng_thread_end(void)
+{
+    tl_rng_own = false;
+    return tl_offset - tl_start;
+}
 
 void em_manual_seed(uint64_t seed)
 {
@@ -101,11 +118,17 @@ static em_tensor *rand_op(enum em_op_kind kind, const int64_t *shape, int ndim, 
     int64_t n = em__numel(shape, ndim);
     union em_op_params p;
     memset(&p, 0, sizeof p);
-    pthread_mutex_lock(&g_rng_lock);
-    p.rng.seed = g_seed;
-    p.rng.offset = g_offset;
-    g_offset += (uint64_t)(n > 0 ? n : 0);
-    pthread_mutex_unlock(&g_rng_lock);
+    if (tl_rng_own) {
+        p.rng.seed = tl_seed;
+        p.rng.offset = tl_offset;
+        tl_offset += (uint64_t)(n > 0 ? n : 0);
+    } else {
+        pthread_mutex_lock(&g_rng_lock);
+        p.rng.seed = g_seed;
+        p.rng.offset = g_offset;
+        g_offset += (uint64_t)(n > 0 ? n : 0);
+        pthread_mutex_unlock(&g_rng_lock);
+    }
     p.rng.a = a;
     p.rng.b = b;
     return fill_op(kind, shape, ndim, dt, &p);

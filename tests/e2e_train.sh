@@ -40,6 +40,11 @@ acc_rep=$(grep '^final test accuracy' "$T/r.log" | awk '{print $4}')
 awk -v a="$acc_rep" -v b="$acc_train" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(d < 0.01) }' ||
   fail "--devices cpu,cpu accuracy $acc_rep is not within 0.01 of the single model's $acc_train"
 echo "ok: --devices cpu,cpu: accuracy $acc_rep (one model: $acc_train), resumed run byte-identical"
+# dropout in replica threads: one random stream per replica, so a seeded run repeats exactly
+"$EMBER" train "${rep[@]}" --dropout 0.2 --epochs 1 --out "$T/d1" > /dev/null
+"$EMBER" train "${rep[@]}" --dropout 0.2 --epochs 1 --out "$T/d2" > /dev/null
+cmp "$T/d1/checkpoint.safetensors" "$T/d2/checkpoint.safetensors" || fail "--devices with dropout: two seeded runs differ"
+echo "ok: --devices cpu,cpu with dropout: two seeded runs are byte-identical"
 if "$EMBER" train "${rep[@]/cpu,cpu/cpu,cuda:9}" --epochs 1 --out "$T/r3" 2> "$T/err4.log" >/dev/null; then fail "--devices with a missing GPU accepted"; fi
 grep -q "cuda:9" "$T/err4.log" || fail "missing-device error does not name it: $(cat "$T/err4.log")"
 

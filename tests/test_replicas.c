@@ -346,6 +346,48 @@ static void test_run_error(void **state)
     free_group(r, m, o);
 }
 
+/* Random numbers inside em_replicas_run: one stream per replica, the same on
+ * every run from the same seed, replica 0's equal to the global stream's. */
+typedef struct rng_ctx {
+    double v[MAXR][16];
+} rng_ctx;
+
+static em_status draw_fn(em_replicas *r, int k, void *p)
+{
+    (void)r;
+    rng_ctx *c = p;
+    em_scope_begin();
+    em_tensor *t = em_rand_uniform(SHAPE(16), 1, EM_F64, 0, 1);
+    em_status st = t ? em_to_host(t, c->v[k], sizeof c->v[k]) : em_last_status();
+    em_scope_end();
+    return st;
+}
+
+static void test_rng_streams(void **state)
+{
+    (void)state;
+    em_module *m[MAXR];
+    em_optim *o[MAXR];
+    em_replicas *r = make_group(EM_OPTIM_SGD, m, o);
+    rng_ctx a, b;
+    em_manual_seed(42);
+    assert_int_equal(em_replicas_run(r, draw_fn, &a), EM_OK);
+    uint64_t seed, off;
+    em_rng_get_state(&seed, &off);
+    assert_true(seed == 42 && off == 16); /* moved past what each replica drew */
+    em_manual_seed(42);
+    assert_int_equal(em_replicas_run(r, draw_fn, &b), EM_OK);
+    assert_memory_equal(&a, &b, sizeof(double) * 16 * (size_t)g_n); /* reproducible */
+    em_manual_seed(42);
+    em_scope_begin();
+    double *ref = em_test_values(em_rand_uniform(SHAPE(16), 1, EM_F64, 0, 1));
+    em_scope_end();
+    assert_memory_equal(a.v[0], ref, sizeof(double) * 16); /* replica 0 = the global stream */
+    free(ref);
+    for (int k = 1; k < g_n; k++) assert_memory_not_equal(a.v[k], a.v[0], sizeof(double) * 16);
+    free_group(r, m, o);
+}
+
 static void test_errors(void **state)
 {
     (void)state;
@@ -421,6 +463,7 @@ int main(void)
         cmocka_unit_test(test_missing_gradient_is_zero),
         cmocka_unit_test(test_broadcast),
         cmocka_unit_test(test_run_error),
+        cmocka_unit_test(test_rng_streams),
         cmocka_unit_test(test_errors),
     };
     return cmocka_run_group_tests(tests, setup, em_test_teardown);

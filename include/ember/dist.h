@@ -198,8 +198,13 @@ typedef em_status (*em_replica_fn)(em_replicas *r, int i, void *ctx);
  *  n-fold. Thread-local state (scopes, no-grad, errors) is per thread: @p fn
  *  opens and closes its own scope and no-grad region; tensors it keeps for
  *  the caller (e.g. gradients) must be referenced by something that
- *  outlives its scope. Returns EM_OK, or the first failing replica's status
- *  with its message prefixed by "replica i: ". Not reentrant. */
+ *  outlives its scope. Random numbers (dropout, em_rand_*) drawn inside
+ *  @p fn come from one stream per replica: replica 0 continues the global
+ *  generator, replica i > 0 uses the same counters under its own key, and
+ *  the global counter then moves past what any replica used; so a seeded run
+ *  gives the same numbers whatever the threads' timing. Returns EM_OK, or
+ *  the first failing replica's status with its message prefixed by
+ *  "replica i: ". Not reentrant. */
 EM_API em_status em_replicas_run(em_replicas *r, em_replica_fn fn, void *ctx);
 
 /** Largest absolute difference between any replica's parameters and buffers
