@@ -46,6 +46,7 @@ struct em_replicas {
     pthread_mutex_t mu;
     pthread_cond_t go, done;
     uint64_t gen;                /* job number */
+    bool running;                /* inside em_replicas_run */
     int pending;                 /* threads still working on job gen */
     bool stop;
     em_replica_fn fn;
@@ -73,6 +74,28 @@ static void group_allreduce_cpu(void *buffers[], void *cl_arg)
     em__dist_nccl_group_allreduce_mean(bufs, a->count, a->f64 != 0, a->r->comms, a->r->streams, a->r->n);
 }
 
+/* The functions below switch devices with em_set_device; inside a guard
+ * that only changes the calling thread's device (em_set_thread_device), never
+ * the process's, which other threads may be using. */
+typedef struct dev_guard {
+    bool had;
+    em_device saved;
+} dev_guard;
+
+static dev_guard guard_begin(void)
+{
+    dev_guard g = {em__has_thread_device(), em_get_device()};
+    em_set_thread_device(g.saved);
+    em_clear_error();
+    return g;
+}
+
+static void guard_end(const dev_guard *g)
+{
+    if (g->had) em_set_thread_device(g->saved);
+    else em_clear_thread_device();
+}
+
 int em_replicas_count(const em_replicas *r) { return r ? r->n : 0; }
 em_module *em_replicas_model(const em_replicas *r, int i) { return r && i >= 0 && i < r->n ? r->models[i] : NULL; }
 em_optim *em_replicas_optim(const em_replicas *r, int i) { return r && i >= 0 && i < r->n ? r->opts[i] : NULL; }
@@ -80,7 +103,7 @@ em_device em_replicas_device(const em_replicas *r, int i)
 {
     return r && i >= 0 && i < r->n ? r->devs[i] : em_device_cpu();
 }
-const char *em_replicas_path(const em_replicas *r) { return r && r->nccl ? "nccl" : "tasks"; }
+const char *em_replicas_path(const em_replicas *r) { return !r || r->n < 2 ? "none" : r->nccl ? "nccl" : "tasks"; }
 
 /* Same parameter/buffer keys, shapes and dtypes as replica 0? */
 static em_status same_architecture(em_module *const *models, int n)
@@ -127,10 +150,17 @@ static em_status optimizer_matches(const em_replicas *r, int k)
             return em__set_error(EM_ERR_INVALID, "em_replicas_new: optimizer %d does not update parameter %d of model %d "
                                  "(build each replica's optimizer over its own model)", k, i, k);
     }
-    if (k > 0 && em_optim_get_config(o)->kind != em_optim_get_config(r->opts[0])->kind)
-        return em__set_error(EM_ERR_INVALID, "em_replicas_new: optimizer %d is %s, optimizer 0 is %s", k,
-                             em_optim_kind_name(em_optim_get_config(o)->kind),
-                             em_optim_kind_name(em_optim_get_config(r->opts[0])->kind));
+    const em_optim_config *c = em_optim_get_config(o), *c0 = em_optim_get_config(r->opts[0]);
+    if (k > 0 && c->kind != c0->kind)
+        return em__set_error(EM_ERR_INVALID, "em_replicas_new: optimizer %d is %s, optimizer 0 is %s", k, em_optim_kind_name(c->kind),
+                             em_optim_kind_name(c0->kind));
+    /* every setting but the learning rate (the Learner copies replica 0's each step) */
+    if (k > 0 && (c->weight_decay != c0->weight_decay || c->maximize != c0->maximize || c->momentum != c0->momentum ||
+                  c->dampening != c0->dampening || c->nesterov != c0->nesterov || c->beta1 != c0->beta1 || c->beta2 != c0->beta2 ||
+                  c->eps != c0->eps || c->amsgrad != c0->amsgrad || c->alpha != c0->alpha || c->centered != c0->centered ||
+                  c->lr_decay != c0->lr_decay || c->initial_accumulator_value != c0->initial_accumulator_value))
+        return em__set_error(EM_ERR_INVALID, "em_replicas_new: optimizer %d has other settings than optimizer 0 (momentum, weight "
+                             "decay, betas, eps, ...): the replicas would drift apart", k);
     return EM_OK;
 }
 
@@ -151,7 +181,7 @@ em_status em_replicas_broadcast(em_replicas *r)
     if (r->n == 1) return EM_OK;
     em__dist_tlist src;
     em_status st = em__dist_module_state(r->models[0], &src, "em_replicas_broadcast");
-    em_device saved = em_get_device();
+    dev_guard guard = guard_begin();
     em_scope_begin();
     em_no_grad_begin();
     for (int k = 1; k < r->n && st == EM_OK; k++) {
@@ -169,7 +199,7 @@ em_status em_replicas_broadcast(em_replicas *r)
     }
     em_no_grad_end();
     em_scope_end();
-    em_set_device(saved);
+    guard_end(&guard);
     em__dist_tlist_free(&src);
     if (st == EM_OK) st = em_sync();
     return st;
@@ -182,7 +212,7 @@ static bool setup_nccl(em_replicas *r)
 {
     int devs[EM_REPLICAS_MAX];
     char why[512] = "";
-    em_device saved = em_get_device();
+    dev_guard guard = guard_begin();
     bool ok = true;
     r->nodes = calloc((size_t)r->n + 1, sizeof *r->nodes);
     if (!r->nodes) return false;
@@ -200,7 +230,7 @@ static bool setup_nccl(em_replicas *r)
             ok = false;
         }
     }
-    em_set_device(saved);
+    guard_end(&guard);
     em_clear_error();
     if (ok && em_worker_count(EM_DEVICE_CPU) == 0) {
         snprintf(why, sizeof why, "no CPU worker to launch the NCCL groups (EMBER_NCPU=0)");
@@ -249,6 +279,7 @@ static uint64_t replica_seed(uint64_t seed, int i)
 static void run_one(em_replicas *r, int i)
 {
     em__rng_thread_begin(replica_seed(r->rng_seed, i), r->rng_offset);
+    em_clear_error(); /* a failure without a message must not show an old one */
     em_status st = em_set_thread_device(r->devs[i]);
     if (st == EM_OK) st = r->fn(r, i, r->ctx);
     r->st[i] = st;
@@ -274,6 +305,7 @@ static void *replica_thread(void *p)
         if (--r->pending == 0) pthread_cond_signal(&r->done);
     }
     pthread_mutex_unlock(&r->mu);
+    em__thread_exit(); /* this thread's scope stack */
     return NULL;
 }
 
@@ -288,11 +320,24 @@ static void stop_threads(em_replicas *r)
     free(r->threads);
     r->threads = NULL;
     r->nthreads = 0;
+    r->stop = false; /* a later em_replicas_run starts new threads */
 }
+
+static em_status run_all(em_replicas *r, em_replica_fn fn, void *ctx);
 
 em_status em_replicas_run(em_replicas *r, em_replica_fn fn, void *ctx)
 {
     if (!r || !fn) return em__set_error(EM_ERR_INVALID, "em_replicas_run: NULL argument");
+    if (__atomic_exchange_n(&r->running, true, __ATOMIC_ACQ_REL))
+        return em__set_error(EM_ERR_STATE, "em_replicas_run: already running for this group (called from a replica function "
+                             "or from two threads at once)");
+    em_status st = run_all(r, fn, ctx);
+    __atomic_store_n(&r->running, false, __ATOMIC_RELEASE);
+    return st;
+}
+
+static em_status run_all(em_replicas *r, em_replica_fn fn, void *ctx)
+{
     if (r->n > 1 && !r->threads) { /* start the threads on first use */
         r->threads = calloc((size_t)r->n - 1, sizeof *r->threads);
         if (!r->threads) return em__set_error(EM_ERR_NOMEM, "em_replicas_run: out of memory");
@@ -316,10 +361,9 @@ em_status em_replicas_run(em_replicas *r, em_replica_fn fn, void *ctx)
     pthread_cond_broadcast(&r->go);
     pthread_mutex_unlock(&r->mu);
     /* replica 0 here; this thread's own device setting (if any) comes back after */
-    bool had = em__has_thread_device();
-    em_device saved = em_get_device();
-    run_one(r, 0);
-    if (had) em_set_thread_device(saved);
+    dev_guard guard = guard_begin();
+    run_one(r, 0); /* ends with em_clear_thread_device */
+    guard_end(&guard);
     pthread_mutex_lock(&r->mu);
     while (r->pending > 0) pthread_cond_wait(&r->done, &r->mu);
     pthread_mutex_unlock(&r->mu);
@@ -364,18 +408,23 @@ em_replicas *em_replicas_new(em_module *const *models, em_optim *const *opts, co
     if (n > 1 && em_dist_world_size() > 1)
         return em__fail(EM_ERR_STATE, "em_replicas_new: %d replicas per rank under mpirun (%d ranks) is not supported yet: "
                         "run one rank per device instead", n, em_dist_world_size());
-    for (int k = 0; k < n; k++)
+    for (int k = 0; k < n; k++) {
         if (!models[k] || !opts[k]) return em__fail(EM_ERR_INVALID, "em_replicas_new: %s %d is NULL", !models[k] ? "model" : "optimizer", k);
-    em_device saved = em_get_device();
+        for (int j = 0; j < k; j++)
+            if (models[j] == models[k] || opts[j] == opts[k])
+                return em__fail(EM_ERR_INVALID, "em_replicas_new: replicas %d and %d share one %s: each replica needs its own copy", j,
+                                k, models[j] == models[k] ? "model" : "optimizer");
+    }
+    dev_guard guard = guard_begin();
     for (int k = 0; k < n; k++) /* every device exists (the error names it) */
         if (em_set_device(devices[k]) != EM_OK) {
             em_status st = em_last_status();
             char msg[1024];
             snprintf(msg, sizeof msg, "%s", em_last_error());
-            em_set_device(saved);
+            guard_end(&guard);
             return em__fail(st, "em_replicas_new: replica %d: %s", k, msg);
         }
-    em_set_device(saved);
+    guard_end(&guard);
     if (same_architecture(models, n) != EM_OK) return NULL;
     em_replicas *r = calloc(1, sizeof *r);
     int np = em_module_num_param_tensors(models[0]);
@@ -644,7 +693,7 @@ em_status em_replicas_allreduce_grads(em_replicas *r, em_grads *const *g)
     for (int k = 0; k < r->n; k++)
         if (!g[k]) return em__set_error(EM_ERR_INVALID, "em_replicas_allreduce_grads: gradients of replica %d are NULL", k);
     if (r->n == 1 || r->np == 0) return EM_OK;
-    em_device saved = em_get_device();
+    dev_guard guard = guard_begin();
     em_status st = EM_OK;
     em_scope_begin();
     em_no_grad_begin();
@@ -655,7 +704,7 @@ em_status em_replicas_allreduce_grads(em_replicas *r, em_grads *const *g)
     }
     em_no_grad_end();
     em_scope_end();
-    em_set_device(saved);
+    guard_end(&guard);
     return st;
 }
 
@@ -666,7 +715,7 @@ em_status em_replicas_divergence(const em_replicas *r, double *out)
     em__dist_tlist ref;
     em_status st = em__dist_module_state(r->models[0], &ref, "em_replicas_divergence");
     double worst = 0;
-    em_device saved = em_get_device();
+    dev_guard guard = guard_begin();
     em_no_grad_begin();
     for (int k = 1; k < r->n && st == EM_OK; k++) {
         em__dist_tlist l;
@@ -686,7 +735,7 @@ em_status em_replicas_divergence(const em_replicas *r, double *out)
         em__dist_tlist_free(&l);
     }
     em_no_grad_end();
-    em_set_device(saved);
+    guard_end(&guard);
     em__dist_tlist_free(&ref);
     if (st == EM_OK) *out = worst;
     return st;

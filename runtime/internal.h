@@ -70,6 +70,9 @@ void em__trace_shutdown(void);
  * returns how many counters it used. */
 void em__rng_thread_begin(uint64_t seed, uint64_t offset);
 uint64_t em__rng_thread_end(void);
+/* Frees the calling thread's scope stack (a thread that used Ember, before
+ * it exits; its scopes must all be closed). */
+void em__thread_exit(void);
 /* Has the calling thread its own device (em_set_thread_device)? */
 bool em__has_thread_device(void);
 /** Normalises a possibly negative dim; -1 (and an error naming op, dim and

@@ -153,7 +153,8 @@ em_status em_devices_parse(const char *list, em_device *out, int max, int *n)
             (*n)++;
         }
         p += len;
-        if (*p == ',') p++;
+        if (*p == ',' && !*++p)
+            return em__set_error(EM_ERR_INVALID, "bad device list '%s': it ends with a comma", list);
     }
     if (*n == 0) return em__set_error(EM_ERR_INVALID, "empty device list");
     return EM_OK;
@@ -165,6 +166,11 @@ static em_status check_device(em_device d)
 {
     char buf[32];
     if (!g_initialized) return em__set_error(EM_ERR_STATE, "em_set_device: call em_init first");
+#ifndef STARPU_USE_HIP
+    if (d.kind == EM_DEVICE_HIP)
+        return em__set_error(EM_ERR_DEVICE, "device %s is not available: this build of Ember has no HIP support",
+                             em_device_str(d, buf, sizeof buf));
+#endif
     if (d.kind != EM_DEVICE_AUTO && d.kind != EM_DEVICE_CPU && find_worker(d) < 0)
         return em__set_error(EM_ERR_DEVICE, "device %s is not available (this process has %d CPU, %d CUDA, %d OpenCL workers)",
                              em_device_str(d, buf, sizeof buf), em_worker_count(EM_DEVICE_CPU),

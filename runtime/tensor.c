@@ -17,6 +17,14 @@ typedef struct scope {
 static _Thread_local scope *tl_scopes;
 static _Thread_local int tl_depth, tl_cap;
 
+void em__thread_exit(void)
+{
+    for (int i = 0; i < tl_cap; i++) free(tl_scopes[i].items);
+    free(tl_scopes);
+    tl_scopes = NULL;
+    tl_depth = tl_cap = 0;
+}
+
 void em_scope_begin(void)
 {
     if (tl_depth == tl_cap) {

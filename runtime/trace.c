@@ -15,6 +15,7 @@
  * events are kept (the first ones). */
 #include "runtime/internal.h"
 
+#include <errno.h>
 #include <pthread.h>
 #include <starpu.h>
 #include <starpu_profiling.h>
@@ -70,6 +71,17 @@ void em__trace_init(void)
     if (!rank) rank = getenv("PMI_RANK");
     if (rank && *rank) snprintf(g_path, sizeof g_path, "%s.rank%s", p, rank);
     else snprintf(g_path, sizeof g_path, "%s", p);
+    /* say now, not after the whole run, when the file cannot be written */
+    char tmp[4200];
+    snprintf(tmp, sizeof tmp, "%s.tmp.%d", g_path, (int)getpid());
+    FILE *f = fopen(tmp, "w");
+    if (!f) {
+        em_log_msg(EM_LOG_WARN, "trace: EMBER_TRACE=%s: cannot write %s (%s): no trace", p, g_path, strerror(errno));
+        g_on = false;
+        return;
+    }
+    fclose(f);
+    unlink(tmp);
     starpu_profiling_status_set(STARPU_PROFILING_ENABLE);
     em_log_msg(EM_LOG_INFO, "trace: task timeline goes to %s at shutdown", g_path);
 }

@@ -38,7 +38,10 @@ def main():
     ap.add_argument("--top", type=int, default=6)
     a = ap.parse_args()
     for path in a.files:
-        d = json.load(open(path))
+        try:
+            d = json.load(open(path))
+        except (OSError, ValueError) as e:
+            raise SystemExit(f"trace-summary: cannot read {path}: {e}")
         names = {e["tid"]: e["args"]["name"] for e in d["traceEvents"] if e.get("ph") == "M"}
         ev = [e for e in d["traceEvents"] if e.get("ph") == "X"]
         if not ev:

@@ -330,6 +330,25 @@ static em_status failing_fn(em_replicas *r, int k, void *p)
     return EM_OK;
 }
 
+static em_status nested_fn(em_replicas *r, int k, void *p)
+{
+    (void)p;
+    if (k != 0) return EM_OK;
+    return em_replicas_run(r, nested_fn, NULL) == EM_ERR_STATE ? EM_OK : EM_ERR_RUNTIME; /* must be refused */
+}
+
+/* em_replicas_run from inside a replica function is refused, and the group still works after. */
+static void test_run_not_reentrant(void **state)
+{
+    (void)state;
+    em_module *m[MAXR];
+    em_optim *o[MAXR];
+    em_replicas *r = make_group(EM_OPTIM_SGD, m, o);
+    assert_int_equal(em_replicas_run(r, nested_fn, NULL), EM_OK);
+    assert_int_equal(em_replicas_run(r, nested_fn, NULL), EM_OK);
+    free_group(r, m, o);
+}
+
 /* A replica's error comes back to the caller with the replica named. */
 static void test_run_error(void **state)
 {
@@ -407,10 +426,12 @@ static void test_errors(void **state)
     assert_non_null(strstr(em_last_error(), "0.weight"));
     /* an optimizer over another model's parameters */
     em_module *m2[2] = {m[0], make_mlp()};
-    em_optim *o2[2] = {o[0], o[0]};
+    em_optim *wrong = em_optim_new_for_module(&oc, m[0]);
+    em_optim *o2[2] = {o[0], wrong};
     assert_null(em_replicas_new(m2, o2, d, 2));
     assert_int_equal(em_last_status(), EM_ERR_INVALID);
     assert_non_null(strstr(em_last_error(), "optimizer 1"));
+    em_optim_free(wrong);
     /* a device that does not exist */
     em_device bad[2] = {em_device_cpu(), em_device_cuda(7)};
     o2[1] = em_optim_new_for_module(&oc, m2[1]);
@@ -419,6 +440,24 @@ static void test_errors(void **state)
     assert_non_null(strstr(em_last_error(), "cuda:7"));
     assert_null(em_replicas_new(m2, o2, d, 0));
     assert_int_equal(em_last_status(), EM_ERR_INVALID);
+    /* one model (or optimizer) for two replicas */
+    em_module *same_m[2] = {m2[0], m2[0]};
+    em_optim *same_o[2] = {o2[0], o2[0]};
+    assert_null(em_replicas_new(same_m, same_o, d, 2));
+    assert_int_equal(em_last_status(), EM_ERR_INVALID);
+    assert_non_null(strstr(em_last_error(), "share one model"));
+    /* optimizers with other settings would make the replicas drift apart */
+    em_optim_config oc2 = em_optim_config_default(EM_OPTIM_SGD);
+    oc2.momentum = 0.5;
+    em_optim *o3[2] = {o2[0], em_optim_new_for_module(&oc2, m2[1])};
+    assert_null(em_replicas_new(m2, o3, d, 2));
+    assert_int_equal(em_last_status(), EM_ERR_INVALID);
+    assert_non_null(strstr(em_last_error(), "other settings"));
+    em_optim_free(o3[1]);
+    /* HIP is not in this build */
+    em_device hip[2] = {em_device_cpu(), {EM_DEVICE_HIP, 0}};
+    assert_null(em_replicas_new(m2, o2, hip, 2));
+    assert_int_equal(em_last_status(), EM_ERR_DEVICE);
     /* the process's device is left alone */
     assert_int_equal(em_get_device().kind, EM_DEVICE_CPU);
     em_optim_free(o2[1]);
@@ -440,6 +479,7 @@ static void test_device_lists(void **state)
     assert_int_equal(em_devices_parse("cpu:all", d, 8, &n), EM_OK);
     assert_int_equal(n, 1);
     assert_int_equal(em_devices_parse("cpu,,cpu", d, 8, &n), EM_ERR_INVALID);
+    assert_int_equal(em_devices_parse("cpu,", d, 8, &n), EM_ERR_INVALID);
     assert_int_equal(em_devices_parse("tpu:0", d, 8, &n), EM_ERR_INVALID);
     assert_int_equal(em_devices_parse("cpu,cpu,cpu", d, 2, &n), EM_ERR_INVALID);
     if (em_device_count(EM_DEVICE_CUDA) == 0) {
@@ -464,6 +504,7 @@ int main(void)
         cmocka_unit_test(test_broadcast),
         cmocka_unit_test(test_run_error),
         cmocka_unit_test(test_rng_streams),
+        cmocka_unit_test(test_run_not_reentrant),
         cmocka_unit_test(test_errors),
     };
     return cmocka_run_group_tests(tests, setup, em_test_teardown);

@@ -114,7 +114,8 @@ static void train_help(void)
            "  --seed N               seed for initialisation, shuffling and dropout (default 0)\n"
            "  --device DEV           cpu, cuda:N, opencl:N, auto (default: EMBER_DEVICE or cpu)\n"
            "  --devices LIST         data-parallel replicas in this process, one per device:\n"
-           "                         cuda:0,cuda:1 or cuda:all (every GPU); --batch-size is per replica\n"
+           "                         cuda:0,cuda:1, cuda:all (every GPU), opencl:0,opencl:1, or a mix\n"
+           "                         such as cpu,opencl:0; --batch-size is per replica (see below)\n"
            "  --workers N            data-loader threads (default 1)\n"
            "  --out DIR              output directory (default runs/fashion-mnist)\n"
            "  --resume FILE          resume from a checkpoint (e.g. runs/fashion-mnist/checkpoint.safetensors)\n"
@@ -122,14 +123,20 @@ static void train_help(void)
            "  --progress / --no-progress   force the progress bar on / off\n"
            /* [dist] */
            "  --distributed          data-parallel over MPI ranks (automatic under mpirun with > 1 rank)\n"
-           "  --global-batch N       total batch over all ranks (per-rank batch = N / ranks; overrides --batch-size)\n\n"
+           "  --global-batch N       total batch over all ranks and replicas (per-replica batch =\n"
+           "                         N / (ranks x devices); overrides --batch-size)\n\n"
            "Distributed: mpirun -np N ember train ... runs N replicas; each reads 1/N of every\n"
            "epoch (the same number of steps on every rank) and gradients are averaged\n"
            "across ranks before each step, so the effective batch is batch-size x N (the\n"
            "learning rate is not scaled). Rank 0 prints and writes --out; metrics cover\n"
            "all ranks. EMBER_DIST_TIMEOUT (s, default 120) bounds every collective.\n"
            "One process, several GPUs: ember train --devices cuda:all does the same with\n"
-           "one replica per GPU and no mpirun (NCCL between the GPUs when available).\n",
+           "one replica per GPU and no mpirun (NCCL between the GPUs when available):\n"
+           "each step splits a batch of batch-size x devices samples over the replicas\n"
+           "(the learning rate is not scaled). Replicas on the same kind of CPU device\n"
+           "(cpu,cpu) share its workers: useful for testing, not faster. A checkpoint\n"
+           "holds replica 0; it can be resumed with any number of devices (the global\n"
+           "batch then changes with it).\n",
            EM_FASHION_MNIST_DIR);
 }
 
@@ -212,18 +219,13 @@ int em_tool_train(int argc, char **argv)
         fprintf(stderr, "ember train: unknown optimizer '%s' (adam, adamw, sgd, rmsprop, adagrad)\n", optname);
         return 2;
     }
-    /* [dist] --devices: replica 0's device is the process's default device */
-    char first_dev[64] = "";
-    if (devices) {
-        if (device) {
-            fprintf(stderr, "ember train: give --device or --devices, not both\n");
-            return 2;
-        }
-        size_t len = strcspn(devices, ",");
-        snprintf(first_dev, sizeof first_dev, "%.*s", (int)(len < sizeof first_dev ? len : sizeof first_dev - 1), devices);
-        char *all = strstr(first_dev, ":all");
-        if (all) strcpy(all, ":0");
-        device = first_dev;
+    if (devices && device) {
+        fprintf(stderr, "ember train: give --device or --devices, not both\n");
+        return 2;
+    }
+    if (global_batch < 0) {
+        fprintf(stderr, "ember train: --global-batch must be >= 1\n");
+        return 2;
     }
     /* [dist] under mpirun (or --distributed): MPI first, then the runtime */
     bool dist = distributed || em_dist_launched();
@@ -241,8 +243,9 @@ int em_tool_train(int argc, char **argv)
     bool lead = rank == 0, clean_exit = false; /* clean_exit: every rank failed alike, no abort needed */
     em_device devs[64]; /* [dist] replicas in this process */
     int ndev = 1;
-    if (devices && em_devices_parse(devices, devs, 64, &ndev) != EM_OK) {
-        fprintf(stderr, "ember train: --devices: %s\n", em_last_error());
+    /* [dist] --devices: replica 0's device becomes the process's device */
+    if (devices && (em_devices_parse(devices, devs, 64, &ndev) != EM_OK || em_set_device(devs[0]) != EM_OK)) {
+        fprintf(stderr, "ember train: --devices %s: %s\n", devices, em_last_error());
         if (dist) em_dist_shutdown();
         else em_shutdown();
         return 2;
@@ -310,6 +313,7 @@ int em_tool_train(int argc, char **argv)
         rep = em_replicas_new(rmodels, ropts, devs, ndev);
         if (!rep) {
             fprintf(stderr, "ember train: --devices %s: %s\n", devices, em_last_error());
+            clean_exit = true; /* [dist] fails alike on every rank: no abort needed */
             goto done;
         }
     }

@@ -170,7 +170,8 @@ EM_API int em_replicas_count(const em_replicas *r);
 EM_API em_module *em_replicas_model(const em_replicas *r, int i);
 EM_API em_optim *em_replicas_optim(const em_replicas *r, int i);
 EM_API em_device em_replicas_device(const em_replicas *r, int i);
-/** "nccl" or "tasks": the reduction path chosen by em_replicas_new. */
+/** "nccl" or "tasks": the reduction path chosen by em_replicas_new ("none"
+ *  for a single replica). */
 EM_API const char *em_replicas_path(const em_replicas *r);
 
 /** Copies replica 0's parameters, buffers, optimizer state, step counters and
