@@ -303,9 +303,11 @@ static void test_broadcast(void **state)
     em_replicas *r = make_group(EM_OPTIM_ADAM, m, o);
     em_tensor *p1[8];
     em_module_parameters(m[1], p1, 8);
+    em_scope_begin();
     em_no_grad_begin();
     assert_int_equal(em_copy_(p1[0], em_full(em_tensor_shape(p1[0]), 2, EM_F32, 5.0)), EM_OK);
     em_no_grad_end();
+    em_scope_end();
     em_optim_set_lr(o[0], 0.123);
     double d = 0;
     assert_int_equal(em_replicas_divergence(r, &d), EM_OK);
