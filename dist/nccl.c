@@ -50,11 +50,9 @@
 #include "dist/dist_internal.h"
 #include "runtime/internal.h"
 
-#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #if defined(EMBER_HAVE_CUDA) && defined(STARPU_USE_CUDA)
 #include <cuda_runtime.h>
@@ -437,32 +435,11 @@ void em__dist_nccl_group_allreduce_mean(void *const *bufs, int64_t count, bool f
     ncclResult_t r2 = nc.GroupEnd();
     if (r != ncclSuccess) fatal("ncclAllReduce (replicas)", nc.GetErrorString(r));
     if (r2 != ncclSuccess) fatal("ncclGroupEnd (replicas)", nc.GetErrorString(r2));
-    /* Wait for every GPU, at most EMBER_DIST_TIMEOUT seconds (default 120):
-     * a collective that never completes ends the process with a message
-     * instead of blocking this worker forever. */
-    const char *tv = getenv("EMBER_DIST_TIMEOUT");
-    double limit = tv && atof(tv) > 0 ? atof(tv) : 120.0;
-    struct timespec t0, now;
-    clock_gettime(CLOCK_MONOTONIC, &t0);
+    /* No time limit here, unlike the cross-rank path and its watchdog: a
+     * collective that never completes blocks this CPU worker. */
     for (int i = 0; i < n; i++) {
-        cudaError_t e;
-        while ((e = cudaStreamQuery((cudaStream_t)streams[i])) == cudaErrorNotReady) {
-            clock_gettime(CLOCK_MONOTONIC, &now);
-            if ((double)(now.tv_sec - t0.tv_sec) + (double)(now.tv_nsec - t0.tv_nsec) * 1e-9 > limit) {
-                char msg[256];
-                snprintf(msg, sizeof msg, "the gradient all-reduce between the GPUs of this process did not complete within %.0f s "
-                         "(EMBER_DIST_TIMEOUT)", limit);
-                em_dist_abort(5, msg);
-            }
-            double el = (double)(now.tv_sec - t0.tv_sec) + (double)(now.tv_nsec - t0.tv_nsec) * 1e-9;
-            if (el < 2e-3) { /* spin at first (as cudaStreamSynchronize does), then back off */
-                sched_yield();
-            } else {
-                struct timespec ts = {0, 50000};
-                nanosleep(&ts, NULL);
-            }
-        }
-        if (e != cudaSuccess) fatal("waiting for ncclAllReduce (replicas)", cudaGetErrorString(e));
+        cudaError_t e = cudaStreamSynchronize((cudaStream_t)streams[i]);
+        if (e != cudaSuccess) fatal("cudaStreamSynchronize after ncclAllReduce (replicas)", cudaGetErrorString(e));
     }
 }
 
