@@ -136,6 +136,11 @@ TORCHRUN=(env LD_LIBRARY_PATH="$ORIG_LD" python3 -m torch.distributed.run --stan
 declare -A R PATHS
 FAILED=0
 result_of() { sed -n 's/.*samples_per_s=\([0-9.]*\).*/\1/p' "$1" | tail -1; }
+# mean samples/s of an `ember train` log's epochs 2.. (epoch 1 pays the start-up)
+epoch_mean() {
+  awk '/^epoch [0-9]+\/[0-9]+ / { split($2, e, "/"); for (i = 1; i <= NF; i++) if ($i == "samples/s") { v[e[1]] = $(i-1) } }
+    END { s = 0; n = 0; for (k in v) if (k + 0 >= 2) { s += v[k]; n++ } if (n == 0) for (k in v) { s += v[k]; n++ } if (n) printf "%.1f", s / n }' "$1"
+}
 ember_path() { # which all-reduce path did Ember's ranks take (from EMBER_LOG=info lines)
   if [ "$2" = 1 ]; then echo "none (1 rank)"
   elif grep -q "NCCL .* communicator of" "$1"; then echo "NCCL"
@@ -205,9 +210,7 @@ run_fmnist() {
           "$BUILD/ember" train --distributed --device "$DEV" --data "$DATA" --no-progress --workers 1 \
           --batch-size "$FMNIST_BATCH" --epochs "$FMNIST_EPOCHS" --out "$WORK/fmnist-G$g" ) >"$log" 2>&1
       rc=$?
-      # mean samples/s of epochs 2.. (epoch 1 pays the start-up)
-      R[fmnist,ember,$g]=$(awk '/^epoch [0-9]+\/[0-9]+ / { split($2, e, "/"); for (i = 1; i <= NF; i++) if ($i == "samples/s") { v[e[1]] = $(i-1) } }
-        END { s = 0; n = 0; for (k in v) if (k + 0 >= 2) { s += v[k]; n++ } if (n == 0) for (k in v) { s += v[k]; n++ } if (n) printf "%.1f", s / n }' "$log")
+      R[fmnist,ember,$g]=$(epoch_mean "$log")
       PATHS[fmnist,$g]=$(ember_path "$log" "$g")
       say "run fmnist Ember G=$g: rc $rc, ${R[fmnist,ember,$g]:-no result} samples/s, all-reduce ${PATHS[fmnist,$g]}$(grep -o 'final test accuracy [0-9.]*' "$log" | sed 's/^/, /')"
       [ -z "${R[fmnist,ember,$g]}" ] && FAILED=1
@@ -274,8 +277,7 @@ run_fmnist1p() {
       ( cd "$WORK" && timeout "$(tlimit 150)" "$BUILD/ember" train --devices "$(devlist "$g")" --data "$DATA" --no-progress \
           --workers 1 --batch-size "$FMNIST_BATCH" --epochs "$FMNIST_EPOCHS" --out "$WORK/fmnist1p-G$g" ) >"$log" 2>&1
       rc=$?
-      R[fmnist1p,ember,$g]=$(awk '/^epoch [0-9]+\/[0-9]+ / { split($2, e, "/"); for (i = 1; i <= NF; i++) if ($i == "samples/s") { v[e[1]] = $(i-1) } }
-        END { s = 0; n = 0; for (k in v) if (k + 0 >= 2) { s += v[k]; n++ } if (n == 0) for (k in v) { s += v[k]; n++ } if (n) printf "%.1f", s / n }' "$log")
+      R[fmnist1p,ember,$g]=$(epoch_mean "$log")
       PATHS[fmnist1p,$g]=$(replica_path "$log")
       say "run fmnist1p Ember G=$g (one process): rc $rc, ${R[fmnist1p,ember,$g]:-no result} samples/s, ${PATHS[fmnist1p,$g]}$(grep -o 'final test accuracy [0-9.]*' "$log" | sed 's/^/, /')"
       [ -z "${R[fmnist1p,ember,$g]}" ] && FAILED=1

@@ -26,13 +26,6 @@ static bool all_ok(bool ok)
 
 /* ---- deterministic data, identical on every rank ---------------------------- */
 
-static uint64_t g_lcg;
-static double urand(void)
-{
-    g_lcg = g_lcg * 6364136223846793005ULL + 1442695040888963407ULL;
-    return (double)(g_lcg >> 11) / 9007199254740992.0;
-}
-
 #define F_IN 8
 #define F_HID 16
 #define F_OUT 4
@@ -40,31 +33,13 @@ static double urand(void)
 /* x [n, F_IN], y [n] for step @p step. */
 static void make_batch(int step, int64_t n, float *x, int64_t *y)
 {
-    g_lcg = 1234567u + (uint64_t)step * 977u;
-    for (int64_t i = 0; i < n * F_IN; i++) x[i] = (float)(urand() * 2 - 1);
-    for (int64_t i = 0; i < n; i++) y[i] = (int64_t)(urand() * F_OUT) % F_OUT;
+    em_test_class_batch(1234567u + (uint64_t)step * 977u, n, F_IN, F_OUT, x, y);
 }
 
 static em_module *make_mlp(int64_t hidden)
 {
     em_module *mods[3] = {em_linear_new(F_IN, hidden, true), em_relu_new(), em_linear_new(hidden, F_OUT, true)};
     return em_sequential_new(mods, 3);
-}
-
-/* Max |a - b| over the parameters of two models of the same layout. */
-static double max_param_diff(const em_module *a, const em_module *b)
-{
-    em_tensor *pa[16], *pb[16];
-    int na = em_module_parameters(a, pa, 16), nb = em_module_parameters(b, pb, 16);
-    if (na != nb) return INFINITY;
-    double worst = 0;
-    for (int i = 0; i < na; i++) {
-        double *va = em_test_values(pa[i]), *vb = em_test_values(pb[i]);
-        for (int64_t j = 0; j < em_tensor_numel(pa[i]); j++) worst = fmax(worst, fabs(va[j] - vb[j]));
-        free(va);
-        free(vb);
-    }
-    return worst;
 }
 
 /* ---- tests ---------------------------------------------------------------- */
@@ -208,7 +183,7 @@ static void run_equivalence(em_optim_kind kind, size_t bucket_bytes, double *max
     /* the collectives run whatever happened above */
     *divergence = -1;
     if (em_dist_param_divergence(dm, divergence) != EM_OK) ok = false;
-    double e = ok ? max_param_diff(dm, ref) : INFINITY;
+    double e = ok ? em_test_max_param_diff(dm, ref) : INFINITY;
     if (ok) {
         double *u = em_test_values(ud);
         for (int i = 0; i < 3; i++) e = fmax(e, fabs(u[i] - 1.0));

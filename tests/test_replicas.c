@@ -51,39 +51,16 @@ static int setup(void **state)
     return 0;
 }
 
-static uint64_t g_lcg;
-static double urand(void)
-{
-    g_lcg = g_lcg * 6364136223846793005ULL + 1442695040888963407ULL;
-    return (double)(g_lcg >> 11) / 9007199254740992.0;
-}
-
+/* x [n, F_IN], y [n] for step @p step. */
 static void make_batch(int step, int64_t n, float *x, int64_t *y)
 {
-    g_lcg = 7654321u + (uint64_t)step * 131u;
-    for (int64_t i = 0; i < n * F_IN; i++) x[i] = (float)(urand() * 2 - 1);
-    for (int64_t i = 0; i < n; i++) y[i] = (int64_t)(urand() * F_OUT) % F_OUT;
+    em_test_class_batch(7654321u + (uint64_t)step * 131u, n, F_IN, F_OUT, x, y);
 }
 
 static em_module *make_mlp(void)
 {
     em_module *mods[3] = {em_linear_new(F_IN, F_HID, true), em_relu_new(), em_linear_new(F_HID, F_OUT, true)};
     return em_sequential_new(mods, 3);
-}
-
-static double max_param_diff(const em_module *a, const em_module *b)
-{
-    em_tensor *pa[16], *pb[16];
-    int na = em_module_parameters(a, pa, 16), nb = em_module_parameters(b, pb, 16);
-    if (na != nb) return INFINITY;
-    double worst = 0;
-    for (int i = 0; i < na; i++) {
-        double *va = em_test_values(pa[i]), *vb = em_test_values(pb[i]);
-        for (int64_t j = 0; j < em_tensor_numel(pa[i]); j++) worst = fmax(worst, fabs(va[j] - vb[j]));
-        free(va);
-        free(vb);
-    }
-    return worst;
 }
 
 /* A group of g_n replicas with optimizers of @p kind; m[0] is built from
@@ -208,7 +185,7 @@ static void run_equivalence(em_optim_kind kind, int64_t B, double tol, bool thre
         em_grads_free(gr);
         em_scope_end();
     }
-    double err = max_param_diff(m[0], ref), div = -1;
+    double err = em_test_max_param_diff(m[0], ref), div = -1;
     assert_int_equal(em_replicas_divergence(r, &div), EM_OK);
     fprintf(stderr, "  %s, batch %lld over %d replicas (%s, %s): |replica - whole-batch model| = %.3g, divergence %.3g\n",
             em_optim_kind_name(kind), (long long)B, g_n, em_replicas_path(r), threaded ? "em_replicas_run" : "one thread", err, div);

@@ -183,3 +183,27 @@ char *em_test_tmp_path(const char *name)
     snprintf(p, 512, "%s/%s", g_tmpdir, name);
     return p;
 }
+
+void em_test_class_batch(uint64_t seed, int64_t n, int64_t features, int64_t classes, float *x, int64_t *y)
+{
+    uint64_t s = seed;
+#define NEXT() (s = s * 6364136223846793005ULL + 1442695040888963407ULL, (double)(s >> 11) / 9007199254740992.0)
+    for (int64_t i = 0; i < n * features; i++) x[i] = (float)(NEXT() * 2 - 1);
+    for (int64_t i = 0; i < n; i++) y[i] = (int64_t)(NEXT() * (double)classes) % classes;
+#undef NEXT
+}
+
+double em_test_max_param_diff(const em_module *a, const em_module *b)
+{
+    em_tensor *pa[16], *pb[16];
+    int na = em_module_parameters(a, pa, 16), nb = em_module_parameters(b, pb, 16);
+    if (na != nb) return INFINITY;
+    double worst = 0;
+    for (int i = 0; i < na; i++) {
+        double *va = em_test_values(pa[i]), *vb = em_test_values(pb[i]);
+        for (int64_t j = 0; j < em_tensor_numel(pa[i]); j++) worst = fmax(worst, fabs(va[j] - vb[j]));
+        free(va);
+        free(vb);
+    }
+    return worst;
+}

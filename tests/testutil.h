@@ -40,6 +40,14 @@ em_tensor *em_test_f64(const double *v, const int64_t *shape, int ndim);
 /* Tensor of dtype dt from double values (converted element by element). */
 em_tensor *em_test_make(em_dtype dt, const double *v, const int64_t *shape, int ndim);
 
+/* A deterministic classification batch from @p seed: x [n, features] uniform
+ * in [-1, 1), y [n] class indices in [0, classes) (a 64-bit LCG, the same on
+ * every machine and rank). */
+void em_test_class_batch(uint64_t seed, int64_t n, int64_t features, int64_t classes, float *x, int64_t *y);
+/* Max |a - b| over the parameters of two models of the same layout
+ * (INFINITY when their parameter counts differ). */
+double em_test_max_param_diff(const em_module *a, const em_module *b);
+
 #define SHAPE(...) ((const int64_t[]){__VA_ARGS__})
 #define NDIM(...) ((int)(sizeof((int64_t[]){__VA_ARGS__}) / sizeof(int64_t)))
 #define F32(shape_list, ...) em_test_f32((const float[]){__VA_ARGS__}, SHAPE shape_list, NDIM shape_list)
