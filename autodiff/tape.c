@@ -145,7 +145,15 @@ struct em_grads {
     const void **keys;
     em_tensor **vals;
     int cap, n;
+    void *fence; /* em__grads_set_fence: borrowed */
 };
+
+void em__grads_set_fence(em_grads *g, void *fence)
+{
+    if (g) g->fence = fence;
+}
+
+void *em__grads_fence(const em_grads *g) { return g ? g->fence : NULL; }
 
 static em_grads *grads_new(int cap)
 {

@@ -15,6 +15,12 @@
  * while the remaining backward tasks still run; each optimizer update waits
  * only for its own bucket.
  *
+ * Step fence: before the last bucket, a task that runs nowhere waits for
+ * that bucket's gradients (the last ones backward produces) and writes the
+ * step fence; the optimizer's updates read it (em_optim_step), so they run
+ * after backward, overlapping the last reduction, instead of delaying the
+ * last layers' backward on the GPU.
+ *
  * Order: MPI matches collectives on a communicator by call order, and two
  * ready reduction tasks could start in different orders on different ranks.
  * Every reduction task therefore also takes a shared "token" handle in RW
@@ -36,6 +42,7 @@
 static size_t g_bucket_bytes = (size_t)25 << 20; /* 25 MiB, as PyTorch DDP's bucket_cap_mb */
 static starpu_data_handle_t g_token;
 static bool g_token_registered;
+static void *g_fence; /* the step fence of em_dist_allreduce_grads */
 
 void em_dist_set_bucket_bytes(size_t nbytes) { g_bucket_bytes = nbytes; }
 size_t em_dist_get_bucket_bytes(void) { return g_bucket_bytes; }
@@ -132,6 +139,7 @@ void em__dist_tasks_shutdown(void)
 {
     if (g_token_registered && em_is_initialized()) starpu_data_unregister(g_token);
     g_token_registered = false;
+    em__fence_free(&g_fence);
 }
 
 /* Submits one reduction task: @p nh handles with modes, the chain token is
@@ -301,13 +309,30 @@ static em_status flush_bucket(em_grads *g, const entry *all, int n, int lo, int 
     return st;
 }
 
+/* The last bucket's gradients are the last ones backward produces: the fence
+ * signalled once they exist tells the optimizer that backward is over
+ * (see em_optim_step). Submitted before the bucket's reduction, which may
+ * write a gradient in place. */
+static em_status signal_fence(em_grads *g, const entry *last, int k, void **fence)
+{
+    em_tensor *t[64];
+    em_status st = EM_OK;
+    for (int i = 0; i < k && st == EM_OK; i += 64) {
+        int m = k - i < 64 ? k - i : 64;
+        for (int j = 0; j < m; j++) t[j] = last[i + j].grad;
+        st = em__fence_signal(fence, t, m);
+    }
+    if (st == EM_OK) em__grads_set_fence(g, *fence);
+    return st;
+}
+
 em_status em_dist_allreduce_grads(em_grads *g, em_tensor *const *params, int n)
 {
     if (!g || (n > 0 && !params) || n < 0) return em__set_error(EM_ERR_INVALID, "em_dist_allreduce_grads: bad arguments");
     if (em_dist_world_size() <= 1 || n == 0) return EM_OK;
     if (!g_token_registered)
         return em__set_error(EM_ERR_STATE, "em_dist_allreduce_grads: the runtime was restarted outside em_dist_init");
-    em__ar_target tg = {.worker = em__dist_nccl_worker(), .token = g_token, .nccl_comm = NULL, .watch = true};
+    em__ar_target tg = {.worker = em__dist_nccl_worker(), .token = g_token, .nccl_comm = NULL, .watch = true, .fence = &g_fence};
     return em__dist_reduce_grads(g, params, n, &tg);
 }
 
@@ -359,6 +384,7 @@ em_status em__dist_reduce_grads(em_grads *g, em_tensor *const *params, int n, co
         }
         bytes += nb;
     }
+    if (st == EM_OK && tg->fence && ne > lo && em__fences_on()) st = signal_fence(g, e + lo, ne - lo, tg->fence);
     if (st == EM_OK) st = flush_bucket(g, e, ne, lo, ne, tg);
     em_no_grad_end();
     em_scope_end();

@@ -32,6 +32,7 @@ typedef struct em__ar_target {
     starpu_data_handle_t token; /* chains this target's reductions in submission order */
     void *nccl_comm;            /* [nccl] NULL: the process communicator */
     bool watch;                 /* under the collective watchdog */
+    void **fence;               /* NULL, or the step fence (em__fence_signal) to signal before the last bucket */
 } em__ar_target;
 /* Buckets the gradients of @p params (reverse order, zeros for missing ones,
  * float32/float64) and submits one reduction task per bucket to @p tg; the

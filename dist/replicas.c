@@ -12,6 +12,9 @@
  * group tasks are chained by a token, so collectives keep submission order.
  * Each replica's gradients become views of its reduced bucket.
  *
+ * The last reduction signals each replica's step fence first (see
+ * em_dist_allreduce_grads in include/ember/dist.h).
+ *
  * Tasks path: per gradient, ADD tasks on device 0 sum the replicas'
  * gradients (StarPU moves each to device 0), one MUL task scales by 1/n, and
  * one COPY task per other replica brings the mean back to its device. Every
@@ -55,6 +58,7 @@ struct em_replicas {
     uint64_t rng_seed, rng_offset; /* the global random state when the run started */
     uint64_t rng_used[EM_REPLICAS_MAX]; /* counters each replica drew */
     char (*msg)[512];            /* [n] */
+    void **fences;               /* [n] step fence of each replica (em__fence_signal) */
 };
 
 /* [nccl] Arguments of one group task. */
@@ -396,6 +400,8 @@ void em_replicas_free(em_replicas *r)
     free(r->nodes);
     free(r->st);
     free(r->msg);
+    for (int k = 0; r->fences && k < r->n; k++) em__fence_free(&r->fences[k]);
+    free(r->fences);
     free(r);
 }
 
@@ -439,11 +445,12 @@ em_replicas *em_replicas_new(em_module *const *models, em_optim *const *opts, co
         r->streams = calloc((size_t)n, sizeof *r->streams);
         r->st = calloc((size_t)n, sizeof *r->st);
         r->msg = calloc((size_t)n, sizeof *r->msg);
+        r->fences = calloc((size_t)n, sizeof *r->fences);
         pthread_mutex_init(&r->mu, NULL);
         pthread_cond_init(&r->go, NULL);
         pthread_cond_init(&r->done, NULL);
     }
-    if (!r || !r->models || !r->opts || !r->devs || !r->params || !r->comms || !r->streams || !r->st || !r->msg) {
+    if (!r || !r->models || !r->opts || !r->devs || !r->params || !r->comms || !r->streams || !r->st || !r->msg || !r->fences) {
         em_replicas_free(r);
         return em__fail(EM_ERR_NOMEM, "em_replicas_new: out of memory");
     }
@@ -487,12 +494,29 @@ static em_tensor *grad_or_zeros(em_grads *g, const em_tensor *p)
     return em_grad(g, p);
 }
 
+/* Step fences: once replica k's tensor after[k] (its part of the last
+ * reduction, whose gradients backward produces last) exists, replica k's
+ * fence is signalled and set on g[k]: em_optim_step then waits for the end
+ * of backward (see there). Submitted before the reduction that may write
+ * after[k] in place. */
+static em_status signal_fences(em_replicas *r, em_grads *const *g, em_tensor *const *after)
+{
+    em_status st = EM_OK;
+    for (int k = 0; k < r->n && st == EM_OK; k++) {
+        st = em__fence_signal(&r->fences[k], &after[k], 1);
+        if (st == EM_OK) em__grads_set_fence(g[k], r->fences[k]);
+    }
+    return st;
+}
+
 /* Tasks path: see the header of this file. */
 static em_status reduce_with_tasks(em_replicas *r, em_grads *const *g)
 {
     em_status st = EM_OK;
     const int n = r->n, np = r->np;
     const double scale = 1.0 / (double)n;
+    int first = 0; /* the last gradient reduced */
+    while (first < np && !em_requires_grad(r->params[first])) first++;
     for (int i = np - 1; i >= 0 && st == EM_OK; i--) { /* last layers' gradients are ready first */
         const em_tensor *p0 = r->params[i];
         if (!em_requires_grad(p0)) continue;
@@ -507,8 +531,9 @@ static em_status reduce_with_tasks(em_replicas *r, em_grads *const *g)
                                    i, em_dtype_name(dt));
         }
         if (st != EM_OK) break;
-        st = em_set_device(r->devs[0]);
-        em_tensor *sum = gk[0];
+        if (i == first && em__fences_on()) st = signal_fences(r, g, gk);
+        if (st == EM_OK) st = em_set_device(r->devs[0]);
+        em_tensor *sum = st == EM_OK ? gk[0] : NULL;
         for (int k = 1; k < n && sum; k++) sum = em_add(sum, gk[k]);
         em_tensor *mean = sum ? em_mul_scalar(sum, scale) : NULL;
         if (!mean) {
@@ -538,8 +563,9 @@ static bool own_storage(em_replicas *r, em_grads *gk, int k, const em_tensor *t)
 }
 
 /* [nccl] Parameters [lo, hi) of the reverse-order list @p idx as one bucket:
- * pack per replica, one group task, views back. */
-static em_status nccl_bucket(em_replicas *r, em_grads *const *g, const int *idx, int lo, int hi)
+ * pack per replica, one group task, views back. The last bucket (@p last)
+ * signals the step fences once packed (see signal_fences). */
+static em_status nccl_bucket(em_replicas *r, em_grads *const *g, const int *idx, int lo, int hi, bool last)
 {
     const int n = r->n, np = r->np;
     em_tensor *buf[EM_REPLICAS_MAX] = {0};
@@ -581,6 +607,9 @@ static em_status nccl_bucket(em_replicas *r, em_grads *const *g, const int *idx,
         buf[k] = flat;
         a->offset[k] = 0;
     }
+    /* The fence follows the packing: the optimizer updates it releases then
+     * come after the packing copies on each GPU instead of before them. */
+    if (st == EM_OK && last && em__fences_on()) st = signal_fences(r, g, buf);
     if (st == EM_OK) { /* one NCCL group for all GPUs: buckets RW on their own GPUs, then the token */
         a->r = r;
         a->count = total;
@@ -676,13 +705,13 @@ static em_status reduce_with_nccl(em_replicas *r, em_grads *const *g)
         const em_tensor *p = r->params[idx[j]];
         size_t nb = (size_t)em_tensor_numel(p) * em_dtype_size(em_tensor_dtype(p));
         if (j > lo && (em_tensor_dtype(r->params[idx[lo]]) != em_tensor_dtype(p) || bytes + nb > cap)) {
-            st = nccl_bucket(r, g, idx, lo, j);
+            st = nccl_bucket(r, g, idx, lo, j, false);
             lo = j;
             bytes = 0;
         }
         bytes += nb;
     }
-    if (st == EM_OK && m > lo) st = nccl_bucket(r, g, idx, lo, m);
+    if (st == EM_OK && m > lo) st = nccl_bucket(r, g, idx, lo, m, true);
     free(idx);
     return st;
 }

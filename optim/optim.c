@@ -261,7 +261,17 @@ em_status em_optim_step(em_optim *o, const em_grads *grads)
         }
         gs[i] = g;
     }
-    /* Pass 2: one fused task per parameter. */
+    /* Pass 2: one fused task per parameter. In data-parallel training the
+     * gradient all-reduce sets a fence on @p grads (dist/): the updates then
+     * wait for the end of backward and yield to other ready tasks (priority
+     * -1), so that a GPU runs the last layers' backward, whose gradients
+     * are the last to be reduced, before the updates of layers already
+     * reduced; those updates then overlap the last all-reduce instead of
+     * delaying it. Without a fence, nothing changes. */
+    void *fence = em__grads_fence(grads);
+    void *prev_after = em__submit_after(fence);
+    int prev_prio = em__submit_priority(0);
+    em__submit_priority(fence ? -1 : prev_prio);
     for (int i = 0; i < o->n && st == EM_OK; i++) {
         if (!gs[i]) continue;
         pstate *ps = &o->ps[i];
@@ -323,6 +333,8 @@ em_status em_optim_step(em_optim *o, const em_grads *grads)
         st = em__submit(&op);
         if (st == EM_OK) ps->step = step;
     }
+    em__submit_after(prev_after);
+    em__submit_priority(prev_prio);
     em_scope_end();
     em_no_grad_end();
     free(gs);

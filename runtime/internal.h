@@ -153,6 +153,28 @@ em_status em__submit(em_op *op);
  *  @p k may be NULL (built from op); when given it is copied. handles[] may
  *  override the tensors' handles (partition children). */
 em_status em__task_submit(const em_op *op, const em_kargs *k, void *const *handles_override);
+/* Step fences: order the optimizer after the end of backward in
+ * data-parallel training (dist/). A fence is a data-less StarPU handle
+ * (starpu_void_data_register). em__fence_signal submits a task that runs
+ * nowhere once every tensor of @p after has been produced, and writes the
+ * fence (registered on first use into *fence). While a thread has a fence
+ * set with em__submit_after, every task it submits through em__task_submit
+ * also reads the fence, so it waits for that signal; it also gets the
+ * thread's priority (em__submit_priority, default 0: StarPU's default).
+ * Both return the previous value. em__fence_free unregisters a fence
+ * (after the tasks using it: starpu_data_unregister waits). Exported for
+ * tests/test_core.c only; not part of the public API. */
+EM_API em_status em__fence_signal(void **fence, em_tensor *const *after, int n);
+/* false when EMBER_DIST_FENCE=0 (a diagnostic switch: no step fences). */
+bool em__fences_on(void);
+EM_API void *em__submit_after(void *fence);
+EM_API int em__submit_priority(int prio);
+EM_API void em__fence_free(void **fence);
+/* The fence after which a gradient container's values are the whole
+ * backward's (set by the gradient all-reduce; the optimizer waits for it
+ * through em__submit_after). Borrowed: its owner outlives the container. */
+void em__grads_set_fence(em_grads *g, void *fence);
+void *em__grads_fence(const em_grads *g);
 /** Builds the kernel arguments of @p op. */
 void em__kargs_from_op(const em_op *op, em_kargs *k);
 

@@ -103,6 +103,81 @@ void em__kargs_from_op(const em_op *op, em_kargs *k)
     k->p = op->p;
 }
 
+static _Thread_local starpu_data_handle_t tl_after; /* em__submit_after */
+static _Thread_local int tl_priority;                /* em__submit_priority */
+
+void *em__submit_after(void *fence)
+{
+    void *prev = tl_after;
+    tl_after = fence;
+    return prev;
+}
+
+int em__submit_priority(int prio)
+{
+    int prev = tl_priority;
+    tl_priority = prio;
+    return prev;
+}
+
+/* The fence task has nothing to run: StarPU completes a STARPU_NOWHERE task
+ * as soon as its dependencies are met, without moving its data. */
+static struct starpu_codelet g_cl_fence = {
+    .where = STARPU_NOWHERE,
+    .nbuffers = STARPU_VARIABLE_NBUFFERS,
+    .name = "fence",
+};
+
+bool em__fences_on(void)
+{
+    const char *v = getenv("EMBER_DIST_FENCE");
+    return !(v && !strcmp(v, "0"));
+}
+
+em_status em__fence_signal(void **fence, em_tensor *const *after, int n)
+{
+    if (!*fence) starpu_void_data_register((starpu_data_handle_t *)fence);
+    int nb = 0;
+    starpu_data_handle_t *h = malloc(sizeof *h * (size_t)(n + 1));
+    enum starpu_data_access_mode *m = malloc(sizeof *m * (size_t)(n + 1));
+    struct starpu_task *task = h && m ? starpu_task_create() : NULL;
+    if (!task) {
+        free(h);
+        free(m);
+        return em__set_error(EM_ERR_NOMEM, "out of memory creating a task");
+    }
+    for (int i = 0; i < n; i++) { /* each storage once */
+        if (!after[i]) continue;
+        starpu_data_handle_t x = after[i]->storage->handle;
+        int j = 0;
+        while (j < nb && h[j] != x) j++;
+        if (j == nb) {
+            h[nb] = x;
+            m[nb++] = STARPU_R;
+        }
+    }
+    h[nb] = *fence;
+    m[nb++] = STARPU_W;
+    task->cl = &g_cl_fence;
+    task->dyn_handles = h; /* StarPU frees them with the task */
+    task->dyn_modes = m;
+    task->nbuffers = nb;
+    task->detach = 1;
+    int ret = starpu_task_submit(task);
+    if (ret != 0) {
+        task->destroy = 0;
+        starpu_task_destroy(task);
+        return em__set_error(EM_ERR_RUNTIME, "fence: task submission failed (%d)", ret);
+    }
+    return EM_OK;
+}
+
+void em__fence_free(void **fence)
+{
+    if (*fence && em_is_initialized()) starpu_data_unregister((starpu_data_handle_t)*fence);
+    *fence = NULL;
+}
+
 em_status em__task_submit(const em_op *op, const em_kargs *kin, void *const *handles_override)
 {
     struct starpu_task *task = starpu_task_create();
@@ -129,7 +204,12 @@ em_status em__task_submit(const em_op *op, const em_kargs *kin, void *const *han
         /* An output that does not cover its whole storage keeps the rest: RW. */
         task->modes[nb] = (!handles_override && !(em__optab[op->kind].flags & F_INPLACE) && em__covers_storage(op->out[i])) ? STARPU_W : STARPU_RW;
     }
+    if (tl_after && nb < STARPU_NMAXBUFS) { /* em__submit_after; a task without room just keeps its data order */
+        task->handles[nb] = tl_after;
+        task->modes[nb++] = STARPU_R;
+    }
     task->nbuffers = nb;
+    task->priority = tl_priority;
     em_placement pl = em__placement();
     if (pl.where) task->where = (int32_t)pl.where;
     if (pl.worker >= 0) {

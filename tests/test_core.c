@@ -1,6 +1,11 @@
 /* Tests of the core API: runtime lifecycle, devices, dtypes, tensor creation,
  * host I/O, random numbers, printing, error handling, scopes and leaks. */
 #include "testutil.h"
+#include "runtime/internal.h"
+
+#include <errno.h>
+#include <starpu.h>
+#include <unistd.h>
 
 #include <math.h>
 #include <stdio.h>
@@ -1025,6 +1030,44 @@ static void leak_iteration(int i)
     em_scope_end();
 }
 
+/* A step fence (runtime/internal.h, used by dist/): a task submitted under
+ * em__submit_after(fence) waits for every tensor the fence was signalled
+ * after. The test holds x (starpu_data_acquire), so the fence cannot be
+ * signalled, and y's FILL, which reads the fence, cannot have run, whatever
+ * the timing; once x is released, y gets its value. */
+static void test_step_fence_orders_tasks(void **state)
+{
+    (void)state;
+    em_scope_begin();
+    em_tensor *x = em_zeros(SHAPE(4), 1, EM_F32);
+    assert_int_equal(em_sync(), EM_OK);
+    starpu_data_handle_t hx = x->storage->handle;
+    assert_int_equal(starpu_data_acquire(hx, STARPU_RW), 0);
+    void *fence = NULL;
+    assert_int_equal(em__fence_signal(&fence, &x, 1), EM_OK);
+    assert_non_null(fence);
+    void *prev = em__submit_after(fence);
+    int prev_prio = em__submit_priority(-1);
+    em_tensor *y = em_full(SHAPE(4), 1, EM_F32, 7.0);
+    assert_int_equal(em__submit_priority(prev_prio), -1);
+    assert_ptr_equal(em__submit_after(prev), fence);
+    assert_non_null(y);
+    em_tensor *z = em_full(SHAPE(4), 1, EM_F32, 1.0); /* submitted after, without the fence: not held back */
+    double v = 0;
+    assert_int_equal(em_item(em_sum_all(z), &v), EM_OK);
+    assert_true(v == 4.0);
+    usleep(20000); /* time enough for an unfenced FILL to run: a broken fence fails below */
+    int held = starpu_data_acquire_try(y->storage->handle, STARPU_R); /* -EAGAIN: y still waits for the fence */
+    if (held == 0) starpu_data_release(y->storage->handle);
+    starpu_data_release(hx); /* before any assertion: a failed one must not leave x held at shutdown */
+    assert_int_equal(held, -EAGAIN);
+    assert_int_equal(em_item(em_sum_all(y), &v), EM_OK);
+    assert_true(v == 28.0);
+    em_scope_end();
+    em__fence_free(&fence);
+    assert_null(fence);
+}
+
 static void test_leak_check(void **state)
 {
     (void)state;
@@ -1095,6 +1138,7 @@ int main(void)
         cmocka_unit_test(test_scope_early_release),
         cmocka_unit_test(test_scope_unbalanced),
         cmocka_unit_test(test_scope_views),
+        cmocka_unit_test(test_step_fence_orders_tasks),
         cmocka_unit_test(test_leak_check),
     };
     return cmocka_run_group_tests(tests, em_test_setup, em_test_teardown);

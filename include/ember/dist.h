@@ -88,8 +88,10 @@ EM_API em_status em_dist_param_divergence(const em_module *m, double *max_abs_di
  *  what differs (model summary or settings), so all can exit cleanly. */
 EM_API em_status em_dist_check_config(const em_module *m, const char *hparams);
 
-/** Bucket size for em_dist_allreduce_grads in bytes (default 1 MiB, or
- *  EMBER_DIST_BUCKET_KB). 0: one reduction per gradient tensor. */
+/** Bucket size for em_dist_allreduce_grads and the NCCL path of
+ *  em_replicas_allreduce_grads, in bytes (default 25 MiB as PyTorch DDP's
+ *  bucket_cap_mb, or EMBER_DIST_BUCKET_KB). 0: one reduction per gradient
+ *  tensor. */
 EM_API void em_dist_set_bucket_bytes(size_t nbytes);
 EM_API size_t em_dist_get_bucket_bytes(void);
 
@@ -101,7 +103,15 @@ EM_API size_t em_dist_get_bucket_bytes(void);
  *  Parameters that do not require grad are skipped; a parameter that requires
  *  grad but got no gradient on this rank contributes zeros (and then has a
  *  gradient, possibly zero, on every rank, keeping replicas identical).
- *  float32/float64 gradients only. No-op when world size is 1. */
+ *  float32/float64 gradients only. No-op when world size is 1.
+ *  Step fence: @p g also gets a fence, signalled once the gradients of the
+ *  last bucket (the last ones backward produces) exist; em_optim_step on
+ *  @p g makes its updates wait for it, at a low task priority, so that the
+ *  GPU finishes backward before updating the layers already reduced and
+ *  those updates overlap the last reduction (2 ranks on 2 H200s: +4 to 6 %
+ *  samples/s for the wide MLP of docs/benchmarks.md; within the noise for
+ *  the one-process form). EMBER_DIST_FENCE=0 turns the fence off (for
+ *  comparisons). @p g must not outlive the runtime. */
 EM_API em_status em_dist_allreduce_grads(em_grads *g, em_tensor *const *params, int n);
 
 /** Sums @p n doubles element-wise across ranks, in place (a collective: call
@@ -183,7 +193,10 @@ EM_API em_status em_replicas_broadcast(em_replicas *r);
  *  container per replica, in replica order) with the mean over the replicas.
  *  Only submits tasks: returns before backward's tasks have run. Parameters
  *  that do not require grad are skipped; a gradient missing in some replica
- *  counts as zeros there. float32/float64 gradients. No-op for one replica. */
+ *  counts as zeros there. float32/float64 gradients. No-op for one replica.
+ *  Each g[i] gets replica i's step fence, as em_dist_allreduce_grads; it is
+ *  owned by @p r: g[i] must not be passed to em_optim_step after
+ *  em_replicas_free(r). */
 EM_API em_status em_replicas_allreduce_grads(em_replicas *r, em_grads *const *g);
 
 /** Work of one replica in em_replicas_run: @p i is the replica. Return
