@@ -145,15 +145,15 @@ struct em_grads {
     const void **keys;
     em_tensor **vals;
     int cap, n;
-    void *fence; /* em__grads_set_fence: borrowed */
+    void *const *fence; /* em__grads_set_fence: where the owner keeps the fence handle (borrowed) */
 };
 
-void em__grads_set_fence(em_grads *g, void *fence)
+void em__grads_set_fence(em_grads *g, void *const *fence)
 {
     if (g) g->fence = fence;
 }
 
-void *em__grads_fence(const em_grads *g) { return g ? g->fence : NULL; }
+void *em__grads_fence(const em_grads *g) { return g && g->fence ? *g->fence : NULL; }
 
 static em_grads *grads_new(int cap)
 {
@@ -195,6 +195,7 @@ static em_status grads_grow(em_grads *g)
         }
     free(g->keys);
     free(g->vals);
+    bigger->fence = g->fence;
     *g = *bigger;
     free(bigger);
     return EM_OK;

@@ -322,7 +322,7 @@ static em_status signal_fence(em_grads *g, const entry *last, int k, void **fenc
         for (int j = 0; j < m; j++) t[j] = last[i + j].grad;
         st = em__fence_signal(fence, t, m);
     }
-    if (st == EM_OK) em__grads_set_fence(g, *fence);
+    if (st == EM_OK) em__grads_set_fence(g, fence);
     return st;
 }
 

@@ -504,7 +504,7 @@ static em_status signal_fences(em_replicas *r, em_grads *const *g, em_tensor *co
     em_status st = EM_OK;
     for (int k = 0; k < r->n && st == EM_OK; k++) {
         st = em__fence_signal(&r->fences[k], &after[k], 1);
-        if (st == EM_OK) em__grads_set_fence(g[k], r->fences[k]);
+        if (st == EM_OK) em__grads_set_fence(g[k], &r->fences[k]);
     }
     return st;
 }

@@ -172,9 +172,12 @@ EM_API int em__submit_priority(int prio);
 EM_API void em__fence_free(void **fence);
 /* The fence after which a gradient container's values are the whole
  * backward's (set by the gradient all-reduce; the optimizer waits for it
- * through em__submit_after). Borrowed: its owner outlives the container. */
-void em__grads_set_fence(em_grads *g, void *fence);
-void *em__grads_fence(const em_grads *g);
+ * through em__submit_after). The container keeps where its owner keeps the
+ * handle, not the handle: once the owner frees the fence (dist shutdown sets
+ * it to NULL), em__grads_fence returns NULL and the optimizer steps
+ * without it. The slot itself must outlive the container's use. */
+EM_API void em__grads_set_fence(em_grads *g, void *const *fence); /* exported for tests/test_core.c */
+EM_API void *em__grads_fence(const em_grads *g);
 /** Builds the kernel arguments of @p op. */
 void em__kargs_from_op(const em_op *op, em_kargs *k);
 

@@ -1068,6 +1068,29 @@ static void test_step_fence_orders_tasks(void **state)
     assert_null(fence);
 }
 
+/* A gradient container keeps its fence when it grows (the all-reduce
+ * replaces entries after attaching it), and forgets it once the owner's
+ * slot is cleared (dist shutdown). */
+static void test_step_fence_in_grads(void **state)
+{
+    (void)state;
+    em_scope_begin();
+    em_grads *g = em_grads_new();
+    assert_non_null(g);
+    void *slot = (void *)&slot; /* any non-NULL handle value */
+    em__grads_set_fence(g, &slot);
+    em_tensor *keys[40];
+    for (int i = 0; i < 40; i++) { /* grows the container twice */
+        keys[i] = em_zeros(SHAPE(1), 1, EM_F32);
+        assert_int_equal(em_grads_set(g, keys[i], em_zeros(SHAPE(1), 1, EM_F32)), EM_OK);
+    }
+    assert_ptr_equal(em__grads_fence(g), slot);
+    slot = NULL;
+    assert_null(em__grads_fence(g));
+    em_grads_free(g);
+    em_scope_end();
+}
+
 static void test_leak_check(void **state)
 {
     (void)state;
@@ -1139,6 +1162,7 @@ int main(void)
         cmocka_unit_test(test_scope_unbalanced),
         cmocka_unit_test(test_scope_views),
         cmocka_unit_test(test_step_fence_orders_tasks),
+        cmocka_unit_test(test_step_fence_in_grads),
         cmocka_unit_test(test_leak_check),
     };
     return cmocka_run_group_tests(tests, em_test_setup, em_test_teardown);

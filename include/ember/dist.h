@@ -111,7 +111,8 @@ EM_API size_t em_dist_get_bucket_bytes(void);
  *  those updates overlap the last reduction (2 ranks on 2 H200s: +4 to 6 %
  *  samples/s for the wide MLP of docs/benchmarks.md; within the noise for
  *  the one-process form). EMBER_DIST_FENCE=0 turns the fence off (for
- *  comparisons). @p g must not outlive the runtime. */
+ *  comparisons). After em_dist_shutdown, em_optim_step on @p g runs without
+ *  the fence. */
 EM_API em_status em_dist_allreduce_grads(em_grads *g, em_tensor *const *params, int n);
 
 /** Sums @p n doubles element-wise across ranks, in place (a collective: call
