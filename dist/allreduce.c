@@ -315,13 +315,11 @@ static em_status flush_bucket(em_grads *g, const entry *all, int n, int lo, int 
  * write a gradient in place. */
 static em_status signal_fence(em_grads *g, const entry *last, int k, void **fence)
 {
-    em_tensor *t[64];
-    em_status st = EM_OK;
-    for (int i = 0; i < k && st == EM_OK; i += 64) {
-        int m = k - i < 64 ? k - i : 64;
-        for (int j = 0; j < m; j++) t[j] = last[i + j].grad;
-        st = em__fence_signal(fence, t, m);
-    }
+    em_tensor **t = malloc(sizeof *t * (size_t)k);
+    if (!t) return em__set_error(EM_ERR_NOMEM, "out of memory");
+    for (int i = 0; i < k; i++) t[i] = last[i].grad;
+    em_status st = em__fence_signal(fence, t, k);
+    free(t);
     if (st == EM_OK) em__grads_set_fence(g, fence);
     return st;
 }
