@@ -2,13 +2,13 @@
  *
  * em_dist_allreduce_grads walks the parameters in reverse order (backward
  * produces the last layer's gradients first) and groups their gradients into
- * buckets of about em_dist_get_bucket_bytes() bytes. A bucket is a flat
- * contiguous tensor, and ONE task per bucket reads the bucket's gradients,
- * packs them into it (W access), calls MPI_Allreduce(MPI_IN_PLACE) on the
- * host buffer and scales by 1/world. The gradients handed back are views of
- * the bucket, so the optimizer reads the reduced values without a copy back.
- * A bucket holding a single gradient that owns its whole storage is reduced
- * in place, without packing.
+ * buckets by PyTorch DDP's rule (em__dist_bucket_end). ONE task per bucket
+ * averages every gradient of the bucket in place (RW access): on a CPU
+ * worker one MPI_Allreduce(MPI_IN_PLACE) per gradient on its host buffer and
+ * a scaling by 1/world. Nothing is packed: a gradient that is not contiguous
+ * and alone on its storage is first replaced, in the container, by a
+ * contiguous private copy (a COPY task), so the reduction never writes
+ * storage that something else sees.
  *
  * Nothing waits: the tasks are submitted right after backward returns, and
  * StarPU starts each reduction when the tasks producing its gradients finish,
@@ -28,7 +28,7 @@
  *
  * [nccl] When every rank runs on a CUDA device and the build has NCCL, the
  * same task runs on the rank's CUDA worker instead (cuda_allreduce_mean):
- * packing and an in-place ncclAllReduce on the worker's stream, nothing
+ * the bucket's in-place ncclAllReduce calls in one NCCL group, nothing
  * leaves the GPU (dist/nccl.c). The token keeps the NCCL calls in the same
  * order on every rank. */
 #include "dist/dist_internal.h"
@@ -47,68 +47,68 @@ static void *g_fence; /* the step fence of em_dist_allreduce_grads */
 void em_dist_set_bucket_bytes(size_t nbytes) { g_bucket_bytes = nbytes; }
 size_t em_dist_get_bucket_bytes(void) { return g_bucket_bytes; }
 
-/* Kernel arguments: a header and one piece per packed gradient. */
-typedef struct ar_piece {
-    int32_t buf;        /* index of the gradient's buffer */
-    int64_t src_offset; /* elements, in that buffer       */
-    int64_t dst_offset; /* elements, in the bucket        */
-    int64_t count;
-} ar_piece;
-
+/* Kernel arguments: gradient i of the bucket is buffer i, reduced in place. */
 typedef struct ar_args {
     void *nccl_comm;  /* [nccl] NULL: the process communicator; else a replica's (replicas.c) */
     int32_t watch;    /* under the collective watchdog */
     int32_t dtype;    /* EM_F32 / EM_F64 */
-    int32_t bucket;   /* index of the bucket's buffer (the one reduced) */
-    int64_t offset;   /* elements: where the reduced range starts in it */
-    int64_t count;    /* elements reduced */
-    int32_t npieces;  /* 0: in place (no packing) */
-    ar_piece pieces[];
+    int32_t npieces;
+    int64_t *offset;  /* [npieces] elements, where gradient i starts in buffer i (inside this allocation) */
+    em__nccl_piece pieces[]; /* [npieces] element counts; [nccl] the CUDA kernel fills in the pointers */
 } ar_args;
 
-/* The CPU kernel: packs the gradients into the bucket, sums it in place
- * across ranks, then scales to the mean. */
+/* One allocation holding the header, pieces[n] and offset[n]. */
+static ar_args *ar_args_new(int n, size_t *size)
+{
+    *size = sizeof(ar_args) + (sizeof(em__nccl_piece) + sizeof(int64_t)) * (size_t)n;
+    ar_args *a = calloc(1, *size);
+    if (a) {
+        a->npieces = n;
+        a->offset = (int64_t *)(void *)&a->pieces[n];
+    }
+    return a;
+}
+
+/* The CPU kernel: sums each gradient in place across ranks, then scales it
+ * to the mean. */
 static void cpu_allreduce_mean(void *buffers[], void *cl_arg)
 {
     const ar_args *a = cl_arg;
     size_t es = a->dtype == EM_F64 ? sizeof(double) : sizeof(float);
-    char *base = (char *)STARPU_VECTOR_GET_PTR(buffers[a->bucket]) + (size_t)a->offset * es;
-    for (int i = 0; i < a->npieces; i++) {
-        const ar_piece *p = &a->pieces[i];
-        const char *src = (const char *)STARPU_VECTOR_GET_PTR(buffers[p->buf]) + (size_t)p->src_offset * es;
-        memcpy(base + (size_t)p->dst_offset * es, src, (size_t)p->count * es);
-    }
     MPI_Datatype type = a->dtype == EM_F64 ? MPI_DOUBLE : MPI_FLOAT;
     em__dist_watch_begin(EM_DIST_SLOT_GRAD, "gradient all-reduce");
-    for (int64_t off = 0; off < a->count; off += EM_DIST_MPI_CHUNK) {
-        int64_t cnt = a->count - off < EM_DIST_MPI_CHUNK ? a->count - off : EM_DIST_MPI_CHUNK;
-        /* MPI's default error handler aborts the job on failure. */
-        MPI_Allreduce(MPI_IN_PLACE, base + (size_t)off * es, (int)cnt, type, MPI_SUM, em__dist_comm_grad);
+    for (int i = 0; i < a->npieces; i++) {
+        char *base = (char *)STARPU_VECTOR_GET_PTR(buffers[i]) + (size_t)a->offset[i] * es;
+        int64_t count = a->pieces[i].count;
+        for (int64_t off = 0; off < count; off += EM_DIST_MPI_CHUNK) {
+            int64_t cnt = count - off < EM_DIST_MPI_CHUNK ? count - off : EM_DIST_MPI_CHUNK;
+            /* MPI's default error handler aborts the job on failure. */
+            MPI_Allreduce(MPI_IN_PLACE, base + (size_t)off * es, (int)cnt, type, MPI_SUM, em__dist_comm_grad);
+        }
     }
     em__dist_watch_end(EM_DIST_SLOT_GRAD);
-    if (a->dtype == EM_F64) {
-        double *p = (double *)base, s = 1.0 / (double)em__dist_world;
-        for (int64_t i = 0; i < a->count; i++) p[i] *= s;
-    } else {
-        float *p = (float *)base, s = (float)(1.0 / (double)em__dist_world);
-        for (int64_t i = 0; i < a->count; i++) p[i] *= s;
+    for (int i = 0; i < a->npieces; i++) {
+        char *base = (char *)STARPU_VECTOR_GET_PTR(buffers[i]) + (size_t)a->offset[i] * es;
+        int64_t count = a->pieces[i].count;
+        if (a->dtype == EM_F64) {
+            double *p = (double *)base, s = 1.0 / (double)em__dist_world;
+            for (int64_t k = 0; k < count; k++) p[k] *= s;
+        } else {
+            float *p = (float *)base, s = (float)(1.0 / (double)em__dist_world);
+            for (int64_t k = 0; k < count; k++) p[k] *= s;
+        }
     }
 }
 
 #if EM_DIST_NCCL
-/* [nccl] The CUDA kernel: the same packing and mean, queued on the worker's
- * stream (device-to-device copies, ncclAllReduce with ncclAvg). */
+/* [nccl] The CUDA kernel: the bucket's in-place ncclAvg calls, in one NCCL
+ * group queued after the worker's stream (dist/nccl.c). */
 static void cuda_allreduce_mean(void *buffers[], void *cl_arg)
 {
-    const ar_args *a = cl_arg;
+    ar_args *a = cl_arg;
     size_t es = a->dtype == EM_F64 ? sizeof(double) : sizeof(float);
-    char *base = (char *)STARPU_VECTOR_GET_PTR(buffers[a->bucket]) + (size_t)a->offset * es;
-    for (int i = 0; i < a->npieces; i++) {
-        const ar_piece *p = &a->pieces[i];
-        const char *src = (const char *)STARPU_VECTOR_GET_PTR(buffers[p->buf]) + (size_t)p->src_offset * es;
-        em__dist_nccl_pack(base + (size_t)p->dst_offset * es, src, (size_t)p->count * es);
-    }
-    em__dist_nccl_allreduce_mean(base, a->count, a->dtype == EM_F64, a->nccl_comm, a->watch != 0);
+    for (int i = 0; i < a->npieces; i++) a->pieces[i].ptr = (char *)STARPU_VECTOR_GET_PTR(buffers[i]) + (size_t)a->offset[i] * es;
+    em__dist_nccl_allreduce_mean(a->pieces, a->npieces, a->dtype == EM_F64, a->nccl_comm, a->watch != 0);
 }
 #endif
 
@@ -122,7 +122,7 @@ static struct starpu_codelet g_cl_allreduce = {
 #endif
     .cpu_funcs = {cpu_allreduce_mean},
     .cpu_funcs_name = {"ember_dist_allreduce_mean"},
-    .nbuffers = STARPU_VARIABLE_NBUFFERS, /* gradients (R), bucket (W or RW), token (RW) */
+    .nbuffers = STARPU_VARIABLE_NBUFFERS, /* gradients (RW), token (RW) */
     .name = "dist_allreduce_mean",
 };
 
@@ -209,118 +209,65 @@ static em_status submit_task(ar_args *a, size_t args_size, starpu_data_handle_t 
     return EM_OK;
 }
 
-typedef struct entry {
-    const em_tensor *param;
-    em_tensor *grad; /* borrowed from g; after packing, a stale pointer */
-} entry;
-
-/* May gradient @p k be reduced where it lies? Only when nothing else can see
- * its storage: a contiguous tensor alone on it (one storage reference), and
- * the same tensor is not also the gradient of a parameter not packed yet
- * (entries before k were already replaced: their pointers may be stale, and
- * their old storages were counted by the refcount). */
-static bool can_reduce_in_place(const entry *all, int k, int n)
+int em__dist_bucket_end(const size_t *nbytes, const em_dtype *dtypes, int lo, int n)
 {
-    const em_tensor *t = all[k].grad;
-    if (!em__covers_storage(t) || __atomic_load_n(&t->storage->refcount, __ATOMIC_RELAXED) != 1) return false;
-    for (int i = k + 1; i < n; i++)
-        if (all[i].grad == t) return false;
-    return true;
+    size_t cap = g_bucket_bytes;
+    if (lo == 0 && cap > EM_DIST_FIRST_BUCKET_BYTES) cap = EM_DIST_FIRST_BUCKET_BYTES;
+    size_t sum = 0;
+    int i = lo;
+    while (i < n && (i == lo || dtypes[i] == dtypes[lo])) {
+        sum += nbytes[i++];
+        if (sum >= cap) break;
+    }
+    return i;
 }
 
-/* Reduces entries [lo, hi) (same dtype) as one bucket: ONE task packs them
- * into a fresh flat tensor (W access: no fill needed), reduces and scales it;
- * the container then holds views of the bucket. */
-static em_status flush_bucket(em_grads *g, const entry *all, int n, int lo, int hi, const em__ar_target *tg)
+em_status em__dist_own_grads(em_grads *g, const em_tensor *const *params, em_tensor **grads, int lo, int hi, int n)
 {
-    if (hi <= lo) return EM_OK;
-    em_dtype dt = em_tensor_dtype(all[lo].grad);
-    if (hi - lo == 1 && can_reduce_in_place(all, lo, n)) {
-        const em_tensor *t = all[lo].grad;
-        ar_args *a = malloc(sizeof *a);
-        if (!a) return em__set_error(EM_ERR_NOMEM, "out of memory");
-        *a = (ar_args){.dtype = dt, .bucket = 0, .offset = t->offset, .count = em_tensor_numel(t), .npieces = 0};
-        em_log_msg(EM_LOG_DEBUG, "dist: bucket of 1 gradient (%lld elements), reduced in place", (long long)a->count);
-        starpu_data_handle_t h = t->storage->handle;
-        enum starpu_data_access_mode m = STARPU_RW;
-        return submit_task(a, sizeof *a, &h, &m, 1, tg);
+    for (int k = lo; k < hi; k++) {
+        em_tensor *t = grads[k];
+        bool own = em__covers_storage(t) && __atomic_load_n(&t->storage->refcount, __ATOMIC_RELAXED) == 1;
+        for (int i = k + 1; i < n && own; i++) own = grads[i] != t;
+        if (own) continue;
+        em_tensor *c = em_empty(em_tensor_shape(t), em_tensor_ndim(t), em_tensor_dtype(t));
+        em_status st = c ? em_copy_(c, t) : em_last_status();
+        if (st == EM_OK) st = em_grads_set(g, params[k], c);
+        if (st != EM_OK) return st;
+        grads[k] = em_grad(g, params[k]);
+        em_log_msg(EM_LOG_DEBUG, "dist: gradient %d copied before its in-place reduction (not contiguous, or shares its storage)", k);
     }
+    return EM_OK;
+}
+
+/* Reduces gradients [lo, hi) (one dtype, own storages: em__dist_own_grads)
+ * as one bucket: ONE task averages them all in place. */
+static em_status flush_bucket(em_tensor *const *grads, int lo, int hi, const em__ar_target *tg)
+{
     int k = hi - lo;
-    size_t asz = sizeof(ar_args) + sizeof(ar_piece) * (size_t)k;
-    ar_args *a = malloc(asz);
-    starpu_data_handle_t *h = malloc(sizeof *h * (size_t)(k + 1));
-    enum starpu_data_access_mode *m = malloc(sizeof *m * (size_t)(k + 1));
-    em_tensor **src = calloc((size_t)k, sizeof *src); /* contiguous sources, retained until submitted */
-    em_tensor *flat = NULL;
-    em_status st = a && h && m && src ? EM_OK : em__set_error(EM_ERR_NOMEM, "out of memory");
-    int nh = 0;
+    size_t asz;
+    ar_args *a = ar_args_new(k, &asz);
+    starpu_data_handle_t *h = malloc(sizeof *h * (size_t)k);
+    enum starpu_data_access_mode *m = malloc(sizeof *m * (size_t)k);
+    if (!a || !h || !m) {
+        free(a);
+        free(h);
+        free(m);
+        return em__set_error(EM_ERR_NOMEM, "out of memory");
+    }
+    a->dtype = em_tensor_dtype(grads[lo]);
     int64_t total = 0;
-    for (int i = 0; i < k && st == EM_OK; i++) {
-        const em_tensor *gr = all[lo + i].grad;
-        src[i] = em_tensor_retain(em_contiguous(gr)); /* gr itself when contiguous; the scope keeps its own reference */
-        if (!src[i]) {
-            st = em_last_status();
-            break;
-        }
-        int b = 0; /* one buffer per distinct storage */
-        while (b < nh && h[b] != src[i]->storage->handle) b++;
-        if (b == nh) {
-            h[nh] = src[i]->storage->handle;
-            m[nh++] = STARPU_R;
-        }
-        int64_t cnt = em_tensor_numel(src[i]);
-        a->pieces[i] = (ar_piece){.buf = b, .src_offset = src[i]->offset, .dst_offset = total, .count = cnt};
-        total += cnt;
+    for (int i = 0; i < k; i++) {
+        const em_tensor *t = grads[lo + i];
+        h[i] = t->storage->handle;
+        m[i] = STARPU_RW;
+        a->offset[i] = t->offset;
+        a->pieces[i].count = em_tensor_numel(t);
+        total += a->pieces[i].count;
     }
-    if (st == EM_OK) {
-        flat = em__tensor_new(dt, (const int64_t[]){total}, 1);
-        if (!flat) st = em_last_status();
-    }
-    if (st == EM_OK) {
-        a->dtype = dt;
-        a->bucket = nh;
-        a->offset = 0;
-        a->count = total;
-        a->npieces = k;
-        h[nh] = flat->storage->handle;
-        m[nh] = STARPU_W;
-        em_log_msg(EM_LOG_DEBUG, "dist: bucket of %d gradients (%lld elements), packed", k, (long long)total);
-        st = submit_task(a, asz, h, m, nh + 1, tg);
-        a = NULL; /* owned by the task now */
-    }
-    /* The container now holds views of the reduced bucket (it drops the old
-     * gradients; the task keeps their data alive until it has read them). */
-    int64_t off = 0;
-    for (int i = 0; i < k && st == EM_OK; i++) {
-        const em_tensor *gr = src[i];
-        int64_t strides[EM_MAX_DIMS];
-        em__contiguous_strides(gr->shape, gr->ndim, strides);
-        em_tensor *v = em__tensor_view(flat, gr->shape, strides, gr->ndim, off);
-        st = v ? em_grads_set(g, all[lo + i].param, v) : em_last_status();
-        em_tensor_release(v);
-        off += em_tensor_numel(gr);
-    }
-    for (int i = 0; src && i < k; i++) em_tensor_release(src[i]);
-    em_tensor_release(flat);
-    free(src);
-    free(a);
+    em_log_msg(EM_LOG_DEBUG, "dist: bucket of %d gradient(s), %lld elements, reduced in place", k, (long long)total);
+    em_status st = submit_task(a, asz, h, m, k, tg); /* owns a */
     free(h);
     free(m);
-    return st;
-}
-
-/* The last bucket's gradients are the last ones backward produces: the fence
- * signalled once they exist tells the optimizer that backward is over
- * (see em_optim_step). Submitted before the bucket's reduction, which may
- * write a gradient in place. */
-static em_status signal_fence(em_grads *g, const entry *last, int k, void **fence)
-{
-    em_tensor **t = malloc(sizeof *t * (size_t)k);
-    if (!t) return em__set_error(EM_ERR_NOMEM, "out of memory");
-    for (int i = 0; i < k; i++) t[i] = last[i].grad;
-    em_status st = em__fence_signal(fence, t, k);
-    free(t);
-    if (st == EM_OK) em__grads_set_fence(g, fence);
     return st;
 }
 
@@ -336,8 +283,17 @@ em_status em_dist_allreduce_grads(em_grads *g, em_tensor *const *params, int n)
 
 em_status em__dist_reduce_grads(em_grads *g, em_tensor *const *params, int n, const em__ar_target *tg)
 {
-    entry *e = malloc(sizeof *e * (size_t)n);
-    if (!e) return em__set_error(EM_ERR_NOMEM, "out of memory");
+    const em_tensor **ps = malloc(sizeof *ps * (size_t)n);
+    em_tensor **gs = malloc(sizeof *gs * (size_t)n);
+    size_t *nbytes = malloc(sizeof *nbytes * (size_t)n);
+    em_dtype *dts = malloc(sizeof *dts * (size_t)n);
+    if (!ps || !gs || !nbytes || !dts) {
+        free(ps);
+        free(gs);
+        free(nbytes);
+        free(dts);
+        return em__set_error(EM_ERR_NOMEM, "out of memory");
+    }
     em_status st = EM_OK;
     int ne = 0;
     em_scope_begin();
@@ -366,26 +322,30 @@ em_status em__dist_reduce_grads(em_grads *g, em_tensor *const *params, int n, co
                                i, em_dtype_name(dt));
             break;
         }
-        e[ne++] = (entry){.param = p, .grad = gr};
+        ps[ne] = p;
+        gs[ne] = gr;
+        nbytes[ne] = (size_t)em_tensor_numel(gr) * em_dtype_size(dt);
+        dts[ne++] = dt;
     }
-    /* Buckets: consecutive entries of one dtype up to the bucket size (a
-     * gradient larger than the bucket gets its own). */
-    int lo = 0;
-    size_t bytes = 0;
-    for (int i = 0; i < ne && st == EM_OK; i++) {
-        em_dtype dt = em_tensor_dtype(e[i].grad);
-        size_t nb = (size_t)em_tensor_numel(e[i].grad) * em_dtype_size(dt);
-        if (i > lo && (em_tensor_dtype(e[lo].grad) != dt || bytes + nb > g_bucket_bytes)) {
-            st = flush_bucket(g, e, ne, lo, i, tg);
-            lo = i;
-            bytes = 0;
+    for (int lo = 0; lo < ne && st == EM_OK;) {
+        int hi = em__dist_bucket_end(nbytes, dts, lo, ne);
+        st = em__dist_own_grads(g, ps, gs, lo, hi, ne);
+        /* The last bucket's gradients are the last ones backward produces:
+         * the fence signalled once they exist tells the optimizer that
+         * backward is over (see em_optim_step). Submitted before the
+         * reduction, which writes them in place. */
+        if (st == EM_OK && hi == ne && tg->fence && em__fences_on()) {
+            st = em__fence_signal(tg->fence, gs + lo, hi - lo);
+            if (st == EM_OK) em__grads_set_fence(g, tg->fence);
         }
-        bytes += nb;
+        if (st == EM_OK) st = flush_bucket(gs, lo, hi, tg);
+        lo = hi;
     }
-    if (st == EM_OK && tg->fence && ne > lo && em__fences_on()) st = signal_fence(g, e + lo, ne - lo, tg->fence);
-    if (st == EM_OK) st = flush_bucket(g, e, ne, lo, ne, tg);
     em_no_grad_end();
     em_scope_end();
-    free(e);
+    free(ps);
+    free(gs);
+    free(nbytes);
+    free(dts);
     return st;
 }

@@ -35,9 +35,29 @@ typedef struct em__ar_target {
     void **fence;               /* NULL, or the step fence (em__fence_signal) to signal before the last bucket */
 } em__ar_target;
 /* Buckets the gradients of @p params (reverse order, zeros for missing ones,
- * float32/float64) and submits one reduction task per bucket to @p tg; the
- * entries of @p g become views of the reduced buckets. Only submits. */
+ * float32/float64; em__dist_bucket_end) and submits one reduction task per
+ * bucket to @p tg, which averages its gradients in place (after
+ * em__dist_own_grads). Only submits. */
 em_status em__dist_reduce_grads(em_grads *g, em_tensor *const *params, int n, const em__ar_target *tg);
+
+/* PyTorch DDP's first bucket cap (torch.distributed's
+ * _DEFAULT_FIRST_BUCKET_BYTES): small, so the first reduction starts early. */
+#define EM_DIST_FIRST_BUCKET_BYTES ((size_t)1 << 20)
+/* The bucket that starts at gradient @p lo of a list of @p n (nbytes[i],
+ * dtypes[i] per gradient, in reduction order) ends before the returned
+ * index. PyTorch DDP's rule (reducer.cpp, compute_bucket_assignment_by_size):
+ * gradients join the open bucket until it holds at least its cap
+ * (EM_DIST_FIRST_BUCKET_BYTES, or less when em_dist_get_bucket_bytes() is
+ * smaller, for the first bucket; em_dist_get_bucket_bytes() after), so a
+ * gradient larger than the cap closes the bucket it joins; a change of
+ * dtype closes it too. Cap 0: one gradient per bucket. */
+int em__dist_bucket_end(const size_t *nbytes, const em_dtype *dtypes, int lo, int n);
+/* Makes grads[lo..hi) (the gradients of params[lo..hi) in @p g) safe to
+ * average in place: a gradient that is not contiguous, shares its storage
+ * (another tensor sees it) or is also grads[j] for some j in (k, n) is
+ * replaced, in @p g and grads[], by a contiguous private copy (a COPY task
+ * on the current device). */
+em_status em__dist_own_grads(em_grads *g, const em_tensor *const *params, em_tensor **grads, int lo, int hi, int n);
 
 /* A module's parameters then buffers, in visiting order, with their keys
  * (copied). */

@@ -4,13 +4,13 @@
  * on the rank's CUDA worker instead of a CPU worker, and its CUDA
  * implementation queues everything on starpu_cuda_get_local_stream() without
  * waiting (STARPU_CUDA_ASYNC):
- *   1. packing: one cudaMemcpyAsync device-to-device per gradient into the
- *      flat bucket (none for a bucket reduced in place);
- *   2. ncclAllReduce(in place, ncclAvg): the sum over ranks scaled by
- *      1/world in the same pass (for floating types NCCL multiplies each
- *      contribution by 1/world while summing, so no separate scaling kernel
- *      and no second pass over the bucket; needs NCCL >= 2.10);
- *   3. cudaLaunchHostFunc: clears the watchdog slot once the collective has
+ *   1. ncclAllReduce(in place, ncclAvg) of each gradient of the bucket, all
+ *      in one ncclGroupStart/End (NCCL aggregates them into one launch; no
+ *      packing copies): the sum over ranks scaled by 1/world in the same
+ *      pass (for floating types NCCL multiplies each contribution by
+ *      1/world while summing, so no separate scaling kernel and no second
+ *      pass over the gradients; needs NCCL >= 2.10);
+ *   2. cudaLaunchHostFunc: clears the watchdog slot once the collective has
  *      completed on the GPU, so a peer that dies or hangs still ends the job
  *      after EMBER_DIST_TIMEOUT (the NCCL kernel would wait forever).
  * The chain token of allreduce.c still serialises the bucket tasks in
@@ -118,16 +118,10 @@ void em__dist_nccl_init(void)
 }
 void em__dist_nccl_shutdown(void) {}
 int em__dist_nccl_worker(void) { return -1; }
-void em__dist_nccl_pack(void *dst, const void *src, size_t nbytes)
+void em__dist_nccl_allreduce_mean(const em__nccl_piece *p, int m, bool f64, void *comm, bool watch)
 {
-    (void)dst;
-    (void)src;
-    (void)nbytes;
-}
-void em__dist_nccl_allreduce_mean(void *buf, int64_t count, bool f64, void *comm, bool watch)
-{
-    (void)buf;
-    (void)count;
+    (void)p;
+    (void)m;
     (void)f64;
     (void)comm;
     (void)watch;
@@ -147,10 +141,10 @@ void em__dist_nccl_local_destroy(void **comms, void **streams, int n)
     (void)streams;
     (void)n;
 }
-void em__dist_nccl_group_allreduce_mean(void *const *bufs, int64_t count, bool f64, void *const *comms, void *const *streams, int n)
+void em__dist_nccl_group_allreduce_mean(const em__nccl_piece *p, int m, bool f64, void *const *comms, void *const *streams, int n)
 {
-    (void)bufs;
-    (void)count;
+    (void)p;
+    (void)m;
     (void)f64;
     (void)comms;
     (void)streams;
@@ -426,19 +420,22 @@ void em__dist_nccl_local_destroy(void **comms, void **streams, int n)
     }
 }
 
-void em__dist_nccl_group_allreduce_mean(void *const *bufs, int64_t count, bool f64, void *const *comms, void *const *streams, int n)
+void em__dist_nccl_group_allreduce_mean(const em__nccl_piece *p, int m, bool f64, void *const *comms, void *const *streams, int n)
 {
     ncclResult_t r = nc.GroupStart();
-    for (int i = 0; i < n && r == ncclSuccess; i++)
-        r = nc.AllReduce(bufs[i], bufs[i], (size_t)count, f64 ? ncclFloat64 : ncclFloat32, ncclAvg, (ncclComm_t)comms[i],
-                         (cudaStream_t)streams[i]);
+    for (int j = 0; j < m && r == ncclSuccess; j++)
+        for (int k = 0; k < n && r == ncclSuccess; k++) {
+            const em__nccl_piece *q = &p[(size_t)j * (size_t)n + (size_t)k];
+            r = nc.AllReduce(q->ptr, q->ptr, (size_t)q->count, f64 ? ncclFloat64 : ncclFloat32, ncclAvg, (ncclComm_t)comms[k],
+                             (cudaStream_t)streams[k]);
+        }
     ncclResult_t r2 = nc.GroupEnd();
     if (r != ncclSuccess) fatal("ncclAllReduce (replicas)", nc.GetErrorString(r));
     if (r2 != ncclSuccess) fatal("ncclGroupEnd (replicas)", nc.GetErrorString(r2));
     /* No time limit here, unlike the cross-rank path and its watchdog: a
      * collective that never completes blocks this CPU worker. */
-    for (int i = 0; i < n; i++) {
-        cudaError_t e = cudaStreamSynchronize((cudaStream_t)streams[i]);
+    for (int k = 0; k < n; k++) {
+        cudaError_t e = cudaStreamSynchronize((cudaStream_t)streams[k]);
         if (e != cudaSuccess) fatal("cudaStreamSynchronize after ncclAllReduce (replicas)", cudaGetErrorString(e));
     }
 }
@@ -458,19 +455,12 @@ static void CUDART_CB watch_end_cb(void *arg)
     em__dist_watch_end(EM_DIST_SLOT_GRAD);
 }
 
-void em__dist_nccl_pack(void *dst, const void *src, size_t nbytes)
+void em__dist_nccl_allreduce_mean(const em__nccl_piece *p, int m, bool f64, void *comm, bool watch)
 {
-    if (nbytes == 0) return;
-    cudaError_t e = cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyDeviceToDevice, starpu_cuda_get_local_stream());
-    if (e != cudaSuccess) fatal("cudaMemcpyAsync (packing a gradient)", cudaGetErrorString(e));
-}
-
-void em__dist_nccl_allreduce_mean(void *buf, int64_t count, bool f64, void *comm, bool watch)
-{
-    /* The collective runs on the high-priority stream, fenced by events on
-     * both sides: it starts after the worker's stream has packed the bucket,
-     * and the worker's stream (whose completion StarPU tracks) waits for it.
-     * Its kernels then get the SMs before the backward GEMMs and optimizer
+    /* The collectives run on the high-priority stream, fenced by events on
+     * both sides: they start after the work already queued on the worker's
+     * stream, and that stream (whose completion StarPU tracks) waits for
+     * them. Their kernels then get the SMs before the backward GEMMs and optimizer
      * updates that run at the same time on the ops worker's stream, which
      * otherwise delay the last buckets, the ones on the critical path. */
     cudaStream_t s = starpu_cuda_get_local_stream(), cs = s;
@@ -480,9 +470,13 @@ void em__dist_nccl_allreduce_mean(void *buf, int64_t count, bool f64, void *comm
             fatal("ordering the collective stream", cudaGetErrorString(cudaGetLastError()));
     }
     if (watch) em__dist_watch_begin(EM_DIST_SLOT_GRAD, "gradient all-reduce (NCCL)");
-    ncclResult_t r = nc.AllReduce(buf, buf, (size_t)count, f64 ? ncclFloat64 : ncclFloat32, ncclAvg,
-                                  comm ? (ncclComm_t)comm : g_comm, cs);
+    ncclResult_t r = nc.GroupStart();
+    for (int j = 0; j < m && r == ncclSuccess; j++)
+        r = nc.AllReduce(p[j].ptr, p[j].ptr, (size_t)p[j].count, f64 ? ncclFloat64 : ncclFloat32, ncclAvg,
+                         comm ? (ncclComm_t)comm : g_comm, cs);
+    ncclResult_t r2 = nc.GroupEnd();
     if (r != ncclSuccess) fatal("ncclAllReduce", nc.GetErrorString(r));
+    if (r2 != ncclSuccess) fatal("ncclGroupEnd", nc.GetErrorString(r2));
     if (watch) {
         cudaError_t e = cudaLaunchHostFunc(cs, watch_end_cb, NULL);
         if (e != cudaSuccess) {

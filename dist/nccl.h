@@ -54,23 +54,32 @@ int em__dist_collective_worker(int ops_worker);
 bool em__dist_nccl_local_init(const int *devs, int n, void **comms, void **streams, char *why, size_t nwhy);
 /** Destroys communicators and streams from em__dist_nccl_local_init (after em_sync). */
 void em__dist_nccl_local_destroy(void **comms, void **streams, int n);
-/** From ONE thread (a CPU worker): in-place ncclAvg of @p count elements of
- *  bufs[i] (device pointers, GPU i) over the n GPUs, launched together in one
- *  ncclGroupStart/End on the private streams, then waits for the streams.
- *  Launching every GPU's part at once from one thread is what keeps a
- *  single process safe: with one launch per GPU from different threads, a
- *  GPU whose collective already runs waits for a launch that another
- *  thread's CUDA call (a cudaFree synchronising a device) can hold up
- *  (seen: a hang with staggered launches). Aborts the process on failure. */
-void em__dist_nccl_group_allreduce_mean(void *const *bufs, int64_t count, bool f64, void *const *comms, void *const *streams, int n);
+/** One gradient of a bucket for the kernels below: @p count float32 (or
+ *  float64) elements at device pointer @p ptr, averaged in place. */
+typedef struct em__nccl_piece {
+    void *ptr;
+    int64_t count;
+} em__nccl_piece;
 
-/* Called by the CUDA implementation of the bucket task, on that worker:
- * both queue work on starpu_cuda_get_local_stream() and return at once. */
-/** Device-to-device copy of @p nbytes (packing a gradient into the bucket). */
-void em__dist_nccl_pack(void *dst, const void *src, size_t nbytes);
-/** In-place mean over the ranks of @p comm (NULL: the process communicator
- *  of em__dist_nccl_init) of @p count float32 (or float64) elements; @p watch:
+/** From ONE thread (a CPU worker): in-place ncclAvg of a bucket of @p m
+ *  gradients over the n GPUs: p[j * n + k] is gradient j on GPU k (comms[k],
+ *  streams[k]). Every GPU's collectives are launched together in one
+ *  ncclGroupStart/End on the private streams (NCCL aggregates the m
+ *  gradients into one launch per GPU, no packing copies), then this waits
+ *  for the streams. Launching every GPU's part at once from one thread is
+ *  what keeps a single process safe: with one launch per GPU from different
+ *  threads, a GPU whose collective already runs waits for a launch that
+ *  another thread's CUDA call (a cudaFree synchronising a device) can hold
+ *  up (seen: a hang with staggered launches). Aborts the process on
+ *  failure. */
+void em__dist_nccl_group_allreduce_mean(const em__nccl_piece *p, int m, bool f64, void *const *comms, void *const *streams, int n);
+
+/** Called by the CUDA implementation of the bucket task, on that worker;
+ *  queues work and returns at once: the in-place mean over the ranks of
+ *  @p comm (NULL: the process communicator of em__dist_nccl_init) of the
+ *  @p m gradients @p p, in one NCCL group on the collective stream, ordered
+ *  after starpu_cuda_get_local_stream() and before its next work; @p watch:
  *  under the collective watchdog. */
-void em__dist_nccl_allreduce_mean(void *buf, int64_t count, bool f64, void *comm, bool watch);
+void em__dist_nccl_allreduce_mean(const em__nccl_piece *p, int m, bool f64, void *comm, bool watch);
 
 #endif

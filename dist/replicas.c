@@ -2,15 +2,14 @@
  * the API and the two reduction paths are described in include/ember/dist.h).
  *
  * NCCL path. Gradients are bucketed as across ranks (reverse parameter order,
- * em_dist_get_bucket_bytes). Per bucket and replica, COPY tasks on the
- * replica's device pack its gradients into a flat bucket (none for a bucket of
- * one gradient that owns its storage); then ONE task per bucket, on a CPU
- * worker, gets every replica's bucket in that replica's GPU memory (StarPU
- * codelet specific_nodes) and launches the in-place ncclAvg on all GPUs in
- * one NCCL group, on private streams, and waits for them. One launch for all
- * GPUs from one thread is what a single process needs (see nccl.h); the
- * group tasks are chained by a token, so collectives keep submission order.
- * Each replica's gradients become views of its reduced bucket.
+ * em__dist_bucket_end) and averaged in place, without packing (a gradient
+ * that does not own its storage is first copied: em__dist_own_grads). ONE
+ * task per bucket, on a CPU worker, gets every replica's gradients of the
+ * bucket in that replica's GPU memory (StarPU codelet specific_nodes) and
+ * launches the in-place ncclAvg of all of them on all GPUs in one NCCL
+ * group, on private streams, and waits for them. One launch for all GPUs
+ * from one thread is what a single process needs (see nccl.h); the group
+ * tasks are chained by a token, so collectives keep submission order.
  *
  * The last reduction signals each replica's step fence first (see
  * em_dist_allreduce_grads in include/ember/dist.h).
@@ -41,8 +40,8 @@ struct em_replicas {
     void **comms;               /* [nccl] [n] one communicator per GPU */
     void **streams;             /* [nccl] [n] private stream per GPU */
     starpu_data_handle_t token; /* [nccl] chains the group tasks */
-    struct starpu_codelet cl;   /* [nccl] the group task: n buckets on their GPUs + token */
-    int *nodes;                 /* [nccl] [n + 1] memory node of each buffer (cl.dyn_nodes) */
+    struct starpu_codelet cl;   /* [nccl] the group task: token, then gradient j of replica k as buffer 1 + j * n + k */
+    int *nodes;                 /* [nccl] [1 + n * np] memory node of each buffer (cl.dyn_nodes) */
     /* em_replicas_run: threads 1..n-1, one job at a time */
     pthread_t *threads;
     int nthreads;                /* started */
@@ -61,21 +60,22 @@ struct em_replicas {
     void **fences;               /* [n] step fence of each replica (em__fence_signal) */
 };
 
-/* [nccl] Arguments of one group task. */
+/* [nccl] Arguments of one group task (one allocation): entry j * n + k is
+ * gradient j of the bucket on replica k, buffer 1 + j * n + k. */
 typedef struct group_args {
     const em_replicas *r;
-    int64_t count;
-    int32_t f64;
-    int64_t offset[]; /* [n] element offset of the bucket in each buffer */
+    int32_t f64, m;          /* dtype; gradients per replica */
+    int64_t *offset;         /* [m * n] elements, where each gradient starts in its buffer */
+    em__nccl_piece pieces[]; /* [m * n] element counts; the kernel fills in the pointers */
 } group_args;
 
 static void group_allreduce_cpu(void *buffers[], void *cl_arg)
 {
-    const group_args *a = cl_arg;
+    group_args *a = cl_arg;
     size_t es = a->f64 ? sizeof(double) : sizeof(float);
-    void *bufs[EM_REPLICAS_MAX];
-    for (int k = 0; k < a->r->n; k++) bufs[k] = (char *)STARPU_VECTOR_GET_PTR(buffers[k]) + (size_t)a->offset[k] * es;
-    em__dist_nccl_group_allreduce_mean(bufs, a->count, a->f64 != 0, a->r->comms, a->r->streams, a->r->n);
+    int total = a->m * a->r->n;
+    for (int i = 0; i < total; i++) a->pieces[i].ptr = (char *)STARPU_VECTOR_GET_PTR(buffers[1 + i]) + (size_t)a->offset[i] * es;
+    em__dist_nccl_group_allreduce_mean(a->pieces, a->m, a->f64 != 0, a->r->comms, a->r->streams, a->r->n);
 }
 
 /* The functions below switch devices with em_set_device; inside a guard
@@ -216,10 +216,11 @@ static bool setup_nccl(em_replicas *r)
 {
     int devs[EM_REPLICAS_MAX];
     char why[512] = "";
+    int node[EM_REPLICAS_MAX];
+    r->nodes = calloc(1 + (size_t)r->n * (size_t)(r->np > 0 ? r->np : 1), sizeof *r->nodes);
+    if (!r->nodes) return false;
     dev_guard guard = guard_begin();
     bool ok = true;
-    r->nodes = calloc((size_t)r->n + 1, sizeof *r->nodes);
-    if (!r->nodes) return false;
     for (int k = 0; k < r->n && ok; k++) {
         if (r->devs[k].kind != EM_DEVICE_CUDA || em_set_device(r->devs[k]) != EM_OK) {
             snprintf(why, sizeof why, "not every replica is on a CUDA device");
@@ -228,7 +229,7 @@ static bool setup_nccl(em_replicas *r)
         }
         int w = em__placement().worker;
         devs[k] = w >= 0 ? starpu_worker_get_devid(w) : -1;
-        r->nodes[k] = w >= 0 ? (int)starpu_worker_get_memory_node((unsigned)w) : -1;
+        node[k] = w >= 0 ? (int)starpu_worker_get_memory_node((unsigned)w) : -1;
         if (w < 0) {
             snprintf(why, sizeof why, "replica %d has no CUDA worker", k);
             ok = false;
@@ -248,11 +249,12 @@ static bool setup_nccl(em_replicas *r)
                    "replicas: %s: gradients are averaged by ADD/COPY tasks through device 0 instead of NCCL", why);
         return false;
     }
-    r->nodes[r->n] = STARPU_SPECIFIC_NODE_CPU; /* the token (no data) */
+    r->nodes[0] = STARPU_SPECIFIC_NODE_CPU; /* the token (no data) */
+    for (size_t i = 0; i < (size_t)r->n * (size_t)(r->np > 0 ? r->np : 1); i++) r->nodes[1 + i] = node[i % (size_t)r->n];
     starpu_codelet_init(&r->cl);
     r->cl.where = STARPU_CPU;
     r->cl.cpu_funcs[0] = group_allreduce_cpu;
-    r->cl.nbuffers = r->n + 1;
+    r->cl.nbuffers = STARPU_VARIABLE_NBUFFERS;
     r->cl.specific_nodes = 1;
     r->cl.dyn_nodes = r->nodes;
     r->cl.name = "replicas_nccl_allreduce_mean";
@@ -494,16 +496,16 @@ static em_tensor *grad_or_zeros(em_grads *g, const em_tensor *p)
     return em_grad(g, p);
 }
 
-/* Step fences: once replica k's tensor after[k] (its part of the last
- * reduction, whose gradients backward produces last) exists, replica k's
+/* Step fences: once replica k's tensors after[k][0..cnt) (its part of the
+ * last reduction, whose gradients backward produces last) exist, replica k's
  * fence is signalled and set on g[k]: em_optim_step then waits for the end
  * of backward (see there). Submitted before the reduction that may write
- * after[k] in place. */
-static em_status signal_fences(em_replicas *r, em_grads *const *g, em_tensor *const *after)
+ * them in place. */
+static em_status signal_fences(em_replicas *r, em_grads *const *g, em_tensor *const *const *after, int cnt)
 {
     em_status st = EM_OK;
     for (int k = 0; k < r->n && st == EM_OK; k++) {
-        st = em__fence_signal(&r->fences[k], &after[k], 1);
+        st = em__fence_signal(&r->fences[k], after[k], cnt);
         if (st == EM_OK) em__grads_set_fence(g[k], &r->fences[k]);
     }
     return st;
@@ -531,7 +533,11 @@ static em_status reduce_with_tasks(em_replicas *r, em_grads *const *g)
                                    i, em_dtype_name(dt));
         }
         if (st != EM_OK) break;
-        if (i == first && em__fences_on()) st = signal_fences(r, g, gk);
+        if (i == first && em__fences_on()) {
+            em_tensor *const *after[EM_REPLICAS_MAX];
+            for (int k = 0; k < n; k++) after[k] = &gk[k];
+            st = signal_fences(r, g, after, 1);
+        }
         if (st == EM_OK) st = em_set_device(r->devs[0]);
         em_tensor *sum = st == EM_OK ? gk[0] : NULL;
         for (int k = 1; k < n && sum; k++) sum = em_add(sum, gk[k]);
@@ -551,168 +557,127 @@ static em_status reduce_with_tasks(em_replicas *r, em_grads *const *g)
     return st;
 }
 
-/* [nccl] May replica k's gradient @p t be reduced where it lies (a bucket of
- * one)? Only when nothing else sees its storage: contiguous, alone on it,
- * and not also the gradient of another parameter of the same replica. */
-static bool own_storage(em_replicas *r, em_grads *gk, int k, const em_tensor *t)
+/* [nccl] Gradients [lo, hi) of the reverse-order lists as one bucket: replica
+ * k's are gs[k * stride + lo .. hi), of parameters ps[k * stride + ...], out
+ * of m per replica.
+ * Each replica's gradients are made its own (em__dist_own_grads), the last
+ * bucket (@p last) signals the step fences, then ONE group task averages
+ * them all in place. */
+static em_status nccl_bucket(em_replicas *r, em_grads *const *g, const em_tensor **ps, em_tensor **gs, int stride, int m, int lo,
+                             int hi, bool last)
 {
-    if (!em__covers_storage(t) || __atomic_load_n(&t->storage->refcount, __ATOMIC_RELAXED) != 1) return false;
-    int hits = 0;
-    for (int i = 0; i < r->np; i++) hits += em_grad(gk, r->params[(size_t)k * (size_t)r->np + (size_t)i]) == t;
-    return hits == 1;
-}
-
-/* [nccl] Parameters [lo, hi) of the reverse-order list @p idx as one bucket:
- * pack per replica, one group task, views back. The last bucket (@p last)
- * signals the step fences once packed (see signal_fences). */
-static em_status nccl_bucket(em_replicas *r, em_grads *const *g, const int *idx, int lo, int hi, bool last)
-{
-    const int n = r->n, np = r->np;
-    em_tensor *buf[EM_REPLICAS_MAX] = {0};
-    group_args *a = malloc(sizeof *a + sizeof(int64_t) * (size_t)n);
-    if (!a) return em__set_error(EM_ERR_NOMEM, "out of memory");
+    const int n = r->n, cnt = hi - lo;
     em_status st = EM_OK;
-    int64_t total = 0;
-    em_dtype dt = EM_F32;
     for (int k = 0; k < n && st == EM_OK; k++) {
         st = em_set_device(r->devs[k]);
-        em_tensor *first = st == EM_OK ? em_grad(g[k], r->params[(size_t)k * (size_t)np + (size_t)idx[lo]]) : NULL;
-        dt = first ? em_tensor_dtype(first) : EM_F32;
-        if (hi - lo == 1 && first && own_storage(r, g[k], k, first)) { /* in place */
-            buf[k] = em_tensor_retain(first);
-            a->offset[k] = first->offset;
-            total = em_tensor_numel(first);
-            continue;
-        }
-        /* pack: one FILL + one COPY per gradient into a flat tensor (em_cat of the flattened gradients) */
-        em_tensor *flat_in[64], **fl = hi - lo <= 64 ? flat_in : malloc(sizeof *fl * (size_t)(hi - lo));
-        if (!fl) {
-            st = em__set_error(EM_ERR_NOMEM, "out of memory");
-            break;
-        }
-        for (int j = lo; j < hi && st == EM_OK; j++) {
-            em_tensor *gr = em_grad(g[k], r->params[(size_t)k * (size_t)np + (size_t)idx[j]]);
-            int64_t cnt = em_tensor_numel(gr);
-            fl[j - lo] = em_reshape(em_contiguous(gr), &cnt, 1);
-            if (!fl[j - lo]) st = em_last_status();
-        }
-        em_tensor *flat = st == EM_OK ? em_cat(fl, hi - lo, 0) : NULL;
-        if (fl != flat_in) free(fl);
-        if (!flat) {
-            st = em_last_status();
-            break;
-        }
-        total = em_tensor_numel(flat);
-        em_tensor_retain(flat); /* buf[] holds a reference (released below) */
-        buf[k] = flat;
-        a->offset[k] = 0;
+        if (st == EM_OK) st = em__dist_own_grads(g[k], ps + (size_t)k * (size_t)stride, gs + (size_t)k * (size_t)stride, lo, hi, m);
     }
-    /* The fence follows the packing: the optimizer updates it releases then
-     * come after the packing copies on each GPU instead of before them. */
-    if (st == EM_OK && last && em__fences_on()) st = signal_fences(r, g, buf);
-    if (st == EM_OK) { /* one NCCL group for all GPUs: buckets RW on their own GPUs, then the token */
-        a->r = r;
-        a->count = total;
-        a->f64 = dt == EM_F64;
-        struct starpu_task *task = starpu_task_create();
-        starpu_data_handle_t *dh = NULL;
-        enum starpu_data_access_mode *dm = NULL;
-        int nb = n + 1;
-        if (task && nb > STARPU_NMAXBUFS) {
-            dh = malloc(sizeof *dh * (size_t)nb);
-            dm = malloc(sizeof *dm * (size_t)nb);
-        }
-        if (!task || (nb > STARPU_NMAXBUFS && (!dh || !dm))) {
-            free(dh);
-            free(dm);
-            if (task) {
-                task->destroy = 0;
-                starpu_task_destroy(task);
-            }
-            st = em__set_error(EM_ERR_NOMEM, "out of memory creating a task");
-        } else {
-            starpu_data_handle_t *H = dh ? dh : task->handles;
-            enum starpu_data_access_mode *M = dm ? dm : task->modes;
-            for (int k = 0; k < n; k++) {
-                H[k] = buf[k]->storage->handle;
-                M[k] = STARPU_RW;
-            }
-            H[n] = r->token;
-            M[n] = STARPU_RW;
-            task->dyn_handles = dh;
-            task->dyn_modes = dm;
-            task->cl = &r->cl;
-            task->cl_arg = a;
-            task->cl_arg_size = sizeof *a + sizeof(int64_t) * (size_t)n;
-            task->cl_arg_free = 1;
-            task->priority = STARPU_MAX_PRIO;
-            task->detach = 1;
-            a = NULL; /* the task owns it */
-            em__trace_attach(task);
-            int ret = starpu_task_submit(task);
-            if (ret != 0) {
-                task->destroy = 0;
-                starpu_task_destroy(task);
-                st = em__set_error(EM_ERR_RUNTIME, "replicas: NCCL group task submission failed (%d)", ret);
-            } else {
-                __atomic_add_fetch(&em__tasks, 1, __ATOMIC_RELAXED);
-            }
-        }
+    if (st == EM_OK && last && em__fences_on()) {
+        em_tensor *const *after[EM_REPLICAS_MAX];
+        for (int k = 0; k < n; k++) after[k] = gs + (size_t)k * (size_t)stride + lo;
+        st = signal_fences(r, g, after, cnt);
     }
-    /* each replica's gradients become views of its reduced bucket */
-    for (int k = 0; k < n && st == EM_OK; k++) {
-        if (hi - lo == 1 && em_grad(g[k], r->params[(size_t)k * (size_t)np + (size_t)idx[lo]]) == buf[k]) continue; /* in place */
-        int64_t off = 0;
-        for (int j = lo; j < hi && st == EM_OK; j++) {
-            const em_tensor *p = r->params[(size_t)k * (size_t)np + (size_t)idx[j]];
-            int64_t strides[EM_MAX_DIMS];
-            em__contiguous_strides(p->shape, p->ndim, strides);
-            em_tensor *v = em__tensor_view(buf[k], p->shape, strides, p->ndim, off);
-            st = v ? em_grads_set(g[k], p, v) : em_last_status();
-            em_tensor_release(v);
-            off += em_tensor_numel(p);
-        }
+    if (st != EM_OK) return st;
+    /* one NCCL group for all GPUs: the token, then every gradient RW on its own GPU */
+    size_t total = (size_t)cnt * (size_t)n, asz = sizeof(group_args) + (sizeof(em__nccl_piece) + sizeof(int64_t)) * total;
+    int nb = 1 + (int)total;
+    group_args *a = calloc(1, asz);
+    struct starpu_task *task = a ? starpu_task_create() : NULL;
+    starpu_data_handle_t *dh = NULL;
+    enum starpu_data_access_mode *dm = NULL;
+    if (task && nb > STARPU_NMAXBUFS) { /* StarPU frees dyn_handles / dyn_modes with the task */
+        dh = malloc(sizeof *dh * (size_t)nb);
+        dm = malloc(sizeof *dm * (size_t)nb);
     }
-    for (int k = 0; k < n; k++) em_tensor_release(buf[k]);
-    free(a);
-    return st;
+    if (!task || (nb > STARPU_NMAXBUFS && (!dh || !dm))) {
+        free(a);
+        free(dh);
+        free(dm);
+        if (task) {
+            task->destroy = 0;
+            starpu_task_destroy(task);
+        }
+        return em__set_error(EM_ERR_NOMEM, "out of memory creating a task");
+    }
+    a->r = r;
+    a->f64 = em_tensor_dtype(gs[lo]) == EM_F64;
+    a->m = cnt;
+    a->offset = (int64_t *)(void *)&a->pieces[total];
+    starpu_data_handle_t *H = dh ? dh : task->handles;
+    enum starpu_data_access_mode *M = dm ? dm : task->modes;
+    H[0] = r->token;
+    M[0] = STARPU_RW;
+    for (int j = 0; j < cnt; j++)
+        for (int k = 0; k < n; k++) {
+            const em_tensor *t = gs[(size_t)k * (size_t)stride + (size_t)(lo + j)];
+            size_t e = (size_t)j * (size_t)n + (size_t)k;
+            H[1 + e] = t->storage->handle;
+            M[1 + e] = STARPU_RW;
+            a->offset[e] = t->offset;
+            a->pieces[e].count = em_tensor_numel(t);
+        }
+    task->dyn_handles = dh;
+    task->dyn_modes = dm;
+    task->nbuffers = nb;
+    task->cl = &r->cl;
+    task->cl_arg = a;
+    task->cl_arg_size = asz;
+    task->cl_arg_free = 1;
+    task->priority = STARPU_MAX_PRIO;
+    task->detach = 1;
+    em__trace_attach(task);
+    int ret = starpu_task_submit(task);
+    if (ret != 0) {
+        task->destroy = 0;
+        starpu_task_destroy(task);
+        return em__set_error(EM_ERR_RUNTIME, "replicas: NCCL group task submission failed (%d)", ret);
+    }
+    __atomic_add_fetch(&em__tasks, 1, __ATOMIC_RELAXED);
+    return EM_OK;
 }
 
-/* [nccl] Buckets of consecutive (reverse-order) parameters of one dtype up to
- * em_dist_get_bucket_bytes(), the same on every replica. */
+/* [nccl] Buckets of consecutive (reverse-order) gradients by DDP's rule
+ * (em__dist_bucket_end), the same on every replica. */
 static em_status reduce_with_nccl(em_replicas *r, em_grads *const *g)
 {
     const int n = r->n, np = r->np;
-    int *idx = malloc(sizeof *idx * (size_t)(np ? np : 1)), m = 0;
-    if (!idx) return em__set_error(EM_ERR_NOMEM, "out of memory");
-    em_status st = EM_OK;
+    const em_tensor **ps = malloc(sizeof *ps * (size_t)n * (size_t)np);
+    em_tensor **gs = malloc(sizeof *gs * (size_t)n * (size_t)np);
+    size_t *nbytes = malloc(sizeof *nbytes * (size_t)np);
+    em_dtype *dts = malloc(sizeof *dts * (size_t)np);
+    em_status st = ps && gs && nbytes && dts ? EM_OK : em__set_error(EM_ERR_NOMEM, "out of memory");
+    int m = 0; /* gradients per replica */
     for (int i = np - 1; i >= 0 && st == EM_OK; i--) {
         if (!em_requires_grad(r->params[i])) continue;
         for (int k = 0; k < n && st == EM_OK; k++) {
+            const em_tensor *p = r->params[(size_t)k * (size_t)np + (size_t)i];
             st = em_set_device(r->devs[k]);
-            em_tensor *gr = st == EM_OK ? grad_or_zeros(g[k], r->params[(size_t)k * (size_t)np + (size_t)i]) : NULL;
+            em_tensor *gr = st == EM_OK ? grad_or_zeros(g[k], p) : NULL;
             if (st == EM_OK && !gr) st = em_last_status();
             em_dtype dt = gr ? em_tensor_dtype(gr) : EM_F32;
             if (st == EM_OK && (dt != em_tensor_dtype(r->params[i]) || (dt != EM_F32 && dt != EM_F64)))
                 st = em__set_error(EM_ERR_DTYPE, "em_replicas_allreduce_grads: gradient of parameter %d has dtype %s (float32/float64 "
                                    "of the parameter's dtype only)", i, em_dtype_name(dt));
+            if (st == EM_OK) {
+                ps[(size_t)k * (size_t)np + (size_t)m] = p;
+                gs[(size_t)k * (size_t)np + (size_t)m] = gr;
+            }
         }
-        idx[m++] = i;
-    }
-    size_t cap = em_dist_get_bucket_bytes(), bytes = 0;
-    int lo = 0;
-    for (int j = 0; j < m && st == EM_OK; j++) {
-        const em_tensor *p = r->params[idx[j]];
-        size_t nb = (size_t)em_tensor_numel(p) * em_dtype_size(em_tensor_dtype(p));
-        if (j > lo && (em_tensor_dtype(r->params[idx[lo]]) != em_tensor_dtype(p) || bytes + nb > cap)) {
-            st = nccl_bucket(r, g, idx, lo, j, false);
-            lo = j;
-            bytes = 0;
+        if (st == EM_OK) {
+            dts[m] = em_tensor_dtype(r->params[i]);
+            nbytes[m] = (size_t)em_tensor_numel(r->params[i]) * em_dtype_size(dts[m]);
+            m++;
         }
-        bytes += nb;
     }
-    if (st == EM_OK && m > lo) st = nccl_bucket(r, g, idx, lo, m, true);
-    free(idx);
+    for (int lo = 0; lo < m && st == EM_OK;) {
+        int hi = em__dist_bucket_end(nbytes, dts, lo, m);
+        st = nccl_bucket(r, g, ps, gs, np, m, lo, hi, hi == m);
+        lo = hi;
+    }
+    free(ps);
+    free(gs);
+    free(nbytes);
+    free(dts);
     return st;
 }
 

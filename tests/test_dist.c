@@ -123,6 +123,45 @@ static void test_allreduce_values(void **state)
     assert_true(all_ok(ok));
 }
 
+/* Gradients are averaged in place, so one that does not own its storage is
+ * copied first: a gradient that is a view into a tensor the caller keeps
+ * leaves that tensor untouched, and one tensor that is the gradient of two
+ * parameters is averaged once and stays shared by value. */
+static void test_allreduce_in_place_safety(void **state)
+{
+    (void)state;
+    double c = 1 + g_rank, want = (g_world + 1) / 2.0;
+    bool ok = true;
+    const size_t modes[] = {0, (size_t)1 << 20};
+    for (size_t mi = 0; mi < sizeof modes / sizeof modes[0]; mi++) {
+        em_dist_set_bucket_bytes(modes[mi]);
+        em_scope_begin();
+        em_tensor *pa = em_zeros(SHAPE(3, 5), 2, EM_F32), *pb = em_zeros(SHAPE(3, 5), 2, EM_F32), *pc = em_zeros(SHAPE(6), 1, EM_F32);
+        em_tensor *params[3] = {pa, pb, pc};
+        for (int i = 0; i < 3; i++) em_set_requires_grad(params[i], true);
+        em_grads *g = em_grads_new();
+        em_tensor *shared = em_full(SHAPE(3, 5), 2, EM_F32, c);
+        em_tensor *big = em_full(SHAPE(12), 1, EM_F32, c); /* the caller's tensor; pc's gradient is a view of it */
+        ok = ok && g && shared && big && em_grads_set(g, pa, shared) == EM_OK && em_grads_set(g, pb, shared) == EM_OK &&
+             em_grads_set(g, pc, em_narrow(big, 0, 3, 6)) == EM_OK;
+        ok = ok && em_dist_allreduce_grads(g, params, 3) == EM_OK;
+        for (int i = 0; i < 3 && ok; i++) {
+            double *v = em_test_values(em_grad(g, params[i]));
+            ok = v != NULL;
+            for (int64_t j = 0; ok && j < em_tensor_numel(params[i]); j++) ok = fabs(v[j] - want) < 1e-6;
+            free(v);
+        }
+        double *b = ok ? em_test_values(big) : NULL;
+        ok = ok && b;
+        for (int64_t j = 0; ok && j < 12; j++) ok = b[j] == c;
+        free(b);
+        em_grads_free(g);
+        em_scope_end();
+    }
+    em_dist_set_bucket_bytes((size_t)1 << 20);
+    assert_true(all_ok(ok));
+}
+
 /* K optimizer steps with the batch split across ranks give the parameters of
  * K single-process steps on the whole batch (loss = mean, so the mean of the
  * ranks' gradients is the full-batch gradient). A parameter unused by the
@@ -332,6 +371,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_rank_and_world),
         cmocka_unit_test(test_broadcast_params),
         cmocka_unit_test(test_allreduce_values),
+        cmocka_unit_test(test_allreduce_in_place_safety),
         cmocka_unit_test(test_steps_match_single_process),
         cmocka_unit_test(test_sharded_loader_covers_dataset),
         cmocka_unit_test(test_config_mismatch_detected),
