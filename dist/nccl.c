@@ -214,19 +214,28 @@ typedef struct nccl_job {
     ncclComm_t comm;
 } nccl_job;
 
-/* [nccl] The collectives' own stream, at the device's highest priority, and
+/* [nccl] The collectives' own stream (see prio_stream_new), and
  * two events that order it with the worker's stream (see
  * em__dist_nccl_allreduce_mean). Made on the NCCL worker, for its GPU. */
 static cudaStream_t g_prio_stream;
 static cudaEvent_t g_ev_ready, g_ev_done;
 
-/* A non-blocking stream at the GPU's highest priority (NULL on failure). */
+/* A non-blocking stream for the collectives (NULL on failure), at the
+ * default (lowest) priority, as the compute streams; EMBER_DIST_HIGH_PRIORITY=1:
+ * at the GPU's highest priority (for comparisons). With a high priority, the
+ * NCCL kernels took SMs as soon as any freed up, stretching the backward
+ * GEMM they overlap on the GPU that is behind (the critical one); at the
+ * default priority they fill the SMs that the GEMM's last wave leaves idle.
+ * 2 x H200, wide MLP, same lease: +5 % samples/s with mpirun, +9 % in one
+ * process (docs/benchmarks.md). */
 static cudaStream_t prio_stream_new(void)
 {
     int least = 0, greatest = 0;
     cudaStream_t s = NULL;
+    const char *env = getenv("EMBER_DIST_HIGH_PRIORITY");
+    bool high = env && *env && atoi(env) != 0;
     if (cudaDeviceGetStreamPriorityRange(&least, &greatest) != cudaSuccess ||
-        cudaStreamCreateWithPriority(&s, cudaStreamNonBlocking, greatest) != cudaSuccess) {
+        cudaStreamCreateWithPriority(&s, cudaStreamNonBlocking, high ? greatest : least) != cudaSuccess) {
         cudaGetLastError();
         return NULL;
     }
@@ -457,12 +466,11 @@ static void CUDART_CB watch_end_cb(void *arg)
 
 void em__dist_nccl_allreduce_mean(const em__nccl_piece *p, int m, bool f64, void *comm, bool watch)
 {
-    /* The collectives run on the high-priority stream, fenced by events on
-     * both sides: they start after the work already queued on the worker's
-     * stream, and that stream (whose completion StarPU tracks) waits for
-     * them. Their kernels then get the SMs before the backward GEMMs and optimizer
-     * updates that run at the same time on the ops worker's stream, which
-     * otherwise delay the last buckets, the ones on the critical path. */
+    /* The collectives run on their own stream (prio_stream_new), fenced by
+     * events on both sides: they start after the work already queued on the
+     * worker's stream, and that stream (whose completion StarPU tracks)
+     * waits for them. On the worker's own stream they would wait for every
+     * backward kernel queued before them. */
     cudaStream_t s = starpu_cuda_get_local_stream(), cs = s;
     if (g_prio_stream && !comm) {
         cs = g_prio_stream;

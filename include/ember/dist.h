@@ -18,14 +18,18 @@
  *     em_dist_shutdown();                              // em_shutdown, then MPI_Finalize
  *
  * Gradient averaging is made of StarPU tasks like every other op: gradients
- * are packed into flat buckets (COPY tasks), each bucket is reduced by one
- * task that calls MPI_Allreduce on its host buffer and scales by 1/world, and
- * the gradients handed to the optimizer become views of the reduced bucket.
- * Buckets follow reverse parameter order (the order backward produces them),
- * so a bucket is reduced as soon as its own gradients are ready while the
- * rest of backward still runs; the optimizer update of a parameter starts as
- * soon as its bucket is reduced. The reduction tasks are chained, so they
- * issue their collectives in the same order on every rank.
+ * are grouped into buckets, in reverse parameter order (the order backward
+ * produces them) and by PyTorch DDP's rule (a bucket closes once it holds at
+ * least the bucket size; the first one at 1 MiB), and ONE task per bucket
+ * averages its gradients in place: MPI_Allreduce on the host buffers and a
+ * scaling by 1/world, or, when every rank runs on a GPU and NCCL loads, the
+ * bucket's ncclAllReduce(ncclAvg) calls in one NCCL group on the GPU. Nothing
+ * is packed; a gradient that is not contiguous or shares its storage with
+ * another tensor is first replaced by a private copy. A bucket is reduced
+ * as soon as its own gradients are ready while the rest of backward still
+ * runs; the optimizer update of a parameter starts once its bucket is
+ * reduced. The reduction tasks are chained, so they issue their collectives
+ * in the same order on every rank.
  *
  * Collectives never hang forever: a watchdog thread aborts the whole job
  * (MPI_Abort, with a message naming the rank and the collective) when one
@@ -90,15 +94,17 @@ EM_API em_status em_dist_check_config(const em_module *m, const char *hparams);
 
 /** Bucket size for em_dist_allreduce_grads and the NCCL path of
  *  em_replicas_allreduce_grads, in bytes (default 25 MiB as PyTorch DDP's
- *  bucket_cap_mb, or EMBER_DIST_BUCKET_KB). 0: one reduction per gradient
- *  tensor. */
+ *  bucket_cap_mb, or EMBER_DIST_BUCKET_KB). As in DDP, gradients join a
+ *  bucket until it holds at least this many bytes (the first bucket closes
+ *  at 1 MiB, or this size when smaller), so a larger gradient ends the
+ *  bucket it joins. 0: one reduction per gradient tensor. */
 EM_API void em_dist_set_bucket_bytes(size_t nbytes);
 EM_API size_t em_dist_get_bucket_bytes(void);
 
 /** Averages the gradients of @p params (n tensors, the same list in the same
  *  order on every rank) across ranks, replacing each entry of @p g with the
- *  mean. Only submits tasks (copies into buckets, one MPI reduction task per
- *  bucket): it returns before backward's tasks have run, and the optimizer's
+ *  mean, in place. Only submits tasks (one reduction task per bucket; a COPY
+ *  first for a gradient that does not own its storage): it returns before backward's tasks have run, and the optimizer's
  *  tasks wait for the reductions through ordinary data dependencies.
  *  Parameters that do not require grad are skipped; a parameter that requires
  *  grad but got no gradient on this rank contributes zeros (and then has a
@@ -151,10 +157,10 @@ EM_API em_status em_dist_barrier(void);
  * does). Two reduction paths, chosen once by em_replicas_new:
  *  - NCCL, when every device is a distinct CUDA GPU, libnccl (>= 2.10)
  *    loads and a CPU worker exists: gradients are bucketed as across ranks
- *    (em_dist_get_bucket_bytes); per bucket, COPY tasks on each GPU pack its
- *    replica's gradients, then ONE task on a CPU worker launches the
- *    in-place ncclAllReduce(ncclAvg) of every GPU in one NCCL group, on
- *    high-priority private streams, and waits for it (one launch for all
+ *    (em_dist_get_bucket_bytes); per bucket, ONE task on a CPU worker
+ *    launches the in-place ncclAllReduce(ncclAvg) of every gradient of the
+ *    bucket on every GPU in one NCCL group, on private streams, and waits
+ *    for it (no packing; one launch for all
  *    GPUs from one thread: per-GPU launches from different threads hung);
  *  - tasks, otherwise (CPU, OpenCL, mixed devices, no NCCL): per gradient,
  *    the replicas' gradients are summed on device 0 by ADD tasks (StarPU moves
