@@ -485,6 +485,10 @@ void em__dist_nccl_allreduce_mean(const em__nccl_piece *p, int m, bool f64, void
     ncclResult_t r2 = nc.GroupEnd();
     if (r != ncclSuccess) fatal("ncclAllReduce", nc.GetErrorString(r));
     if (r2 != ncclSuccess) fatal("ncclGroupEnd", nc.GetErrorString(r2));
+    /* The worker's stream waits for the collectives only, not for the
+     * watchdog's host function queued after them (a host round trip). */
+    if (cs != s && (cudaEventRecord(g_ev_done, cs) != cudaSuccess || cudaStreamWaitEvent(s, g_ev_done, 0) != cudaSuccess))
+        fatal("ordering the collective stream", cudaGetErrorString(cudaGetLastError()));
     if (watch) {
         cudaError_t e = cudaLaunchHostFunc(cs, watch_end_cb, NULL);
         if (e != cudaSuccess) {
@@ -492,8 +496,6 @@ void em__dist_nccl_allreduce_mean(const em__nccl_piece *p, int m, bool f64, void
             cudaGetLastError();
         }
     }
-    if (cs != s && (cudaEventRecord(g_ev_done, cs) != cudaSuccess || cudaStreamWaitEvent(s, g_ev_done, 0) != cudaSuccess))
-        fatal("ordering the collective stream", cudaGetErrorString(cudaGetLastError()));
 }
 
 #endif /* EM_DIST_NCCL */
