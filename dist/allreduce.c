@@ -222,11 +222,20 @@ int em__dist_bucket_end(const size_t *nbytes, const em_dtype *dtypes, int lo, in
     return i;
 }
 
+bool em__dist_listed_later(em_tensor *const *params, int i, int n)
+{
+    for (int j = i + 1; j < n; j++)
+        if (params[j] == params[i]) return true;
+    return false;
+}
+
 em_status em__dist_own_grads(em_grads *g, const em_tensor *const *params, em_tensor **grads, int lo, int hi, int n)
 {
     for (int k = lo; k < hi; k++) {
         em_tensor *t = grads[k];
-        bool own = em__covers_storage(t) && __atomic_load_n(&t->storage->refcount, __ATOMIC_RELAXED) == 1;
+        /* the container's reference only: no caller, scope or other gradient sees it */
+        bool own = em__covers_storage(t) && __atomic_load_n(&t->storage->refcount, __ATOMIC_RELAXED) == 1 &&
+                   __atomic_load_n(&t->refcount, __ATOMIC_RELAXED) == 1;
         for (int i = k + 1; i < n && own; i++) own = grads[i] != t;
         if (own) continue;
         em_tensor *c = em_empty(em_tensor_shape(t), em_tensor_ndim(t), em_tensor_dtype(t));
@@ -305,7 +314,7 @@ em_status em__dist_reduce_grads(em_grads *g, em_tensor *const *params, int n, co
             st = em__set_error(EM_ERR_INVALID, "em_dist_allreduce_grads: parameter %d is NULL", i);
             break;
         }
-        if (!em_requires_grad(p)) continue;
+        if (!em_requires_grad(p) || em__dist_listed_later(params, i, n)) continue; /* a tied parameter is reduced once */
         em_tensor *gr = em_grad(g, p);
         if (!gr) {
             /* Unused on this rank: contribute zeros so every rank reduces the same list. */
@@ -317,9 +326,15 @@ em_status em__dist_reduce_grads(em_grads *g, em_tensor *const *params, int n, co
             gr = em_grad(g, p);
         }
         em_dtype dt = em_tensor_dtype(gr);
-        if (dt != EM_F32 && dt != EM_F64) {
-            st = em__set_error(EM_ERR_DTYPE, "em_dist_allreduce_grads: gradient of parameter %d has dtype %s (float32/float64 only)",
-                               i, em_dtype_name(dt));
+        if (dt != em_tensor_dtype(p) || (dt != EM_F32 && dt != EM_F64)) {
+            st = em__set_error(EM_ERR_DTYPE,
+                               "em_dist_allreduce_grads: gradient of parameter %d has dtype %s (float32/float64 of the "
+                               "parameter's dtype %s only)", i, em_dtype_name(dt), em_dtype_name(em_tensor_dtype(p)));
+            break;
+        }
+        if (em_tensor_numel(gr) != em_tensor_numel(p)) {
+            st = em__set_error(EM_ERR_SHAPE, "em_dist_allreduce_grads: gradient of parameter %d has %lld elements, the parameter %lld",
+                               i, (long long)em_tensor_numel(gr), (long long)em_tensor_numel(p));
             break;
         }
         ps[ne] = p;

@@ -52,11 +52,15 @@ em_status em__dist_reduce_grads(em_grads *g, em_tensor *const *params, int n, co
  * gradient larger than the cap closes the bucket it joins; a change of
  * dtype closes it too. Cap 0: one gradient per bucket. */
 int em__dist_bucket_end(const size_t *nbytes, const em_dtype *dtypes, int lo, int n);
+/* Does params[i] appear again in params[i+1 .. n)? (A parameter tied to
+ * another, e.g. shared weights, is listed twice; it is reduced once.) */
+bool em__dist_listed_later(em_tensor *const *params, int i, int n);
 /* Makes grads[lo..hi) (the gradients of params[lo..hi) in @p g) safe to
- * average in place: a gradient that is not contiguous, shares its storage
- * (another tensor sees it) or is also grads[j] for some j in (k, n) is
- * replaced, in @p g and grads[], by a contiguous private copy (a COPY task
- * on the current device). */
+ * average in place: a gradient that is not contiguous, shares its storage,
+ * is referenced by anything but the container (the caller, a scope,
+ * another container) or is also grads[j] for some j in (k, n) is replaced,
+ * in @p g and grads[], by a contiguous private copy (a COPY task on the
+ * current device). The parameters must be distinct. */
 em_status em__dist_own_grads(em_grads *g, const em_tensor *const *params, em_tensor **grads, int lo, int hi, int n);
 
 /* A module's parameters then buffers, in visiting order, with their keys

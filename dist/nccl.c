@@ -155,6 +155,12 @@ void em__dist_nccl_group_allreduce_mean(const em__nccl_piece *p, int m, bool f64
 
 static void fatal(const char *what, const char *err);
 
+/* Collectives per ncclGroupStart/End at most: NCCL documents a limit of
+ * 2048 operations in one group (older versions enforce it); a bucket of
+ * more gradients is launched as several consecutive groups, alike on every
+ * rank. */
+#define EM_NCCL_GROUP_OPS 1024
+
 static ncclComm_t g_comm;
 static int g_worker = -1; /* StarPU worker owning g_comm; -1: host MPI path */
 
@@ -431,16 +437,19 @@ void em__dist_nccl_local_destroy(void **comms, void **streams, int n)
 
 void em__dist_nccl_group_allreduce_mean(const em__nccl_piece *p, int m, bool f64, void *const *comms, void *const *streams, int n)
 {
-    ncclResult_t r = nc.GroupStart();
-    for (int j = 0; j < m && r == ncclSuccess; j++)
-        for (int k = 0; k < n && r == ncclSuccess; k++) {
-            const em__nccl_piece *q = &p[(size_t)j * (size_t)n + (size_t)k];
-            r = nc.AllReduce(q->ptr, q->ptr, (size_t)q->count, f64 ? ncclFloat64 : ncclFloat32, ncclAvg, (ncclComm_t)comms[k],
-                             (cudaStream_t)streams[k]);
-        }
-    ncclResult_t r2 = nc.GroupEnd();
-    if (r != ncclSuccess) fatal("ncclAllReduce (replicas)", nc.GetErrorString(r));
-    if (r2 != ncclSuccess) fatal("ncclGroupEnd (replicas)", nc.GetErrorString(r2));
+    int per = EM_NCCL_GROUP_OPS / n > 0 ? EM_NCCL_GROUP_OPS / n : 1; /* gradients per group */
+    for (int j0 = 0; j0 < m; j0 += per) {
+        ncclResult_t r = nc.GroupStart();
+        for (int j = j0; j < m && j < j0 + per && r == ncclSuccess; j++)
+            for (int k = 0; k < n && r == ncclSuccess; k++) {
+                const em__nccl_piece *q = &p[(size_t)j * (size_t)n + (size_t)k];
+                r = nc.AllReduce(q->ptr, q->ptr, (size_t)q->count, f64 ? ncclFloat64 : ncclFloat32, ncclAvg, (ncclComm_t)comms[k],
+                                 (cudaStream_t)streams[k]);
+            }
+        ncclResult_t r2 = nc.GroupEnd();
+        if (r != ncclSuccess) fatal("ncclAllReduce (replicas)", nc.GetErrorString(r));
+        if (r2 != ncclSuccess) fatal("ncclGroupEnd (replicas)", nc.GetErrorString(r2));
+    }
     /* No time limit here, unlike the cross-rank path and its watchdog: a
      * collective that never completes blocks this CPU worker. */
     for (int k = 0; k < n; k++) {
@@ -478,13 +487,15 @@ void em__dist_nccl_allreduce_mean(const em__nccl_piece *p, int m, bool f64, void
             fatal("ordering the collective stream", cudaGetErrorString(cudaGetLastError()));
     }
     if (watch) em__dist_watch_begin(EM_DIST_SLOT_GRAD, "gradient all-reduce (NCCL)");
-    ncclResult_t r = nc.GroupStart();
-    for (int j = 0; j < m && r == ncclSuccess; j++)
-        r = nc.AllReduce(p[j].ptr, p[j].ptr, (size_t)p[j].count, f64 ? ncclFloat64 : ncclFloat32, ncclAvg,
-                         comm ? (ncclComm_t)comm : g_comm, cs);
-    ncclResult_t r2 = nc.GroupEnd();
-    if (r != ncclSuccess) fatal("ncclAllReduce", nc.GetErrorString(r));
-    if (r2 != ncclSuccess) fatal("ncclGroupEnd", nc.GetErrorString(r2));
+    for (int j0 = 0; j0 < m; j0 += EM_NCCL_GROUP_OPS) {
+        ncclResult_t r = nc.GroupStart();
+        for (int j = j0; j < m && j < j0 + EM_NCCL_GROUP_OPS && r == ncclSuccess; j++)
+            r = nc.AllReduce(p[j].ptr, p[j].ptr, (size_t)p[j].count, f64 ? ncclFloat64 : ncclFloat32, ncclAvg,
+                             comm ? (ncclComm_t)comm : g_comm, cs);
+        ncclResult_t r2 = nc.GroupEnd();
+        if (r != ncclSuccess) fatal("ncclAllReduce", nc.GetErrorString(r));
+        if (r2 != ncclSuccess) fatal("ncclGroupEnd", nc.GetErrorString(r2));
+    }
     /* The worker's stream waits for the collectives only, not for the
      * watchdog's host function queued after them (a host round trip). */
     if (cs != s && (cudaEventRecord(g_ev_done, cs) != cudaSuccess || cudaStreamWaitEvent(s, g_ev_done, 0) != cudaSuccess))

@@ -518,10 +518,10 @@ static em_status reduce_with_tasks(em_replicas *r, em_grads *const *g)
     const int n = r->n, np = r->np;
     const double scale = 1.0 / (double)n;
     int first = 0; /* the last gradient reduced */
-    while (first < np && !em_requires_grad(r->params[first])) first++;
+    while (first < np && (!em_requires_grad(r->params[first]) || em__dist_listed_later(r->params, first, np))) first++;
     for (int i = np - 1; i >= 0 && st == EM_OK; i--) { /* last layers' gradients are ready first */
         const em_tensor *p0 = r->params[i];
-        if (!em_requires_grad(p0)) continue;
+        if (!em_requires_grad(p0) || em__dist_listed_later(r->params, i, np)) continue; /* tied: once */
         em_tensor *gk[EM_REPLICAS_MAX] = {0};
         for (int k = 0; k < n && st == EM_OK; k++) {
             st = em_set_device(r->devs[k]);
@@ -648,7 +648,7 @@ static em_status reduce_with_nccl(em_replicas *r, em_grads *const *g)
     em_status st = ps && gs && nbytes && dts ? EM_OK : em__set_error(EM_ERR_NOMEM, "out of memory");
     int m = 0; /* gradients per replica */
     for (int i = np - 1; i >= 0 && st == EM_OK; i--) {
-        if (!em_requires_grad(r->params[i])) continue;
+        if (!em_requires_grad(r->params[i]) || em__dist_listed_later(r->params, i, np)) continue; /* tied: once */
         for (int k = 0; k < n && st == EM_OK; k++) {
             const em_tensor *p = r->params[(size_t)k * (size_t)np + (size_t)i];
             st = em_set_device(r->devs[k]);

@@ -123,10 +123,11 @@ static void test_allreduce_values(void **state)
     assert_true(all_ok(ok));
 }
 
-/* Gradients are averaged in place, so one that does not own its storage is
- * copied first: a gradient that is a view into a tensor the caller keeps
- * leaves that tensor untouched, and one tensor that is the gradient of two
- * parameters is averaged once and stays shared by value. */
+/* Gradients are averaged in place, so one that anything else sees is copied
+ * first: a gradient that is a view into a tensor the caller keeps, or a
+ * tensor the caller holds, leaves the caller's tensor untouched; one tensor
+ * that is the gradient of two parameters gives both the average; a
+ * parameter listed twice (tied weights) is reduced once. */
 static void test_allreduce_in_place_safety(void **state)
 {
     (void)state;
@@ -137,24 +138,26 @@ static void test_allreduce_in_place_safety(void **state)
         em_dist_set_bucket_bytes(modes[mi]);
         em_scope_begin();
         em_tensor *pa = em_zeros(SHAPE(3, 5), 2, EM_F32), *pb = em_zeros(SHAPE(3, 5), 2, EM_F32), *pc = em_zeros(SHAPE(6), 1, EM_F32);
-        em_tensor *params[3] = {pa, pb, pc};
+        em_tensor *params[4] = {pa, pb, pc, pa}; /* pa twice, as a module with tied weights lists it */
         for (int i = 0; i < 3; i++) em_set_requires_grad(params[i], true);
         em_grads *g = em_grads_new();
         em_tensor *shared = em_full(SHAPE(3, 5), 2, EM_F32, c);
         em_tensor *big = em_full(SHAPE(12), 1, EM_F32, c); /* the caller's tensor; pc's gradient is a view of it */
         ok = ok && g && shared && big && em_grads_set(g, pa, shared) == EM_OK && em_grads_set(g, pb, shared) == EM_OK &&
              em_grads_set(g, pc, em_narrow(big, 0, 3, 6)) == EM_OK;
-        ok = ok && em_dist_allreduce_grads(g, params, 3) == EM_OK;
+        ok = ok && em_dist_allreduce_grads(g, params, 4) == EM_OK;
         for (int i = 0; i < 3 && ok; i++) {
             double *v = em_test_values(em_grad(g, params[i]));
             ok = v != NULL;
             for (int64_t j = 0; ok && j < em_tensor_numel(params[i]); j++) ok = fabs(v[j] - want) < 1e-6;
             free(v);
         }
-        double *b = ok ? em_test_values(big) : NULL;
-        ok = ok && b;
+        double *b = ok ? em_test_values(big) : NULL, *sh = ok ? em_test_values(shared) : NULL;
+        ok = ok && b && sh;
         for (int64_t j = 0; ok && j < 12; j++) ok = b[j] == c;
+        for (int64_t j = 0; ok && j < 15; j++) ok = sh[j] == c;
         free(b);
+        free(sh);
         em_grads_free(g);
         em_scope_end();
     }
