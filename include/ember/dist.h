@@ -103,13 +103,21 @@ EM_API size_t em_dist_get_bucket_bytes(void);
 
 /** Averages the gradients of @p params (n tensors, the same list in the same
  *  order on every rank) across ranks, replacing each entry of @p g with the
- *  mean, in place. Only submits tasks (one reduction task per bucket; a COPY
- *  first for a gradient that does not own its storage): it returns before backward's tasks have run, and the optimizer's
- *  tasks wait for the reductions through ordinary data dependencies.
- *  Parameters that do not require grad are skipped; a parameter that requires
- *  grad but got no gradient on this rank contributes zeros (and then has a
- *  gradient, possibly zero, on every rank, keeping replicas identical).
- *  float32/float64 gradients only. No-op when world size is 1.
+ *  mean. The container's gradients are averaged in place when nothing else
+ *  references them (the usual case after em_backward); a gradient that the
+ *  caller or another tensor still sees (a retained tensor, a view, one
+ *  tensor shared by two parameters, a non-contiguous one) is first replaced
+ *  in @p g by a private copy, so tensors obtained before the call keep their
+ *  values. Only submits tasks (one reduction task per bucket, and those
+ *  COPY tasks): it returns before backward's tasks have run, and the
+ *  optimizer's tasks wait for the reductions through ordinary data
+ *  dependencies. Parameters that do not require grad are skipped, and a
+ *  parameter listed twice (tied weights) is reduced once; a parameter that
+ *  requires grad but got no gradient on this rank contributes zeros (and
+ *  then has a gradient, possibly zero, on every rank, keeping replicas
+ *  identical). Gradients must be float32/float64 of their parameter's dtype
+ *  and element count (EM_ERR_DTYPE / EM_ERR_SHAPE naming the parameter
+ *  otherwise). No-op when world size is 1.
  *  Step fence: @p g also gets a fence, signalled once the gradients of the
  *  last bucket (the last ones backward produces) exist; em_optim_step on
  *  @p g makes its updates wait for it, at a low task priority, so that the
