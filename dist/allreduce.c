@@ -142,6 +142,53 @@ void em__dist_tasks_shutdown(void)
     em__fence_free(&g_fence);
 }
 
+struct starpu_task *em__dist_task_new(void *cl_arg, size_t arg_size, int nb, starpu_data_handle_t **h,
+                                      enum starpu_data_access_mode **m)
+{
+    struct starpu_task *task = cl_arg ? starpu_task_create() : NULL;
+    starpu_data_handle_t *dh = NULL;
+    enum starpu_data_access_mode *dm = NULL;
+    if (task && nb > STARPU_NMAXBUFS) { /* StarPU frees dyn_handles / dyn_modes with the task */
+        dh = malloc(sizeof *dh * (size_t)nb);
+        dm = malloc(sizeof *dm * (size_t)nb);
+    }
+    if (!task || (nb > STARPU_NMAXBUFS && (!dh || !dm))) {
+        free(cl_arg);
+        free(dh);
+        free(dm);
+        if (task) {
+            task->destroy = 0;
+            starpu_task_destroy(task);
+        }
+        em__set_error(EM_ERR_NOMEM, "out of memory creating a task");
+        return NULL;
+    }
+    task->dyn_handles = dh;
+    task->dyn_modes = dm;
+    task->nbuffers = nb;
+    task->cl_arg = cl_arg;
+    task->cl_arg_size = arg_size;
+    task->cl_arg_free = 1;
+    task->priority = STARPU_MAX_PRIO; /* start the exchange as soon as the bucket is ready */
+    task->detach = 1;
+    *h = dh ? dh : task->handles;
+    *m = dm ? dm : task->modes;
+    return task;
+}
+
+em_status em__dist_task_submit(struct starpu_task *task, const char *what)
+{
+    em__trace_attach(task);
+    int ret = starpu_task_submit(task);
+    if (ret != 0) {
+        task->destroy = 0;
+        starpu_task_destroy(task);
+        return em__set_error(EM_ERR_RUNTIME, "%s: task submission failed (%d)", what, ret);
+    }
+    __atomic_add_fetch(&em__tasks, 1, __ATOMIC_RELAXED);
+    return EM_OK;
+}
+
 /* Submits one reduction task: @p nh handles with modes, the chain token is
  * appended. Takes ownership of @p a (freed by StarPU). */
 static em_status submit_task(ar_args *a, size_t args_size, starpu_data_handle_t *h, enum starpu_data_access_mode *m, int nh,
@@ -153,40 +200,17 @@ static em_status submit_task(ar_args *a, size_t args_size, starpu_data_handle_t 
         free(a);
         return em__set_error(EM_ERR_STATE, "gradient all-reduce: no chain token (runtime restarted?)");
     }
-    struct starpu_task *task = starpu_task_create();
-    int nb = nh + 1;
-    starpu_data_handle_t *dh = NULL;
-    enum starpu_data_access_mode *dm = NULL;
-    if (task && nb > STARPU_NMAXBUFS) { /* StarPU frees dyn_handles / dyn_modes with the task */
-        dh = malloc(sizeof *dh * (size_t)nb);
-        dm = malloc(sizeof *dm * (size_t)nb);
-    }
-    if (!task || (nb > STARPU_NMAXBUFS && (!dh || !dm))) {
-        free(a);
-        free(dh);
-        free(dm);
-        if (task) {
-            task->destroy = 0;
-            starpu_task_destroy(task);
-        }
-        return em__set_error(EM_ERR_NOMEM, "out of memory creating a task");
-    }
-    starpu_data_handle_t *H = dh ? dh : task->handles;
-    enum starpu_data_access_mode *M = dm ? dm : task->modes;
+    starpu_data_handle_t *H;
+    enum starpu_data_access_mode *M;
+    struct starpu_task *task = em__dist_task_new(a, args_size, nh + 1, &H, &M);
+    if (!task) return em_last_status();
     for (int i = 0; i < nh; i++) {
         H[i] = h[i];
         M[i] = m[i];
     }
     H[nh] = tg->token;
     M[nh] = STARPU_RW;
-    task->dyn_handles = dh;
-    task->dyn_modes = dm;
-    task->nbuffers = nb;
     task->cl = &g_cl_allreduce;
-    task->cl_arg = a;
-    task->cl_arg_size = args_size;
-    task->cl_arg_free = 1;
-    task->priority = STARPU_MAX_PRIO; /* start the exchange as soon as the bucket is ready */
     /* [nccl] NCCL on the target's CUDA worker (for a rank: decided once,
      * alike on every rank, by em__dist_nccl_init), else MPI on a CPU worker. */
     int nccl_worker = tg->worker;
@@ -197,16 +221,7 @@ static em_status submit_task(ar_args *a, size_t args_size, starpu_data_handle_t 
     } else {
         task->where = STARPU_CPU;
     }
-    task->detach = 1;
-    em__trace_attach(task);
-    int ret = starpu_task_submit(task);
-    if (ret != 0) {
-        task->destroy = 0;
-        starpu_task_destroy(task);
-        return em__set_error(EM_ERR_RUNTIME, "gradient all-reduce: task submission failed (%d)", ret);
-    }
-    __atomic_add_fetch(&em__tasks, 1, __ATOMIC_RELAXED);
-    return EM_OK;
+    return em__dist_task_submit(task, "gradient all-reduce");
 }
 
 int em__dist_bucket_end(const size_t *nbytes, const em_dtype *dtypes, int lo, int n)

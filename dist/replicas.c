@@ -580,31 +580,15 @@ static em_status nccl_bucket(em_replicas *r, em_grads *const *g, const em_tensor
     if (st != EM_OK) return st;
     /* one NCCL group for all GPUs: the token, then every gradient RW on its own GPU */
     size_t total = (size_t)cnt * (size_t)n, asz = sizeof(group_args) + (sizeof(em__nccl_piece) + sizeof(int64_t)) * total;
-    int nb = 1 + (int)total;
     group_args *a = calloc(1, asz);
-    struct starpu_task *task = a ? starpu_task_create() : NULL;
-    starpu_data_handle_t *dh = NULL;
-    enum starpu_data_access_mode *dm = NULL;
-    if (task && nb > STARPU_NMAXBUFS) { /* StarPU frees dyn_handles / dyn_modes with the task */
-        dh = malloc(sizeof *dh * (size_t)nb);
-        dm = malloc(sizeof *dm * (size_t)nb);
-    }
-    if (!task || (nb > STARPU_NMAXBUFS && (!dh || !dm))) {
-        free(a);
-        free(dh);
-        free(dm);
-        if (task) {
-            task->destroy = 0;
-            starpu_task_destroy(task);
-        }
-        return em__set_error(EM_ERR_NOMEM, "out of memory creating a task");
-    }
+    starpu_data_handle_t *H;
+    enum starpu_data_access_mode *M;
+    struct starpu_task *task = em__dist_task_new(a, asz, 1 + (int)total, &H, &M);
+    if (!task) return em_last_status();
     a->r = r;
     a->f64 = em_tensor_dtype(gs[lo]) == EM_F64;
     a->m = cnt;
     a->offset = (int64_t *)(void *)&a->pieces[total];
-    starpu_data_handle_t *H = dh ? dh : task->handles;
-    enum starpu_data_access_mode *M = dm ? dm : task->modes;
     H[0] = r->token;
     M[0] = STARPU_RW;
     for (int j = 0; j < cnt; j++)
@@ -616,24 +600,8 @@ static em_status nccl_bucket(em_replicas *r, em_grads *const *g, const em_tensor
             a->offset[e] = t->offset;
             a->pieces[e].count = em_tensor_numel(t);
         }
-    task->dyn_handles = dh;
-    task->dyn_modes = dm;
-    task->nbuffers = nb;
     task->cl = &r->cl;
-    task->cl_arg = a;
-    task->cl_arg_size = asz;
-    task->cl_arg_free = 1;
-    task->priority = STARPU_MAX_PRIO;
-    task->detach = 1;
-    em__trace_attach(task);
-    int ret = starpu_task_submit(task);
-    if (ret != 0) {
-        task->destroy = 0;
-        starpu_task_destroy(task);
-        return em__set_error(EM_ERR_RUNTIME, "replicas: NCCL group task submission failed (%d)", ret);
-    }
-    __atomic_add_fetch(&em__tasks, 1, __ATOMIC_RELAXED);
-    return EM_OK;
+    return em__dist_task_submit(task, "replicas: NCCL group");
 }
 
 /* [nccl] Buckets of consecutive (reverse-order) gradients by DDP's rule
