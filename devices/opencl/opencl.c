@@ -24,6 +24,7 @@
  * Environment: EMBER_OPENCL_NO_FP64=1 builds without double support (to test
  * the host fallback on a device that has fp64). */
 #include "devices/opencl/opencl.h"
+#include "devices/collapse.h"
 #include "optim/optim_kargs.h"
 
 #include <stdarg.h>
@@ -104,31 +105,7 @@ int64_t em_ocl_numel(const em_tdesc *t)
 int em_ocl_collapse(int ndim, const int64_t *shape, int nops, const int64_t *const *strides, int64_t *oshape,
                     int64_t ost[][EM_KARGS_MAX_DIMS])
 {
-    int nd = 0;
-    for (int k = 0; k < nops; k++) memset(ost[k], 0, sizeof ost[k]);
-    memset(oshape, 0, sizeof(int64_t) * EM_KARGS_MAX_DIMS);
-    for (int d = 0; d < ndim; d++) {
-        if (shape[d] == 1) continue;
-        if (nd > 0) {
-            bool merge = true;
-            for (int k = 0; k < nops; k++)
-                if (ost[k][nd - 1] != strides[k][d] * shape[d]) merge = false;
-            if (merge) {
-                oshape[nd - 1] *= shape[d];
-                for (int k = 0; k < nops; k++) ost[k][nd - 1] = strides[k][d];
-                continue;
-            }
-        }
-        oshape[nd] = shape[d];
-        for (int k = 0; k < nops; k++) ost[k][nd] = strides[k][d];
-        nd++;
-    }
-    if (nd == 0) {
-        oshape[0] = 1;
-        for (int k = 0; k < nops; k++) ost[k][0] = 0;
-        nd = 1;
-    }
-    return nd;
+    return em_collapse_dims(ndim, shape, nops, strides, oshape, ost);
 }
 
 /* ---- per-call context and arguments ------------------------------------------- */

@@ -115,7 +115,8 @@ bool em_ocl_launch_1d(em_ocl_args *a, int64_t n, const char *what);
 /* Runs the CPU reference kernel of k->kind on mapped copies of the buffers. */
 void em_ocl_host_fallback(void *buffers[], const em_kargs *k);
 
-/* Dimension collapsing for strided iteration (the CPU's em_iter rule): drops
+/* Dimension collapsing for strided iteration (em_collapse_dims of
+ * devices/collapse.h, the rule of the CPU's em_iter and CUDA's make_geom): drops
  * size-1 dims and merges neighbours that are contiguous in every operand.
  * Writes the collapsed shape and strides (padded to 8 with 0) and returns the
  * collapsed rank (>= 1). */
