@@ -4,6 +4,7 @@
 #ifndef EMBER_CPU_ITER_H
 #define EMBER_CPU_ITER_H
 
+#include "devices/collapse.h"
 #include "devices/kargs.h"
 
 #include <stdbool.h>
@@ -36,28 +37,8 @@ static inline void em_iter_init(em_iter *it, int ndim, const int64_t *shape, int
         it->done = true;
         return;
     }
-    /* drop size-1 dims, merge contiguous neighbours */
-    int nd = 0;
-    for (int d = 0; d < ndim; d++) {
-        if (shape[d] == 1) continue;
-        if (nd > 0) {
-            bool merge = true;
-            for (int k = 0; k < nops; k++)
-                if (it->st[k][nd - 1] != strides[k][d] * shape[d]) merge = false;
-            if (merge) {
-                it->shape[nd - 1] *= shape[d];
-                for (int k = 0; k < nops; k++) it->st[k][nd - 1] = strides[k][d];
-                continue;
-            }
-        }
-        it->shape[nd] = shape[d];
-        for (int k = 0; k < nops; k++) it->st[k][nd] = strides[k][d];
-        nd++;
-    }
-    if (nd == 0) {
-        it->shape[0] = 1;
-        nd = 1;
-    }
+    /* drop size-1 dims, merge contiguous neighbours (devices/collapse.h) */
+    int nd = em_collapse_dims(ndim, shape, nops, strides, it->shape, it->st);
     it->ndim = nd;
     it->inner = it->shape[nd - 1];
     for (int k = 0; k < nops; k++) it->inner_st[k] = it->st[k][nd - 1];
