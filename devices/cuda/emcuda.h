@@ -25,6 +25,7 @@
 extern "C" {
 #include "runtime/internal.h"
 }
+#include "devices/collapse.h"
 
 namespace emc {
 
@@ -84,7 +85,9 @@ inline void check_launch(const char *what) { check(cudaGetLastError(), what); }
 /* ---- N-d geometry shared by element-wise style kernels ------------------- */
 
 /* Up to 4 operands over one common shape, size-1 dims dropped and dims that
- * are contiguous in every operand merged (as devices/cpu/iter.h does). After
+ * are contiguous in every operand merged (em_collapse_dims, devices/collapse.h,
+ * the rule of devices/cpu/iter.h); beyond nd the shape is 1 and the strides
+ * 0, and so are all strides of operands nops..3. After
  * coalescing, a contiguous tensor is one dim of stride 1. Offsets are not
  * part of it: kernels get pointers already moved to element 0. */
 struct Geom {
@@ -101,28 +104,7 @@ inline Geom make_geom(int ndim, const int64_t *shape, int nops, const int64_t *c
     g.nops = nops;
     g.n = 1;
     for (int d = 0; d < ndim; d++) g.n *= shape[d];
-    int nd = 0;
-    for (int d = 0; d < ndim; d++) {
-        if (shape[d] == 1) continue;
-        if (nd > 0) {
-            bool merge = true;
-            for (int k = 0; k < nops; k++)
-                if (g.st[k][nd - 1] != strides[k][d] * shape[d]) merge = false;
-            if (merge) {
-                g.shape[nd - 1] *= shape[d];
-                for (int k = 0; k < nops; k++) g.st[k][nd - 1] = strides[k][d];
-                continue;
-            }
-        }
-        g.shape[nd] = shape[d];
-        for (int k = 0; k < nops; k++) g.st[k][nd] = strides[k][d];
-        nd++;
-    }
-    if (nd == 0) {
-        g.shape[0] = 1;
-        for (int k = 0; k < nops; k++) g.st[k][0] = 0;
-        nd = 1;
-    }
+    int nd = em_collapse_dims(ndim, shape, nops, strides, g.shape, g.st);
     for (int d = nd; d < kMaxDims; d++) {
         g.shape[d] = 1;
         for (int k = 0; k < 4; k++) g.st[k][d] = 0;
