@@ -21,6 +21,7 @@
 #include <cuda_runtime.h>
 #include <starpu.h>
 #include <stdint.h>
+#include <stdio.h>
 
 extern "C" {
 #include "runtime/internal.h"
@@ -81,6 +82,17 @@ void *workspace(size_t *bytes);
 /* Reports (stderr, first few times) a failed launch / CUDA call. */
 void check(cudaError_t e, const char *what);
 inline void check_launch(const char *what) { check(cudaGetLastError(), what); }
+
+/* Reports, the way check() reports a failed CUDA call (as
+ * cudaErrorNotSupported), a kernel function reached with an op kind or dtype
+ * it has no case for: an Ember bug, the front ends validate. The caller then
+ * queues nothing. The CUDA counterpart of em_cpu_bad_kind. */
+inline void unsupported(const char *where, int kind_or_dtype)
+{
+    char what[160];
+    snprintf(what, sizeof what, "%s: unsupported op/dtype %d", where, kind_or_dtype);
+    check(cudaErrorNotSupported, what);
+}
 
 /* ---- N-d geometry shared by element-wise style kernels ------------------- */
 

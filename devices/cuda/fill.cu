@@ -134,7 +134,7 @@ template <int DT> void fill_t(const em_kargs *k, void *buffers[])
     case EM_OP_RAND_BERNOULLI:
         k_rand<DT><<<grid, kThreads, 0, s>>>(y, n, k->kind, k->p.rng.seed, k->p.rng.offset, k->p.rng.a, k->p.rng.b);
         break;
-    default: return;
+    default: unsupported("fill (op)", k->kind); return;
     }
     check_launch("fill");
 }
@@ -151,6 +151,6 @@ void em_cuda_fill(void *buffers[], void *cl_arg)
     case EM_I64: fill_t<EM_I64>(k, buffers); break;
     case EM_U8: fill_t<EM_U8>(k, buffers); break;
     case EM_BOOL: fill_t<EM_BOOL>(k, buffers); break;
-    default: break;
+    default: unsupported("fill (dtype)", k->out[0].dtype); break;
     }
 }

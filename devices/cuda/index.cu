@@ -113,7 +113,7 @@ void gather(const em_kargs *k, void *buffers[], bool index_select)
     case 2: gather_t<uint16_t>(g, y, I, a, n, sd); break;
     case 4: gather_t<uint32_t>(g, y, I, a, n, sd); break;
     case 8: gather_t<uint64_t>(g, y, I, a, n, sd); break;
-    default: return;
+    default: unsupported("gather (dtype)", A.dtype); return;
     }
     check_launch("gather");
 }
@@ -148,7 +148,7 @@ void scatter(const em_kargs *k, void *buffers[])
             case 2: k_copy<uint16_t><<<grid_for(g.n), kThreads, 0, s>>>(g, (const uint16_t *)self, (uint16_t *)y); break;
             case 4: k_copy<uint32_t><<<grid_for(g.n), kThreads, 0, s>>>(g, (const uint32_t *)self, (uint32_t *)y); break;
             case 8: k_copy<uint64_t><<<grid_for(g.n), kThreads, 0, s>>>(g, (const uint64_t *)self, (uint64_t *)y); break;
-            default: return;
+            default: unsupported("scatter (copy dtype)", O.dtype); return;
             }
             check_launch("scatter (copy)");
         }
@@ -177,7 +177,7 @@ void scatter(const em_kargs *k, void *buffers[])
         case 2: scatter_t<uint16_t, 0>(g, I, src, y, L, si, ss, n, sd); break;
         case 4: scatter_t<uint32_t, 0>(g, I, src, y, L, si, ss, n, sd); break;
         case 8: scatter_t<uint64_t, 0>(g, I, src, y, L, si, ss, n, sd); break;
-        default: return;
+        default: unsupported("scatter (dtype)", O.dtype); return;
         }
     } else {
         switch (O.dtype) {
@@ -187,7 +187,7 @@ void scatter(const em_kargs *k, void *buffers[])
         case EM_I64: scatter_t<int64_t, 1>(g, I, src, y, L, si, ss, n, sd); break;
         case EM_U8: scatter_t<uint8_t, 1>(g, I, src, y, L, si, ss, n, sd); break;
         case EM_BOOL: scatter_t<uint8_t, 2>(g, I, src, y, L, si, ss, n, sd); break;
-        default: return;
+        default: unsupported("scatter_add (dtype)", O.dtype); return;
         }
     }
     check_launch("scatter");
@@ -218,6 +218,6 @@ void em_cuda_index(void *buffers[], void *cl_arg)
     case EM_OP_SCATTER:
     case EM_OP_SCATTER_ADD: scatter(k, buffers); break;
     case EM_OP_ONE_HOT: one_hot(k, buffers); break;
-    default: break;
+    default: unsupported("index (op)", k->kind); break;
     }
 }

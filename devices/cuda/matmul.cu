@@ -208,14 +208,16 @@ void em_cuda_matmul(void *buffers[], void *cl_arg)
     const em_kargs *k = (const em_kargs *)cl_arg;
     const em_tdesc &C = k->out[0];
     if (C.ndim < 2 || k->in[0].ndim != C.ndim || k->in[1].ndim != C.ndim || k->in[0].dtype != C.dtype ||
-        k->in[1].dtype != C.dtype)
+        k->in[1].dtype != C.dtype) {
+        unsupported("matmul (operand ranks/dtypes)", k->kind);
         return;
+    }
     switch (C.dtype) {
     case EM_F32: matmul_t<float, true>(k, buffers); break;
     case EM_F64: matmul_t<double, true>(k, buffers); break;
     case EM_I32: matmul_t<int32_t, false>(k, buffers); break;
     case EM_I64: matmul_t<int64_t, false>(k, buffers); break;
     case EM_U8: matmul_t<uint8_t, false>(k, buffers); break;
-    default: break;
+    default: unsupported("matmul (dtype)", C.dtype); break;
     }
 }

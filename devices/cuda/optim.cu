@@ -237,7 +237,7 @@ template <typename T> void optim_t(const em_kargs *k, void *buffers[], int64_t n
         k_adagrad<T><<<grid, kThreads, 0, s>>>(a, n);
         break;
     }
-    default: return;
+    default: unsupported("optim (op)", k->kind); return;
     }
     check_launch("optim");
 }
@@ -251,4 +251,5 @@ void em_cuda_optim(void *buffers[], void *cl_arg)
     if (n <= 0) return;
     if (k->out[0].dtype == EM_F32) optim_t<float>(k, buffers, n);
     else if (k->out[0].dtype == EM_F64) optim_t<double>(k, buffers, n);
+    else unsupported("optim (dtype)", k->out[0].dtype);
 }

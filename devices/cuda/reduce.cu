@@ -509,6 +509,15 @@ template <typename T> void softmax_t(const em_kargs *k, void *buffers[])
 void em_cuda_reduce(void *buffers[], void *cl_arg)
 {
     const em_kargs *k = (const em_kargs *)cl_arg;
+    /* Red<T> and store_val have no case for other kinds / output dtypes */
+    if (k->kind < EM_OP_SUM || k->kind > EM_OP_VAR) {
+        unsupported("reduce (op)", k->kind);
+        return;
+    }
+    if (k->out[0].dtype < EM_F32 || k->out[0].dtype > EM_BOOL) {
+        unsupported("reduce (output dtype)", k->out[0].dtype);
+        return;
+    }
     switch (k->in[0].dtype) {
     case EM_F32: reduce_t<float>(k, buffers); break;
     case EM_F64: reduce_t<double>(k, buffers); break;
@@ -516,7 +525,7 @@ void em_cuda_reduce(void *buffers[], void *cl_arg)
     case EM_I64: reduce_t<int64_t>(k, buffers); break;
     case EM_U8:
     case EM_BOOL: reduce_t<uint8_t>(k, buffers); break;
-    default: break;
+    default: unsupported("reduce (dtype)", k->in[0].dtype); break;
     }
 }
 
@@ -525,4 +534,5 @@ void em_cuda_softmax(void *buffers[], void *cl_arg)
     const em_kargs *k = (const em_kargs *)cl_arg;
     if (k->in[0].dtype == EM_F32) softmax_t<float>(k, buffers);
     else if (k->in[0].dtype == EM_F64) softmax_t<double>(k, buffers);
+    else unsupported("softmax (dtype)", k->in[0].dtype);
 }
