@@ -32,7 +32,8 @@ static uint64_t pattern(int dt, double v)
         p = (uint8_t)x;
         break;
     }
-    default: p = v != 0; break;
+    case EM_BOOL: p = v != 0; break;
+    default: em_ocl_error("fill: no byte pattern for dtype %d", dt); break;
     }
     return p;
 }
@@ -91,7 +92,9 @@ void em_ocl_fill(void *buffers[], void *cl_arg)
         em_ocl_launch_1d(&a, n, "arange");
         break;
     }
-    default: { /* RAND_* */
+    case EM_OP_RAND_UNIFORM:
+    case EM_OP_RAND_NORMAL:
+    case EM_OP_RAND_BERNOULLI: {
         if (!c.d->k[EMK_rand]) {
             em_ocl_host_fallback(buffers, k);
             return;
@@ -109,5 +112,6 @@ void em_ocl_fill(void *buffers[], void *cl_arg)
         em_ocl_launch_1d(&a, n, "rand");
         break;
     }
+    default: em_ocl_error("fill: unsupported op %d", k->kind); break;
     }
 }

@@ -37,7 +37,8 @@ void em_ocl_optim(void *buffers[], void *cl_arg)
         if (fl & EM_OPTIM_F_CENTERED) si[2] = next++;
         break;
     }
-    default: si[0] = 1; break;
+    case EM_OP_ADAGRAD_STEP: si[0] = 1; break;
+    default: em_ocl_error("optim: unsupported op %d", kind); return;
     }
     for (int i = 0; i < 3; i++)
         if (si[i] >= k->n_out) {
@@ -70,7 +71,8 @@ void em_ocl_optim(void *buffers[], void *cl_arg)
         h[0] = k->p.optim.alpha, h[1] = 1.0 - k->p.optim.alpha, h[2] = k->p.optim.eps, h[3] = wd,
         h[4] = k->p.optim.momentum, h[5] = -lr;
         break;
-    default: h[0] = wd, h[1] = k->p.optim.eps, h[2] = -lr; break;
+    case EM_OP_ADAGRAD_STEP: h[0] = wd, h[1] = k->p.optim.eps, h[2] = -lr; break;
+    default: em_ocl_error("optim: unsupported op %d", kind); return;
     }
     const int kfl = fl | (wd != 0 ? EM_OPTIM_HAS_WD : 0);
     int64_t n = em_ocl_numel(&k->out[0]);
