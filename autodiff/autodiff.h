@@ -23,6 +23,10 @@ typedef struct em_node {
  *  for the inputs that require grad. Runs under no-grad. */
 em_status em__backward_rule(em_node *n, em_tensor *g, em_tensor **gin);
 
+/** Checks that every F_DIFF kind of tasks/ops.def has a backward function
+ *  and no other kind has one (em_init runs it through em__autodiff_check). */
+em_status em__backward_check_table(void);
+
 /** Sums g over the broadcast dims so it gets @p shape (scoped result). */
 em_tensor *em__sum_to(em_tensor *g, const int64_t *shape, int ndim);
 

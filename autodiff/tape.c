@@ -82,17 +82,7 @@ void em__node_release(em_node *n)
     free(n);
 }
 
-static bool needs_output(enum em_op_kind k)
-{
-    switch (k) {
-    case EM_OP_EXP: case EM_OP_SQRT: case EM_OP_RSQRT: case EM_OP_RECIPROCAL: case EM_OP_TANH:
-    case EM_OP_SIGMOID: case EM_OP_ELU: case EM_OP_SOFTMAX: case EM_OP_LOG_SOFTMAX: case EM_OP_MAX:
-    case EM_OP_MIN: case EM_OP_LOGSUMEXP: case EM_OP_PROD: case EM_OP_POW:
-        return true;
-    default:
-        return false;
-    }
-}
+static bool needs_output(enum em_op_kind k) { return (em__optab[k].flags & F_SAVE_OUT) != 0; }
 
 static void attach(em_node *n, em_tensor *out)
 {
@@ -137,7 +127,11 @@ void em__record_cat(em_tensor *out, em_tensor *const *ins, int n_in, int dim)
     attach(n, out);
 }
 
-__attribute__((constructor)) static void register_hook(void) { em__autodiff_record = record; }
+__attribute__((constructor)) static void register_hook(void)
+{
+    em__autodiff_record = record;
+    em__autodiff_check = em__backward_check_table;
+}
 
 /* ---- gradient container: open-addressing map from key pointer to tensor ---- */
 

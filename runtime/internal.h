@@ -106,18 +106,21 @@ int em__ncpu_workers(void);
 /* ---- ops (tasks/) --------------------------------------------------------- */
 
 enum em_op_kind {
-#define X(E, name, nin, nout, flags, cpu) EM_OP_##E,
+#define OP(E, nm, nin, nout, fl, fam, bw) EM_OP_##E,
 #include "tasks/ops.def"
-#undef X
     EM_OP_COUNT
 };
 
+/* Op flags (tasks/ops.def). */
 enum {
     F_EW = 1u << 0,
     F_VIEW = 1u << 1,
     F_DIFF = 1u << 2,
     F_CMP = 1u << 3,
-    F_INPLACE = 1u << 4, /* outputs are read-modify-write (optimizer updates): always RW */
+    F_INPLACE = 1u << 4,  /* outputs are read-modify-write (optimizer updates): always RW */
+    F_FLOAT = 1u << 5,    /* float math: integer inputs are promoted to f32 by the front end */
+    F_SAVE_OUT = 1u << 6, /* the backward function reads the op's output */
+    F_SCALAR = 1u << 7,   /* tensor-scalar op (EWS): the scalar is p.s.a */
 };
 
 #define EM_OP_MAX_IN EM_KARGS_MAX_IN
@@ -138,6 +141,7 @@ typedef em_status (*em_submit_fn)(em_op *op);
 
 typedef struct em_optab_entry {
     const char *name;
+    const char *family; /* kernel family (ops.def), NULL for views */
     int n_in, n_out;
     unsigned flags;
     void (*cpu)(void *buffers[], void *cl_arg);
@@ -181,8 +185,10 @@ EM_API void *em__grads_fence(const em_grads *g);
 /** Builds the kernel arguments of @p op. */
 void em__kargs_from_op(const em_op *op, em_kargs *k);
 
-/** Autodiff hook (autodiff/tape.c sets it). */
+/** Autodiff hooks (autodiff/tape.c sets them): the recorder, and the check of
+ *  its backward table against the op table (run by em__codelets_init). */
 extern void (*em__autodiff_record)(const em_op *op);
+extern em_status (*em__autodiff_check)(void);
 /** Records out = cat(ins[0..n), dim) for autodiff (em_cat calls it after
  *  submitting its copies; no-op when nothing needs a gradient). */
 void em__record_cat(em_tensor *out, em_tensor *const *ins, int n, int dim);
@@ -193,6 +199,10 @@ void em__record_cat(em_tensor *out, em_tensor *const *ins, int n, int dim);
 typedef void (*em_kernel_fn)(void *buffers[], void *cl_arg);
 extern em_kernel_fn em__cuda_kernels[EM_OP_COUNT];
 extern em_kernel_fn em__opencl_kernels[EM_OP_COUNT];
+/* true when the backend's kernels are compiled in (its kernel table must then
+ * be complete: em__codelets_init checks it). Weak default: false. */
+bool em__cuda_compiled(void);
+bool em__opencl_compiled(void);
 /* Device start/stop hooks, called by em_init/em_shutdown (weak no-op defaults). */
 em_status em__cuda_init(void);
 void em__cuda_shutdown(void);

@@ -4,18 +4,7 @@
 #include <math.h>
 #include <string.h>
 
-static bool float_math(enum em_op_kind k)
-{
-    switch (k) {
-    case EM_OP_EXP: case EM_OP_LOG: case EM_OP_LOG1P: case EM_OP_SQRT: case EM_OP_RSQRT:
-    case EM_OP_RECIPROCAL: case EM_OP_SIN: case EM_OP_COS: case EM_OP_TANH: case EM_OP_SIGMOID:
-    case EM_OP_GELU: case EM_OP_GELU_TANH: case EM_OP_SILU: case EM_OP_SOFTPLUS: case EM_OP_ERF:
-    case EM_OP_ELU: case EM_OP_DIV_SCALAR: case EM_OP_DIV:
-        return true;
-    default:
-        return false;
-    }
-}
+static bool float_math(enum em_op_kind k) { return (em__optab[k].flags & F_FLOAT) != 0; }
 
 static bool supported(em_dtype dt)
 {
@@ -30,11 +19,10 @@ static em_tensor *unary(enum em_op_kind kind, const em_tensor *a, double sa, dou
     if (!supported(a->dtype)) return em__fail(EM_ERR_DTYPE, "%s: dtype %s is not supported", name, em_dtype_name(a->dtype));
     em_dtype cdt = a->dtype;
     bool is_float = em_dtype_is_float(cdt);
-    bool scalar_op = kind >= EM_OP_ADD_SCALAR && kind <= EM_OP_GE_SCALAR;
+    bool scalar_op = (em__optab[kind].flags & F_SCALAR) != 0;
     if (!is_float && (float_math(kind) || (scalar_op && sa != floor(sa)) ||
                       ((kind == EM_OP_POW_SCALAR) && (sa != floor(sa) || sa < 0)) ||
-                      (kind == EM_OP_CLAMP && ((isfinite(sa) && sa != floor(sa)) || (isfinite(sb) && sb != floor(sb)))) ||
-                      kind == EM_OP_LEAKY_RELU))
+                      (kind == EM_OP_CLAMP && ((isfinite(sa) && sa != floor(sa)) || (isfinite(sb) && sb != floor(sb))))))
         cdt = EM_F32;
     if (cdt == EM_BOOL && (kind == EM_OP_NEG || kind == EM_OP_ADD_SCALAR || kind == EM_OP_SUB_SCALAR ||
                            kind == EM_OP_RSUB_SCALAR || kind == EM_OP_MUL_SCALAR || kind == EM_OP_SQUARE ||
@@ -60,33 +48,14 @@ static em_tensor *unary(enum em_op_kind kind, const em_tensor *a, double sa, dou
     return r;
 }
 
-#define UNARY(fn, KIND) \
-    em_tensor *em_##fn(const em_tensor *a) { return unary(EM_OP_##KIND, a, 0, 0, "em_" #fn); }
-UNARY(neg, NEG)
-UNARY(abs, ABS)
-UNARY(sign, SIGN)
-UNARY(exp, EXP)
-UNARY(log, LOG)
-UNARY(log1p, LOG1P)
-UNARY(sqrt, SQRT)
-UNARY(rsqrt, RSQRT)
-UNARY(reciprocal, RECIPROCAL)
-UNARY(square, SQUARE)
-UNARY(sin, SIN)
-UNARY(cos, COS)
-UNARY(tanh, TANH)
-UNARY(sigmoid, SIGMOID)
-UNARY(relu, RELU)
-UNARY(gelu, GELU)
-UNARY(gelu_tanh, GELU_TANH)
-UNARY(silu, SILU)
-UNARY(softplus, SOFTPLUS)
-UNARY(erf, ERF)
-UNARY(floor, FLOOR)
-UNARY(ceil, CEIL)
-UNARY(round, ROUND)
-UNARY(logical_not, LOGICAL_NOT)
-
+/* The generated front ends of tasks/ops.def: em_<name>(a) for EW1 lines,
+ * em_<name>(a, s) for EWS lines (EWP lines have their own below). */
+#define EW1(E, nm, fl, fx, ix, bw) \
+    em_tensor *em_##nm(const em_tensor *a) { return unary(EM_OP_##E, a, 0, 0, "em_" #nm); }
+#define EWS(E, nm, fl, fx, ix, bw) \
+    em_tensor *em_##nm(const em_tensor *a, double s) { return unary(EM_OP_##E, a, s, 0, "em_" #nm); }
+#define EWP(E, nm, fl, fx, ix, bw)
+#include "tasks/ops.def"
 em_tensor *em_clamp(const em_tensor *a, double lo, double hi)
 {
     if (lo > hi) return em__fail(EM_ERR_INVALID, "em_clamp: min %g is greater than max %g", lo, hi);
@@ -95,23 +64,11 @@ em_tensor *em_clamp(const em_tensor *a, double lo, double hi)
 em_tensor *em_pow_scalar(const em_tensor *a, double e) { return unary(EM_OP_POW_SCALAR, a, e, 0, "em_pow_scalar"); }
 em_tensor *em_leaky_relu(const em_tensor *a, double s) { return unary(EM_OP_LEAKY_RELU, a, s, 0, "em_leaky_relu"); }
 em_tensor *em_elu(const em_tensor *a, double alpha) { return unary(EM_OP_ELU, a, alpha, 0, "em_elu"); }
-
-#define SCALAR(fn, KIND) \
-    em_tensor *em_##fn(const em_tensor *a, double s) { return unary(EM_OP_##KIND, a, s, 0, "em_" #fn); }
-SCALAR(add_scalar, ADD_SCALAR)
-SCALAR(sub_scalar, SUB_SCALAR)
-SCALAR(rsub_scalar, RSUB_SCALAR)
-SCALAR(mul_scalar, MUL_SCALAR)
-SCALAR(div_scalar, DIV_SCALAR)
-SCALAR(maximum_scalar, MAXIMUM_SCALAR)
-SCALAR(minimum_scalar, MINIMUM_SCALAR)
-SCALAR(remainder_scalar, REMAINDER_SCALAR)
-SCALAR(eq_scalar, EQ_SCALAR)
-SCALAR(ne_scalar, NE_SCALAR)
-SCALAR(lt_scalar, LT_SCALAR)
-SCALAR(le_scalar, LE_SCALAR)
-SCALAR(gt_scalar, GT_SCALAR)
-SCALAR(ge_scalar, GE_SCALAR)
+em_tensor *em_celu(const em_tensor *a, double alpha)
+{
+    if (alpha == 0 || !isfinite(alpha)) return em__fail(EM_ERR_INVALID, "em_celu: alpha must be finite and non-zero, got %g", alpha);
+    return unary(EM_OP_CELU, a, alpha, 1.0 / alpha, "em_celu");
+}
 
 /* n-ary element-wise: promote to one dtype, broadcast, one task. */
 static em_tensor *nary(enum em_op_kind kind, const em_tensor *const *ins, int n, em_dtype cdt, em_dtype odt, const char *name,
@@ -160,24 +117,10 @@ static em_tensor *binary(enum em_op_kind kind, const em_tensor *a, const em_tens
     return nary(kind, ins, 2, cdt, odt, name, NULL);
 }
 
-#define BINARY(fn, KIND) \
-    em_tensor *em_##fn(const em_tensor *a, const em_tensor *b) { return binary(EM_OP_##KIND, a, b, "em_" #fn); }
-BINARY(add, ADD)
-BINARY(sub, SUB)
-BINARY(mul, MUL)
-BINARY(div, DIV)
-BINARY(pow, POW)
-BINARY(maximum, MAXIMUM)
-BINARY(minimum, MINIMUM)
-BINARY(remainder, REMAINDER)
-BINARY(eq, EQ)
-BINARY(ne, NE)
-BINARY(lt, LT)
-BINARY(le, LE)
-BINARY(gt, GT)
-BINARY(ge, GE)
-BINARY(logical_and, LOGICAL_AND)
-BINARY(logical_or, LOGICAL_OR)
+/* em_<name>(a, b) for every EW2 line of tasks/ops.def. */
+#define EW2(E, nm, fl, fx, ix, bw) \
+    em_tensor *em_##nm(const em_tensor *a, const em_tensor *b) { return binary(EM_OP_##E, a, b, "em_" #nm); }
+#include "tasks/ops.def"
 
 em_tensor *em_where(const em_tensor *mask, const em_tensor *a, const em_tensor *b)
 {

@@ -10,8 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define NONE NULL
-/* CPU kernels (devices/cpu). */
+/* CPU kernels (devices/cpu), one per kernel family of tasks/ops.def. */
 void em_cpu_unary(void *buffers[], void *cl_arg);
 void em_cpu_binary(void *buffers[], void *cl_arg);
 void em_cpu_where(void *buffers[], void *cl_arg);
@@ -22,20 +21,24 @@ void em_cpu_copy(void *buffers[], void *cl_arg);
 void em_cpu_index(void *buffers[], void *cl_arg);
 void em_cpu_fill(void *buffers[], void *cl_arg);
 void em_cpu_optim(void *buffers[], void *cl_arg);
+#define em_cpu_NONE NULL /* views: no task */
 
 em_status em__matmul_submit(em_op *op); /* tasks/matmul.c: tiling */
 
 em_optab_entry em__optab[EM_OP_COUNT] = {
-#define X(E, nm, nin, nout, fl, fn) [EM_OP_##E] = {.name = nm, .n_in = nin, .n_out = nout, .flags = fl, .cpu = fn},
+#define OP(E, nm, nin, nout, fl, fam, bw) \
+    [EM_OP_##E] = {.name = #nm, .family = (fl) & F_VIEW ? NULL : #fam, .n_in = nin, .n_out = nout, .flags = fl, .cpu = em_cpu_##fam},
 #include "tasks/ops.def"
-#undef X
 };
 
 void (*em__autodiff_record)(const em_op *op);
+em_status (*em__autodiff_check)(void);
 
 /* Weak defaults: a build without a device backend has no kernels for it. */
 __attribute__((weak)) em_kernel_fn em__cuda_kernels[EM_OP_COUNT];
 __attribute__((weak)) em_kernel_fn em__opencl_kernels[EM_OP_COUNT];
+__attribute__((weak)) bool em__cuda_compiled(void) { return false; }
+__attribute__((weak)) bool em__opencl_compiled(void) { return false; }
 __attribute__((weak)) em_status em__cuda_init(void) { return EM_OK; }
 __attribute__((weak)) void em__cuda_shutdown(void) {}
 __attribute__((weak)) em_status em__opencl_init(void) { return EM_OK; }
@@ -62,10 +65,21 @@ static uint32_t footprint(struct starpu_task *task)
 em_status em__codelets_init(void)
 {
     em__optab[EM_OP_MATMUL].submit = em__matmul_submit;
+    if (em__autodiff_check) {
+        em_status st = em__autodiff_check();
+        if (st != EM_OK) return st;
+    }
     for (int k = 0; k < EM_OP_COUNT; k++) {
         const em_optab_entry *e = &em__optab[k];
         if (!e->name) return em__set_error(EM_ERR_RUNTIME, "op table entry %d is empty", k);
         if (e->flags & F_VIEW) continue;
+        /* Every backend compiled in has a kernel for every task op: a missing
+         * entry is a start-up error, never a silent fallback. */
+        if (!e->cpu) return em__set_error(EM_ERR_RUNTIME, "op %s has no CPU kernel", e->name);
+        if (em__cuda_compiled() && !em__cuda_kernels[k])
+            return em__set_error(EM_ERR_RUNTIME, "op %s (family %s) has no CUDA kernel", e->name, e->family);
+        if (em__opencl_compiled() && !em__opencl_kernels[k])
+            return em__set_error(EM_ERR_RUNTIME, "op %s (family %s) has no OpenCL kernel", e->name, e->family);
         struct starpu_codelet *cl = &g_cl[k];
         memset(cl, 0, sizeof *cl);
         cl->cpu_funcs[0] = e->cpu;

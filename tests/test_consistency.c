@@ -52,9 +52,8 @@ typedef struct op_info {
 } op_info;
 
 static const op_info g_ops[EM_OP_COUNT] = {
-#define X(E, nm, nin, nout, fl, fn) [EM_OP_##E] = {nm, nin, nout, fl},
+#define OP(E, nm, nin, nout, fl, fam, bw) [EM_OP_##E] = {#nm, nin, nout, fl},
 #include "tasks/ops.def"
-#undef X
 };
 
 /* ---- case context ------------------------------------------------------------ */
@@ -293,33 +292,14 @@ static int grad_flag(int dt) { return is_float_dt(dt) ? IN_GRAD : 0; }
 
 typedef em_tensor *(*unary_fn)(const em_tensor *);
 
+/* The public function of every EW1 kind of tasks/ops.def. */
 static unary_fn unary_of(int kind)
 {
     switch (kind) {
-    case EM_OP_NEG: return em_neg;
-    case EM_OP_ABS: return em_abs;
-    case EM_OP_SIGN: return em_sign;
-    case EM_OP_EXP: return em_exp;
-    case EM_OP_LOG: return em_log;
-    case EM_OP_LOG1P: return em_log1p;
-    case EM_OP_SQRT: return em_sqrt;
-    case EM_OP_RSQRT: return em_rsqrt;
-    case EM_OP_RECIPROCAL: return em_reciprocal;
-    case EM_OP_SQUARE: return em_square;
-    case EM_OP_SIN: return em_sin;
-    case EM_OP_COS: return em_cos;
-    case EM_OP_TANH: return em_tanh;
-    case EM_OP_SIGMOID: return em_sigmoid;
-    case EM_OP_RELU: return em_relu;
-    case EM_OP_GELU: return em_gelu;
-    case EM_OP_GELU_TANH: return em_gelu_tanh;
-    case EM_OP_SILU: return em_silu;
-    case EM_OP_SOFTPLUS: return em_softplus;
-    case EM_OP_ERF: return em_erf;
-    case EM_OP_FLOOR: return em_floor;
-    case EM_OP_CEIL: return em_ceil;
-    case EM_OP_ROUND: return em_round;
-    case EM_OP_LOGICAL_NOT: return em_logical_not;
+#define EW1(E, nm, fl, fx, ix, bw) case EM_OP_##E: return em_##nm;
+#define EWS(E, nm, fl, fx, ix, bw)
+#define EWP(E, nm, fl, fx, ix, bw)
+#include "tasks/ops.def"
     default: return NULL;
     }
 }
@@ -331,7 +311,9 @@ static bool case_unary(ctx *c)
     double lo = -3, hi = 3;
     int fl = grad_flag(c->dt);
     switch (c->kind) {
-    case EM_OP_LOG: case EM_OP_SQRT: case EM_OP_RSQRT: lo = 0.1; break;
+    case EM_OP_LOG: case EM_OP_LOG2: case EM_OP_SQRT: case EM_OP_RSQRT: lo = 0.1; break;
+    case EM_OP_ERFINV: lo = -0.95, hi = 0.95; break;
+    case EM_OP_HARDSWISH: case EM_OP_HARDSIGMOID: lo = -5, hi = 5; break; /* every piece */
     case EM_OP_LOG1P: lo = -0.5; break;
     case EM_OP_RECIPROCAL: lo = 0.2, hi = 2, fl |= IN_NONZERO; break;
     case EM_OP_SOFTPLUS: lo = -25, hi = 25; break; /* both branches of x > 20 */
@@ -340,6 +322,7 @@ static bool case_unary(ctx *c)
     }
     if (!is_float_dt(c->dt) && lo > 0) lo = 1;
     unary_fn f = unary_of(c->kind);
+    if (!f) return fail_case(c, "no public function for this unary kind");
     em_tensor *a = IN(c, c->dt, (13, 37), lo, hi, fl);
     REQ(c, a);
     OUT(c, f(a));
@@ -387,6 +370,9 @@ static bool case_leaky_elu(ctx *c)
     REQ(c, a);
     if (c->kind == EM_OP_LEAKY_RELU) {
         OUT(c, em_leaky_relu(a, 0.1));
+    } else if (c->kind == EM_OP_CELU) {
+        OUT(c, em_celu(a, 1.0));
+        OUT(c, em_celu(a, 0.5));
     } else {
         OUT(c, em_elu(a, 1.0));
         OUT(c, em_elu(a, 0.3));
@@ -396,23 +382,13 @@ static bool case_leaky_elu(ctx *c)
 
 typedef em_tensor *(*scalar_fn)(const em_tensor *, double);
 
+/* The public function of every EWS kind of tasks/ops.def. */
 static scalar_fn scalar_of(int kind)
 {
     switch (kind) {
-    case EM_OP_ADD_SCALAR: return em_add_scalar;
-    case EM_OP_SUB_SCALAR: return em_sub_scalar;
-    case EM_OP_RSUB_SCALAR: return em_rsub_scalar;
-    case EM_OP_MUL_SCALAR: return em_mul_scalar;
-    case EM_OP_DIV_SCALAR: return em_div_scalar;
-    case EM_OP_MAXIMUM_SCALAR: return em_maximum_scalar;
-    case EM_OP_MINIMUM_SCALAR: return em_minimum_scalar;
-    case EM_OP_REMAINDER_SCALAR: return em_remainder_scalar;
-    case EM_OP_EQ_SCALAR: return em_eq_scalar;
-    case EM_OP_NE_SCALAR: return em_ne_scalar;
-    case EM_OP_LT_SCALAR: return em_lt_scalar;
-    case EM_OP_LE_SCALAR: return em_le_scalar;
-    case EM_OP_GT_SCALAR: return em_gt_scalar;
-    case EM_OP_GE_SCALAR: return em_ge_scalar;
+#define EWS(E, nm, fl, fx, ix, bw) case EM_OP_##E: return em_##nm;
+#define EW1(E, nm, fl, fx, ix, bw)
+#include "tasks/ops.def"
     default: return NULL;
     }
 }
@@ -441,25 +417,12 @@ static bool case_scalar(ctx *c)
 
 typedef em_tensor *(*binary_fn)(const em_tensor *, const em_tensor *);
 
+/* The public function of every EW2 kind of tasks/ops.def. */
 static binary_fn binary_of(int kind)
 {
     switch (kind) {
-    case EM_OP_ADD: return em_add;
-    case EM_OP_SUB: return em_sub;
-    case EM_OP_MUL: return em_mul;
-    case EM_OP_DIV: return em_div;
-    case EM_OP_POW: return em_pow;
-    case EM_OP_MAXIMUM: return em_maximum;
-    case EM_OP_MINIMUM: return em_minimum;
-    case EM_OP_REMAINDER: return em_remainder;
-    case EM_OP_EQ: return em_eq;
-    case EM_OP_NE: return em_ne;
-    case EM_OP_LT: return em_lt;
-    case EM_OP_LE: return em_le;
-    case EM_OP_GT: return em_gt;
-    case EM_OP_GE: return em_ge;
-    case EM_OP_LOGICAL_AND: return em_logical_and;
-    case EM_OP_LOGICAL_OR: return em_logical_or;
+#define EW2(E, nm, fl, fx, ix, bw) case EM_OP_##E: return em_##nm;
+#include "tasks/ops.def"
     default: return NULL;
     }
 }
@@ -474,11 +437,13 @@ static bool case_binary(ctx *c)
     double alo = -3, ahi = 3, blo = -3, bhi = 3;
     switch (c->kind) {
     case EM_OP_DIV: blo = 0.5, bhi = 2, fb |= IN_NONZERO; break;
-    case EM_OP_REMAINDER: blo = 0.5, bhi = 2, fb |= IN_NONZERO; break;
+    case EM_OP_REMAINDER: case EM_OP_FMOD: case EM_OP_FLOOR_DIVIDE: blo = 0.5, bhi = 2, fb |= IN_NONZERO; break;
     case EM_OP_POW: alo = 0.2, ahi = 2, blo = -1.5, bhi = 1.5; break;
     default: break;
     }
-    if (!is_float_dt(c->dt) && (c->kind == EM_OP_DIV || c->kind == EM_OP_REMAINDER)) blo = 1, bhi = 3;
+    if (!is_float_dt(c->dt) && (c->kind == EM_OP_DIV || c->kind == EM_OP_REMAINDER || c->kind == EM_OP_FMOD ||
+                                c->kind == EM_OP_FLOOR_DIVIDE))
+        blo = 1, bhi = 3;
     em_tensor *a = IN(c, c->dt, (13, 37), alo, ahi, fa);
     em_tensor *b = IN(c, c->dt, (37), blo, bhi, fb);
     REQ(c, a);
@@ -1038,6 +1003,21 @@ static const op_case g_cases[EM_OP_COUNT] = {
     [EM_OP_MAXIMUM] = {case_binary, INT_OK, 1},
     [EM_OP_MINIMUM] = {case_binary, INT_OK, 1},
     [EM_OP_REMAINDER] = {case_binary, INT_OK, 1},
+    [EM_OP_FMOD] = {case_binary, INT_OK, 1},
+    [EM_OP_FLOOR_DIVIDE] = {case_binary, INT_OK, 1},
+    [EM_OP_ATAN2] = {case_binary, FLOAT_MATH, 1},
+    [EM_OP_HARDSWISH] = {case_unary, FLOAT_MATH, 1},
+    [EM_OP_HARDSIGMOID] = {case_unary, FLOAT_MATH, 1},
+    [EM_OP_MISH] = {case_unary, FLOAT_MATH, 1},
+    [EM_OP_SELU] = {case_unary, FLOAT_MATH, 1},
+    [EM_OP_CELU] = {case_leaky_elu, FLOAT_MATH, 1},
+    [EM_OP_SOFTSIGN] = {case_unary, FLOAT_MATH, 1},
+    [EM_OP_LOGSIGMOID] = {case_unary, FLOAT_MATH, 1},
+    [EM_OP_EXPM1] = {case_unary, FLOAT_MATH, 1},
+    [EM_OP_LOG2] = {case_unary, FLOAT_MATH, 1},
+    [EM_OP_EXP2] = {case_unary, FLOAT_MATH, 1},
+    [EM_OP_TRUNC] = {case_unary, INT_OK, 1},
+    [EM_OP_ERFINV] = {case_unary, FLOAT_MATH, 1},
     [EM_OP_EQ] = {case_binary, INT_OK, 1},
     [EM_OP_NE] = {case_binary, INT_OK, 1},
     [EM_OP_LT] = {case_binary, INT_OK, 1},

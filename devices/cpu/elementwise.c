@@ -3,6 +3,7 @@
 #include "devices/cpu/cpu.h"
 
 #include <math.h>
+#include <tgmath.h>
 
 /* Row loop over 2 operands (y = out, x = in). */
 #define LOOP1(T, OT, EXPR)                                                                 \
@@ -21,11 +22,13 @@
             if (so_ == 1 && si_ == 1)                                                      \
                 for (int64_t j = 0; j < n_; j++) {                                         \
                     const T x = xp_[j];                                                    \
+                    (void)x;                                                               \
                     y_[j] = (OT)(EXPR);                                                    \
                 }                                                                          \
             else                                                                           \
                 for (int64_t j = 0; j < n_; j++) {                                         \
                     const T x = xp_[j * si_];                                              \
+                    (void)x;                                                               \
                     y_[j * so_] = (OT)(EXPR);                                              \
                 }                                                                          \
         }                                                                                  \
@@ -50,156 +53,63 @@
             if (so_ == 1 && sa_ == 1 && sb_ == 1)                                                \
                 for (int64_t j = 0; j < n_; j++) {                                               \
                     const T a = ap_[j], b = bp_[j];                                              \
+                    (void)a, (void)b;                                                            \
                     y_[j] = (OT)(EXPR);                                                          \
                 }                                                                                \
             else if (so_ == 1 && sa_ == 1 && sb_ == 0) {                                         \
                 const T b = bp_[0];                                                              \
+                (void)b;                                                                         \
                 for (int64_t j = 0; j < n_; j++) {                                               \
                     const T a = ap_[j];                                                          \
+                    (void)a;                                                                     \
                     y_[j] = (OT)(EXPR);                                                          \
                 }                                                                                \
             } else                                                                               \
                 for (int64_t j = 0; j < n_; j++) {                                               \
                     const T a = ap_[j * sa_], b = bp_[j * sb_];                                  \
+                    (void)a, (void)b;                                                            \
                     y_[j * so_] = (OT)(EXPR);                                                    \
                 }                                                                                \
         }                                                                                        \
     } while (0)
 
-/* Float unary ops, T = float (S = f suffix) or double (S empty). */
-#define FLOAT_UNARY(T, S)                                                                            \
-    static void unary_##T(const em_kargs *k, void **bufs)                                            \
-    {                                                                                                \
-        const T sa = (T)k->p.s.a, sb = (T)k->p.s.b;                                                  \
-        (void)sb;                                                                                    \
-        switch (k->kind) {                                                                           \
-        case EM_OP_NEG: LOOP1(T, T, -x); break;                                                      \
-        case EM_OP_ABS: LOOP1(T, T, fabs##S(x)); break;                                              \
-        case EM_OP_SIGN: LOOP1(T, T, (x > 0) - (x < 0)); break;                                      \
-        case EM_OP_EXP: LOOP1(T, T, exp##S(x)); break;                                               \
-        case EM_OP_LOG: LOOP1(T, T, log##S(x)); break;                                               \
-        case EM_OP_LOG1P: LOOP1(T, T, log1p##S(x)); break;                                           \
-        case EM_OP_SQRT: LOOP1(T, T, sqrt##S(x)); break;                                             \
-        case EM_OP_RSQRT: LOOP1(T, T, (T)1 / sqrt##S(x)); break;                                     \
-        case EM_OP_RECIPROCAL: LOOP1(T, T, (T)1 / x); break;                                         \
-        case EM_OP_SQUARE: LOOP1(T, T, x * x); break;                                                \
-        case EM_OP_SIN: LOOP1(T, T, sin##S(x)); break;                                               \
-        case EM_OP_COS: LOOP1(T, T, cos##S(x)); break;                                               \
-        case EM_OP_TANH: LOOP1(T, T, tanh##S(x)); break;                                             \
-        case EM_OP_SIGMOID:                                                                          \
-            LOOP1(T, T, x >= 0 ? (T)1 / ((T)1 + exp##S(-x)) : exp##S(x) / ((T)1 + exp##S(x)));       \
-            break;                                                                                   \
-        case EM_OP_RELU: LOOP1(T, T, x > 0 ? x : (T)0); break;                                       \
-        case EM_OP_GELU: LOOP1(T, T, (T)0.5 * x * ((T)1 + erf##S(x * (T)M_SQRT1_2))); break;        \
-        case EM_OP_GELU_TANH:                                                                        \
-            LOOP1(T, T, (T)0.5 * x * ((T)1 + tanh##S((T)0.7978845608028654 * (x + (T)0.044715 * x * x * x)))); \
-            break;                                                                                   \
-        case EM_OP_SILU:                                                                             \
-            LOOP1(T, T, x >= 0 ? x / ((T)1 + exp##S(-x)) : x * exp##S(x) / ((T)1 + exp##S(x)));      \
-            break;                                                                                   \
-        case EM_OP_SOFTPLUS: LOOP1(T, T, x > (T)20 ? x : log1p##S(exp##S(x))); break;               \
-        case EM_OP_ERF: LOOP1(T, T, erf##S(x)); break;                                               \
-        case EM_OP_FLOOR: LOOP1(T, T, floor##S(x)); break;                                           \
-        case EM_OP_CEIL: LOOP1(T, T, ceil##S(x)); break;                                             \
-        case EM_OP_ROUND: LOOP1(T, T, nearbyint##S(x)); break;                                       \
-        case EM_OP_CLAMP: LOOP1(T, T, x < sa ? sa : (x > sb ? sb : x)); break;                       \
-        case EM_OP_POW_SCALAR:                                                                       \
-            if (sa == (T)2) LOOP1(T, T, x * x);                                                      \
-            else if (sa == (T)0.5) LOOP1(T, T, sqrt##S(x));                                          \
-            else LOOP1(T, T, pow##S(x, sa));                                                         \
-            break;                                                                                   \
-        case EM_OP_LEAKY_RELU: LOOP1(T, T, x >= 0 ? x : sa * x); break;                              \
-        case EM_OP_ELU: LOOP1(T, T, x > 0 ? x : sa * expm1##S(x)); break;                            \
-        case EM_OP_LOGICAL_NOT: LOOP1(T, uint8_t, x == 0); break;                                    \
-        case EM_OP_ADD_SCALAR: LOOP1(T, T, x + sa); break;                                           \
-        case EM_OP_SUB_SCALAR: LOOP1(T, T, x - sa); break;                                           \
-        case EM_OP_RSUB_SCALAR: LOOP1(T, T, sa - x); break;                                          \
-        case EM_OP_MUL_SCALAR: LOOP1(T, T, x * sa); break;                                           \
-        case EM_OP_DIV_SCALAR: LOOP1(T, T, x / sa); break;                                           \
-        case EM_OP_MAXIMUM_SCALAR: LOOP1(T, T, (x != x) ? x : (x > sa ? x : sa)); break;             \
-        case EM_OP_MINIMUM_SCALAR: LOOP1(T, T, (x != x) ? x : (x < sa ? x : sa)); break;             \
-        case EM_OP_REMAINDER_SCALAR: LOOP1(T, T, em_fmod_py##S(x, sa)); break;                       \
-        case EM_OP_EQ_SCALAR: LOOP1(T, uint8_t, x == sa); break;                                     \
-        case EM_OP_NE_SCALAR: LOOP1(T, uint8_t, x != sa); break;                                     \
-        case EM_OP_LT_SCALAR: LOOP1(T, uint8_t, x < sa); break;                                      \
-        case EM_OP_LE_SCALAR: LOOP1(T, uint8_t, x <= sa); break;                                     \
-        case EM_OP_GT_SCALAR: LOOP1(T, uint8_t, x > sa); break;                                      \
-        case EM_OP_GE_SCALAR: LOOP1(T, uint8_t, x >= sa); break;                                     \
-        default: em_cpu_bad_kind("unary", k->kind);                                                  \
-        }                                                                                            \
-    }
+/* ---- unary and binary: rendered from the expressions of tasks/ops.def ---- */
 
-static inline float em_fmod_pyf(float a, float b)
-{
-    float r = fmodf(a, b);
-    return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r;
-}
-static inline double em_fmod_py(double a, double b)
-{
-    double r = fmod(a, b);
-    return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r;
-}
-FLOAT_UNARY(float, f)
-FLOAT_UNARY(double, )
+/* Helpers of the expressions (devices/ew_math.h); tgmath.h makes exp(x),
+ * fmod(a, b), ... pick the float or double function, as in CUDA and OpenCL. */
+#define EW_FN static inline
+typedef int64_t em_i64;
+typedef uint64_t em_u64;
+#include "devices/ew_math.h"
+EM_EW_FLOAT_HELPERS(float, f32)
+EM_EW_FLOAT_HELPERS(double, f64)
+#define em_pymod(a_, b_) _Generic((a_), float: em_pymod_f32, default: em_pymod_f64)(a_, b_)
+#define em_floordiv(a_, b_) _Generic((a_), float: em_floordiv_f32, default: em_floordiv_f64)(a_, b_)
+#define em_erfinv(x_) _Generic((x_), float: em_erfinv_f32, default: em_erfinv_f64)(x_)
+#define EW_NA (T)0 /* placeholder of F_FLOAT kinds: their integer case is never run */
 
-#define IREM(T) \
-    static inline T irem_##T(T a, T b) \
-    { \
-        if (b == 0) return 0; \
-        T r = (T)(a % b); \
-        return (r != 0 && ((r < 0) != (b < 0))) ? (T)(r + b) : r; \
-    }
-IREM(int32_t)
-IREM(int64_t)
-IREM(uint8_t)
-
-static inline int64_t ipow(int64_t x, int64_t e)
-{
-    int64_t r = 1;
-    while (e > 0) {
-        if (e & 1) r *= x;
-        x *= x;
-        e >>= 1;
-    }
-    return r;
-}
-
-/* Integer unary ops (float-only math never reaches here: the front end casts). */
-#define INT_UNARY(T)                                                                       \
-    static void unary_##T(const em_kargs *k, void **bufs)                                  \
-    {                                                                                      \
-        const T sa = (T)k->p.s.a, sb = (T)k->p.s.b;                                        \
-        const double da = k->p.s.a, db = k->p.s.b;                                         \
-        (void)sb;                                                                          \
-        switch (k->kind) {                                                                 \
-        case EM_OP_NEG: LOOP1(T, T, -x); break;                                            \
-        case EM_OP_ABS: LOOP1(T, T, x < 0 ? -x : x); break;                                \
-        case EM_OP_SIGN: LOOP1(T, T, (x > 0) - (x < 0)); break;                            \
-        case EM_OP_SQUARE: LOOP1(T, T, x * x); break;                                      \
-        case EM_OP_RELU: LOOP1(T, T, x > 0 ? x : 0); break;                                \
-        case EM_OP_FLOOR: case EM_OP_CEIL: case EM_OP_ROUND: LOOP1(T, T, x); break;        \
-        case EM_OP_CLAMP: LOOP1(T, T, x < da ? (T)da : (x > db ? (T)db : x)); break;       \
-        case EM_OP_POW_SCALAR: LOOP1(T, T, ipow(x, (int64_t)sa)); break;                   \
-        case EM_OP_LOGICAL_NOT: LOOP1(T, uint8_t, x == 0); break;                          \
-        case EM_OP_ADD_SCALAR: LOOP1(T, T, x + sa); break;                                 \
-        case EM_OP_SUB_SCALAR: LOOP1(T, T, x - sa); break;                                 \
-        case EM_OP_RSUB_SCALAR: LOOP1(T, T, sa - x); break;                                \
-        case EM_OP_MUL_SCALAR: LOOP1(T, T, x * sa); break;                                 \
-        case EM_OP_MAXIMUM_SCALAR: LOOP1(T, T, x > sa ? x : sa); break;                    \
-        case EM_OP_MINIMUM_SCALAR: LOOP1(T, T, x < sa ? x : sa); break;                    \
-        case EM_OP_REMAINDER_SCALAR: LOOP1(T, T, irem_##T(x, sa)); break;                  \
-        case EM_OP_EQ_SCALAR: LOOP1(T, uint8_t, x == da); break;                           \
-        case EM_OP_NE_SCALAR: LOOP1(T, uint8_t, x != da); break;                           \
-        case EM_OP_LT_SCALAR: LOOP1(T, uint8_t, x < da); break;                            \
-        case EM_OP_LE_SCALAR: LOOP1(T, uint8_t, x <= da); break;                           \
-        case EM_OP_GT_SCALAR: LOOP1(T, uint8_t, x > da); break;                            \
-        case EM_OP_GE_SCALAR: LOOP1(T, uint8_t, x >= da); break;                           \
-        default: em_cpu_bad_kind("unary(int)", k->kind);                                   \
-        }                                                                                  \
-    }
-INT_UNARY(int32_t)
-INT_UNARY(int64_t)
-INT_UNARY(uint8_t)
+/* One unary and one binary function per dtype: devices/cpu/ew_kernels.inc
+ * with T and whether it is a float type. */
+#define EW_T float
+#define EW_NAME float
+#define EW_IS_FLOAT 1
+#include "devices/cpu/ew_kernels.inc"
+#define EW_T double
+#define EW_NAME double
+#define EW_IS_FLOAT 1
+#include "devices/cpu/ew_kernels.inc"
+#define EW_T int32_t
+#define EW_NAME int32_t
+#define EW_IS_FLOAT 0
+#include "devices/cpu/ew_kernels.inc"
+#define EW_T int64_t
+#define EW_NAME int64_t
+#define EW_IS_FLOAT 0
+#include "devices/cpu/ew_kernels.inc"
+#define EW_T uint8_t
+#define EW_NAME uint8_t
+#define EW_IS_FLOAT 0
+#include "devices/cpu/ew_kernels.inc"
 
 void em_cpu_unary(void *buffers[], void *cl_arg)
 {
@@ -216,58 +126,7 @@ void em_cpu_unary(void *buffers[], void *cl_arg)
     }
 }
 
-#define FLOAT_BINARY(T, S)                                                                   \
-    static void binary_##T(const em_kargs *k, void **bufs)                                   \
-    {                                                                                        \
-        switch (k->kind) {                                                                   \
-        case EM_OP_ADD: LOOP2(T, T, a + b); break;                                           \
-        case EM_OP_SUB: LOOP2(T, T, a - b); break;                                           \
-        case EM_OP_MUL: LOOP2(T, T, a * b); break;                                           \
-        case EM_OP_DIV: LOOP2(T, T, a / b); break;                                           \
-        case EM_OP_POW: LOOP2(T, T, pow##S(a, b)); break;                                    \
-        case EM_OP_MAXIMUM: LOOP2(T, T, (a != a || b != b) ? (a + b) : (a > b ? a : b)); break; \
-        case EM_OP_MINIMUM: LOOP2(T, T, (a != a || b != b) ? (a + b) : (a < b ? a : b)); break; \
-        case EM_OP_REMAINDER: LOOP2(T, T, em_fmod_py##S(a, b)); break;                       \
-        case EM_OP_EQ: LOOP2(T, uint8_t, a == b); break;                                     \
-        case EM_OP_NE: LOOP2(T, uint8_t, a != b); break;                                     \
-        case EM_OP_LT: LOOP2(T, uint8_t, a < b); break;                                      \
-        case EM_OP_LE: LOOP2(T, uint8_t, a <= b); break;                                     \
-        case EM_OP_GT: LOOP2(T, uint8_t, a > b); break;                                      \
-        case EM_OP_GE: LOOP2(T, uint8_t, a >= b); break;                                     \
-        case EM_OP_LOGICAL_AND: LOOP2(T, uint8_t, (a != 0) && (b != 0)); break;              \
-        case EM_OP_LOGICAL_OR: LOOP2(T, uint8_t, (a != 0) || (b != 0)); break;               \
-        default: em_cpu_bad_kind("binary", k->kind);                                         \
-        }                                                                                    \
-    }
-FLOAT_BINARY(float, f)
-FLOAT_BINARY(double, )
-
-#define INT_BINARY(T, BOOLNORM)                                                              \
-    static void binary_##T(const em_kargs *k, void **bufs)                                   \
-    {                                                                                        \
-        switch (k->kind) {                                                                   \
-        case EM_OP_ADD: LOOP2(T, T, BOOLNORM(a + b)); break;                                 \
-        case EM_OP_SUB: LOOP2(T, T, a - b); break;                                           \
-        case EM_OP_MUL: LOOP2(T, T, a * b); break;                                           \
-        case EM_OP_MAXIMUM: LOOP2(T, T, a > b ? a : b); break;                               \
-        case EM_OP_MINIMUM: LOOP2(T, T, a < b ? a : b); break;                               \
-        case EM_OP_REMAINDER: LOOP2(T, T, irem_##T(a, b)); break;                            \
-        case EM_OP_EQ: LOOP2(T, uint8_t, a == b); break;                                     \
-        case EM_OP_NE: LOOP2(T, uint8_t, a != b); break;                                     \
-        case EM_OP_LT: LOOP2(T, uint8_t, a < b); break;                                      \
-        case EM_OP_LE: LOOP2(T, uint8_t, a <= b); break;                                     \
-        case EM_OP_GT: LOOP2(T, uint8_t, a > b); break;                                      \
-        case EM_OP_GE: LOOP2(T, uint8_t, a >= b); break;                                     \
-        case EM_OP_LOGICAL_AND: LOOP2(T, uint8_t, (a != 0) && (b != 0)); break;              \
-        case EM_OP_LOGICAL_OR: LOOP2(T, uint8_t, (a != 0) || (b != 0)); break;               \
-        default: em_cpu_bad_kind("binary(int)", k->kind);                                    \
-        }                                                                                    \
-    }
-#define NOP_(x) (x)
-#define BOOL_(x) ((x) != 0)
-INT_BINARY(int32_t, NOP_)
-INT_BINARY(int64_t, NOP_)
-INT_BINARY(uint8_t, NOP_)
+/* bool: add is logical or, mul logical and, the rest as uint8. */
 static void binary_bool(const em_kargs *k, void **bufs)
 {
     switch (k->kind) {

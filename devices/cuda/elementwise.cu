@@ -29,181 +29,53 @@ using namespace emc;
 
 namespace {
 
-/* ---- math overloads (float / double) ------------------------------------- */
+/* ---- the expressions of tasks/ops.def ---------------------------------------
+ * exp(x), fmod(a, b), ... resolve to CUDA's float or double overloads; the
+ * helpers come from devices/ew_math.h, shared with the CPU and OpenCL. */
 
-__device__ __forceinline__ float m_fabs(float x) { return fabsf(x); }
-__device__ __forceinline__ double m_fabs(double x) { return fabs(x); }
-__device__ __forceinline__ float m_exp(float x) { return expf(x); }
-__device__ __forceinline__ double m_exp(double x) { return exp(x); }
-__device__ __forceinline__ float m_expm1(float x) { return expm1f(x); }
-__device__ __forceinline__ double m_expm1(double x) { return expm1(x); }
-__device__ __forceinline__ float m_log(float x) { return logf(x); }
-__device__ __forceinline__ double m_log(double x) { return log(x); }
-__device__ __forceinline__ float m_log1p(float x) { return log1pf(x); }
-__device__ __forceinline__ double m_log1p(double x) { return log1p(x); }
-__device__ __forceinline__ float m_sqrt(float x) { return sqrtf(x); }
-__device__ __forceinline__ double m_sqrt(double x) { return sqrt(x); }
-__device__ __forceinline__ float m_sin(float x) { return sinf(x); }
-__device__ __forceinline__ double m_sin(double x) { return sin(x); }
-__device__ __forceinline__ float m_cos(float x) { return cosf(x); }
-__device__ __forceinline__ double m_cos(double x) { return cos(x); }
-__device__ __forceinline__ float m_tanh(float x) { return tanhf(x); }
-__device__ __forceinline__ double m_tanh(double x) { return tanh(x); }
-__device__ __forceinline__ float m_erf(float x) { return erff(x); }
-__device__ __forceinline__ double m_erf(double x) { return erf(x); }
-__device__ __forceinline__ float m_floor(float x) { return floorf(x); }
-__device__ __forceinline__ double m_floor(double x) { return floor(x); }
-__device__ __forceinline__ float m_ceil(float x) { return ceilf(x); }
-__device__ __forceinline__ double m_ceil(double x) { return ceil(x); }
-__device__ __forceinline__ float m_rint(float x) { return rintf(x); } /* nearbyint: half to even */
-__device__ __forceinline__ double m_rint(double x) { return rint(x); }
-__device__ __forceinline__ float m_pow(float x, float y) { return powf(x, y); }
-__device__ __forceinline__ double m_pow(double x, double y) { return pow(x, y); }
-__device__ __forceinline__ float m_fmod(float x, float y) { return fmodf(x, y); }
-__device__ __forceinline__ double m_fmod(double x, double y) { return fmod(x, y); }
-
-/* Python-style remainder (sign of the divisor). */
-template <typename T> __device__ __forceinline__ T fmod_py(T a, T b)
-{
-    T r = m_fmod(a, b);
-    return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r;
-}
-template <typename T> __device__ __forceinline__ T irem(T a, T b)
-{
-    if (b == 0) return 0;
-    T r = (T)(a % b);
-    if constexpr (std::is_signed<T>::value) return (r != 0 && ((r < 0) != (b < 0))) ? (T)(r + b) : r;
-    else return r;
-}
-__device__ __forceinline__ int64_t ipow(int64_t x, int64_t e)
-{
-    int64_t r = 1;
-    while (e > 0) {
-        if (e & 1) r *= x;
-        x *= x;
-        e >>= 1;
-    }
-    return r;
-}
+#define EW_FN __device__ __forceinline__ static
+typedef long long em_i64;
+typedef unsigned long long em_u64;
+#include "devices/ew_math.h"
+EM_EW_FLOAT_HELPERS(float, f32)
+EM_EW_FLOAT_HELPERS(double, f64)
+#define EW_OVERLOAD_1(nm) \
+    __device__ __forceinline__ float em_##nm(float x) { return em_##nm##_f32(x); } \
+    __device__ __forceinline__ double em_##nm(double x) { return em_##nm##_f64(x); }
+#define EW_OVERLOAD_2(nm) \
+    __device__ __forceinline__ float em_##nm(float a, float b) { return em_##nm##_f32(a, b); } \
+    __device__ __forceinline__ double em_##nm(double a, double b) { return em_##nm##_f64(a, b); }
+#define EW_OVERLOAD(nm, arity) EW_OVERLOAD_##arity(nm)
+EM_EW_FLOAT_HELPER_LIST(EW_OVERLOAD)
+#define EW_NA (T)0 /* placeholder of F_FLOAT kinds: never run on integers */
 
 template <typename T> __host__ __device__ constexpr bool is_fp() { return std::is_same<T, float>::value || std::is_same<T, double>::value; }
 
+/* The unsigned tensor types make some integer expressions compare with 0. */
+#pragma nv_diag_suppress 186
+
 /* ---- unary functor ---------------------------------------------------------- */
 
-/* y = f(x) for op kind `kind`; OT = T, or uint8_t for F_CMP kinds. */
+/* y = f(x) for op kind `kind`, one case per EW1 line of tasks/ops.def; OT = T,
+ * or uint8_t for F_CMP kinds. The host launches only EW1 kinds (unary_t). */
 template <typename T, typename OT> struct UnaryF {
     int kind;
-    bool cmp_op; /* F_CMP kind (LOGICAL_NOT, *_SCALAR comparisons) */
     T sa, sb;
     double da, db;
 
     __device__ __forceinline__ OT operator()(T x) const
     {
-        if constexpr (std::is_same<OT, uint8_t>::value && !std::is_same<T, uint8_t>::value) {
-            return cmp(x);
-        } else if constexpr (std::is_same<T, uint8_t>::value) {
-            /* u8/bool input: OT is u8 for both kinds of op; tell them apart by kind */
-            if (cmp_op) return cmp(x);
-            return (OT)arith(x);
-        } else {
-            return (OT)arith(x);
-        }
-    }
-
-    __device__ __forceinline__ uint8_t cmp(T x) const
-    {
         if constexpr (is_fp<T>()) {
             switch (kind) {
-            case EM_OP_LOGICAL_NOT: return x == 0;
-            case EM_OP_EQ_SCALAR: return x == sa;
-            case EM_OP_NE_SCALAR: return x != sa;
-            case EM_OP_LT_SCALAR: return x < sa;
-            case EM_OP_LE_SCALAR: return x <= sa;
-            case EM_OP_GT_SCALAR: return x > sa;
-            case EM_OP_GE_SCALAR: return x >= sa;
-            default: return 0;
+#define EW1(E, nm, fl, fx, ix, bw) case EM_OP_##E: return (OT)(fx);
+#include "tasks/ops.def"
+            default: return (OT)0;
             }
         } else {
             switch (kind) {
-            case EM_OP_LOGICAL_NOT: return x == 0;
-            case EM_OP_EQ_SCALAR: return x == da;
-            case EM_OP_NE_SCALAR: return x != da;
-            case EM_OP_LT_SCALAR: return x < da;
-            case EM_OP_LE_SCALAR: return x <= da;
-            case EM_OP_GT_SCALAR: return x > da;
-            case EM_OP_GE_SCALAR: return x >= da;
-            default: return 0;
-            }
-        }
-    }
-
-    __device__ __forceinline__ T arith(T x) const
-    {
-        if constexpr (is_fp<T>()) {
-            switch (kind) {
-            case EM_OP_NEG: return -x;
-            case EM_OP_ABS: return m_fabs(x);
-            case EM_OP_SIGN: return (T)((x > 0) - (x < 0));
-            case EM_OP_EXP: return m_exp(x);
-            case EM_OP_LOG: return m_log(x);
-            case EM_OP_LOG1P: return m_log1p(x);
-            case EM_OP_SQRT: return m_sqrt(x);
-            case EM_OP_RSQRT: return (T)1 / m_sqrt(x);
-            case EM_OP_RECIPROCAL: return (T)1 / x;
-            case EM_OP_SQUARE: return x * x;
-            case EM_OP_SIN: return m_sin(x);
-            case EM_OP_COS: return m_cos(x);
-            case EM_OP_TANH: return m_tanh(x);
-            case EM_OP_SIGMOID: return x >= 0 ? (T)1 / ((T)1 + m_exp(-x)) : m_exp(x) / ((T)1 + m_exp(x));
-            case EM_OP_RELU: return x > 0 ? x : (T)0;
-            case EM_OP_GELU: return (T)0.5 * x * ((T)1 + m_erf(x * (T)0.70710678118654752440));
-            case EM_OP_GELU_TANH:
-                return (T)0.5 * x * ((T)1 + m_tanh((T)0.7978845608028654 * (x + (T)0.044715 * x * x * x)));
-            case EM_OP_SILU: return x >= 0 ? x / ((T)1 + m_exp(-x)) : x * m_exp(x) / ((T)1 + m_exp(x));
-            case EM_OP_SOFTPLUS: return x > (T)20 ? x : m_log1p(m_exp(x));
-            case EM_OP_ERF: return m_erf(x);
-            case EM_OP_FLOOR: return m_floor(x);
-            case EM_OP_CEIL: return m_ceil(x);
-            case EM_OP_ROUND: return m_rint(x);
-            case EM_OP_CLAMP: return x < sa ? sa : (x > sb ? sb : x);
-            case EM_OP_POW_SCALAR:
-                if (sa == (T)2) return x * x;
-                if (sa == (T)0.5) return m_sqrt(x);
-                return m_pow(x, sa);
-            case EM_OP_LEAKY_RELU: return x >= 0 ? x : sa * x;
-            case EM_OP_ELU: return x > 0 ? x : sa * m_expm1(x);
-            case EM_OP_ADD_SCALAR: return x + sa;
-            case EM_OP_SUB_SCALAR: return x - sa;
-            case EM_OP_RSUB_SCALAR: return sa - x;
-            case EM_OP_MUL_SCALAR: return x * sa;
-            case EM_OP_DIV_SCALAR: return x / sa;
-            case EM_OP_MAXIMUM_SCALAR: return (x != x) ? x : (x > sa ? x : sa);
-            case EM_OP_MINIMUM_SCALAR: return (x != x) ? x : (x < sa ? x : sa);
-            case EM_OP_REMAINDER_SCALAR: return fmod_py(x, sa);
-            default: return x;
-            }
-        } else {
-            switch (kind) {
-            case EM_OP_NEG: return (T)(-x);
-            case EM_OP_ABS:
-                if constexpr (std::is_signed<T>::value) return x < 0 ? (T)(-x) : x;
-                else return x;
-            case EM_OP_SIGN:
-                if constexpr (std::is_signed<T>::value) return (T)((x > 0) - (x < 0));
-                else return (T)(x > 0);
-            case EM_OP_SQUARE: return (T)(x * x);
-            case EM_OP_RELU: return x > 0 ? x : (T)0;
-            case EM_OP_FLOOR: case EM_OP_CEIL: case EM_OP_ROUND: return x;
-            case EM_OP_CLAMP: return x < da ? (T)da : (x > db ? (T)db : x);
-            case EM_OP_POW_SCALAR: return (T)ipow((int64_t)x, (int64_t)sa);
-            case EM_OP_ADD_SCALAR: return (T)(x + sa);
-            case EM_OP_SUB_SCALAR: return (T)(x - sa);
-            case EM_OP_RSUB_SCALAR: return (T)(sa - x);
-            case EM_OP_MUL_SCALAR: return (T)(x * sa);
-            case EM_OP_MAXIMUM_SCALAR: return x > sa ? x : sa;
-            case EM_OP_MINIMUM_SCALAR: return x < sa ? x : sa;
-            case EM_OP_REMAINDER_SCALAR: return irem<T>(x, sa);
-            default: return x;
+#define EW1(E, nm, fl, fx, ix, bw) case EM_OP_##E: return (OT)(ix);
+#include "tasks/ops.def"
+            default: return (OT)0;
             }
         }
     }
@@ -217,27 +89,10 @@ template <typename T, typename OT> struct BinaryF {
 
     __device__ __forceinline__ OT operator()(T a, T b) const
     {
-        switch (kind) {
-        case EM_OP_EQ: return (OT)(a == b);
-        case EM_OP_NE: return (OT)(a != b);
-        case EM_OP_LT: return (OT)(a < b);
-        case EM_OP_LE: return (OT)(a <= b);
-        case EM_OP_GT: return (OT)(a > b);
-        case EM_OP_GE: return (OT)(a >= b);
-        case EM_OP_LOGICAL_AND: return (OT)((a != 0) && (b != 0));
-        case EM_OP_LOGICAL_OR: return (OT)((a != 0) || (b != 0));
-        default: break;
-        }
         if constexpr (is_fp<T>()) {
             switch (kind) {
-            case EM_OP_ADD: return (OT)(a + b);
-            case EM_OP_SUB: return (OT)(a - b);
-            case EM_OP_MUL: return (OT)(a * b);
-            case EM_OP_DIV: return (OT)(a / b);
-            case EM_OP_POW: return (OT)m_pow(a, b);
-            case EM_OP_MAXIMUM: return (OT)((a != a || b != b) ? (a + b) : (a > b ? a : b));
-            case EM_OP_MINIMUM: return (OT)((a != a || b != b) ? (a + b) : (a < b ? a : b));
-            case EM_OP_REMAINDER: return (OT)fmod_py(a, b);
+#define EW2(E, nm, fl, fx, ix, bw) case EM_OP_##E: return (OT)(fx);
+#include "tasks/ops.def"
             default: return (OT)0;
             }
         } else {
@@ -246,12 +101,8 @@ template <typename T, typename OT> struct BinaryF {
                 if (kind == EM_OP_MUL) return (OT)((a != 0) && (b != 0));
             }
             switch (kind) {
-            case EM_OP_ADD: return (OT)(a + b);
-            case EM_OP_SUB: return (OT)(a - b);
-            case EM_OP_MUL: return (OT)(a * b);
-            case EM_OP_MAXIMUM: return (OT)(a > b ? a : b);
-            case EM_OP_MINIMUM: return (OT)(a < b ? a : b);
-            case EM_OP_REMAINDER: return (OT)irem<T>(a, b);
+#define EW2(E, nm, fl, fx, ix, bw) case EM_OP_##E: return (OT)(ix);
+#include "tasks/ops.def"
             default: return (OT)0;
             }
         }
@@ -397,12 +248,11 @@ template <typename T> void unary_t(const em_kargs *k, void *buffers[])
     const int64_t *st[2] = {out.strides, in.strides};
     Geom g = make_geom(out.ndim, out.shape, 2, st);
     const T *x = (const T *)base(buffers, 0, in);
-    const bool cmp = is_cmp(k->kind);
-    if (cmp && !std::is_same<T, uint8_t>::value) {
-        UnaryF<T, uint8_t> f{k->kind, true, (T)k->p.s.a, (T)k->p.s.b, k->p.s.a, k->p.s.b};
+    if (is_cmp(k->kind) && !std::is_same<T, uint8_t>::value) {
+        UnaryF<T, uint8_t> f{k->kind, (T)k->p.s.a, (T)k->p.s.b, k->p.s.a, k->p.s.b};
         launch_map1(g, x, (uint8_t *)base(buffers, 1, out), f, "unary");
     } else {
-        UnaryF<T, T> f{k->kind, cmp, (T)k->p.s.a, (T)k->p.s.b, k->p.s.a, k->p.s.b};
+        UnaryF<T, T> f{k->kind, (T)k->p.s.a, (T)k->p.s.b, k->p.s.a, k->p.s.b};
         launch_map1(g, x, (T *)base(buffers, 1, out), f, "unary");
     }
 }
@@ -498,6 +348,10 @@ template <typename T> void copy_same(const Geom &g, const char *x, char *y)
 void em_cuda_unary(void *buffers[], void *cl_arg)
 {
     const em_kargs *k = (const em_kargs *)cl_arg;
+    if (!is_family(k->kind, F_EW, 1) || (!is_fp_dtype(k->in[0].dtype) && (op_flags[k->kind] & F_FLOAT))) {
+        unsupported("unary", k->kind);
+        return;
+    }
     switch (k->in[0].dtype) {
     case EM_F32: unary_t<float>(k, buffers); break;
     case EM_F64: unary_t<double>(k, buffers); break;
@@ -512,6 +366,10 @@ void em_cuda_unary(void *buffers[], void *cl_arg)
 void em_cuda_binary(void *buffers[], void *cl_arg)
 {
     const em_kargs *k = (const em_kargs *)cl_arg;
+    if (!is_family(k->kind, F_EW, 2) || (!is_fp_dtype(k->in[0].dtype) && (op_flags[k->kind] & F_FLOAT))) {
+        unsupported("binary", k->kind);
+        return;
+    }
     switch (k->in[0].dtype) {
     case EM_F32: binary_t<float>(k, buffers); break;
     case EM_F64: binary_t<double>(k, buffers); break;

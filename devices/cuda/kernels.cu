@@ -1,20 +1,11 @@
 /* Ember's CUDA backend: the kernel table, device start/stop, shared helpers.
  *
- * ops without a CUDA kernel:
- *   - none of the task ops of tasks/ops.def as of this writing. Every op
- *     whose CPU kernel family is listed in kFamilies below gets a CUDA kernel;
- *     an op added later with a NEW CPU kernel family (e.g. em_cpu_conv) maps to
- *     NULL here until a CUDA kernel is written for it, and the funnel then runs
- *     it on the CPU (tests/test_consistency.c lists it as "unsupported").
- *   - the view ops (VIEW_RESHAPE, VIEW_PERMUTE, VIEW_EXPAND, VIEW_SLICE,
- *     VIEW_ALIAS, VIEW_CAT) submit no task and need no kernel on any device.
- *
- * Table: em__cuda_kernels[kind] (runtime/internal.h) is filled at load time
- * from tasks/ops.def by mapping each op's CPU kernel family to the CUDA
- * function of the same family; tasks/funnel.c reads it in em__codelets_init()
- * and sets STARPU_CUDA_ASYNC for every non-NULL entry. The table is also
- * reachable through em__cuda_kernel_table() (exported, for the consistency
- * test, which cannot see the library's hidden symbols).
+ * Table: em__cuda_kernels[kind] holds em_cuda_<family> for every op of
+ * tasks/ops.def (the family column), so a family without a CUDA kernel
+ * function is a build error, and em__codelets_init refuses to start when an
+ * entry of a task op is NULL. Only the view ops (VIEW_*), which submit no
+ * task, have none. The table is also reachable through
+ * em__cuda_kernel_table() (for the consistency test).
  *
  * em__cuda_init() (called by em_init after the codelets): cuBLAS handles on
  * every CUDA worker (starpu_cublas_init), their math mode (FP32 by default,
@@ -30,26 +21,6 @@
 #include <string.h>
 
 namespace {
-
-struct Family {
-    const char *cpu;
-    em_kernel_fn cuda;
-};
-
-/* CPU kernel family (tasks/ops.def, last column) -> CUDA kernel. */
-const Family kFamilies[] = {
-    {"em_cpu_unary", em_cuda_unary},     {"em_cpu_binary", em_cuda_binary}, {"em_cpu_where", em_cuda_where},
-    {"em_cpu_reduce", em_cuda_reduce},   {"em_cpu_softmax", em_cuda_softmax}, {"em_cpu_matmul", em_cuda_matmul},
-    {"em_cpu_copy", em_cuda_copy},       {"em_cpu_index", em_cuda_index},   {"em_cpu_fill", em_cuda_fill},
-    {"em_cpu_optim", em_cuda_optim},
-};
-
-em_kernel_fn cuda_for(const char *cpu_family)
-{
-    for (const Family &f : kFamilies)
-        if (!strcmp(f.cpu, cpu_family)) return f.cuda;
-    return nullptr; /* NONE (views) or a family without a CUDA kernel yet */
-}
 
 /* Per-worker state, indexed by StarPU worker id. */
 struct WorkerState {
@@ -102,11 +73,14 @@ void worker_stop(void *arg)
 /* ---- the table -------------------------------------------------------------- */
 
 extern "C" {
+/* [op] -> em_cuda_<family> (tasks/ops.def): a family without a CUDA
+ * kernel function is a build error. */
+#define em_cuda_NONE nullptr
 em_kernel_fn em__cuda_kernels[EM_OP_COUNT] = {
-#define X(E, name, nin, nout, flags, cpu) cuda_for(#cpu),
+#define OP(E, nm, nin, nout, fl, fam, bw) [EM_OP_##E] = em_cuda_##fam,
 #include "tasks/ops.def"
-#undef X
 };
+bool em__cuda_compiled(void) { return true; }
 
 /* Test hook: the table above (libember hides its internal symbols). */
 __attribute__((visibility("default"))) const em_kernel_fn *em__cuda_kernel_table(void) { return em__cuda_kernels; }
@@ -133,9 +107,12 @@ void em__cuda_shutdown(void)
 namespace emc {
 
 const unsigned op_flags[EM_OP_COUNT] = {
-#define X(E, name, nin, nout, flags, cpu) (unsigned)(flags),
+#define OP(E, nm, nin, nout, fl, fam, bw) (unsigned)(fl),
 #include "tasks/ops.def"
-#undef X
+};
+const int op_n_in[EM_OP_COUNT] = {
+#define OP(E, nm, nin, nout, fl, fam, bw) nin,
+#include "tasks/ops.def"
 };
 
 int sm_count()

@@ -33,6 +33,11 @@ typedef float acc_t;
 
 #define EM_MAXD 8
 
+/* What devices/ew_math.h (embedded next) needs. */
+#define EW_FN inline
+typedef long em_i64;
+typedef ulong em_u64;
+
 /* Unpacks a long8 into a private array. */
 #define EM_UNPACK(arr, v) long arr[EM_MAXD]; vstore8((v), 0, arr)
 

@@ -4,7 +4,19 @@
  * dims), out[0] strided, all of out[0]'s shape. */
 #include "devices/opencl/opencl.h"
 
+#include <stdint.h>
+
+/* the helper list (EM_EW_FLOAT_HELPER_LIST) of the shared expressions */
+#define EW_FN static inline
+typedef int64_t em_i64;
+typedef uint64_t em_u64;
+#include "devices/ew_math.h"
+
+#include <ctype.h>
 #include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -74,35 +86,149 @@ static void int_scalars(int dt, double a, double b, int64_t sv[8])
      * value of an i32/u8 tensor; for i64 only INT64_MAX/MIN themselves differ. */
 }
 
-/* Integer unary kinds the CPU implements (others are float-only: the front
- * end casts ints to f32 first). */
-static bool int_unary_ok(int kind)
+/* ---- the element-wise functions, generated from tasks/ops.def ------------ */
+
+typedef struct ew_row {
+    int kind;
+    unsigned flags;
+    int arity;
+    const char *name, *fx, *ix;
+} ew_row;
+
+/* Every element-wise kind with its expressions as text. */
+static const ew_row g_rows[] = {
+#define EW1(E, nm, fl, fx, ix, bw) {EM_OP_##E, (fl), 1, #nm, #fx, #ix},
+#define EW2(E, nm, fl, fx, ix, bw) {EM_OP_##E, (fl), 2, #nm, #fx, #ix},
+#include "tasks/ops.def"
+};
+
+/* Does expression text e use the identifier id? */
+static bool uses_ident(const char *e, const char *id)
 {
-    switch (kind) {
-    case EM_OP_NEG: case EM_OP_ABS: case EM_OP_SIGN: case EM_OP_SQUARE: case EM_OP_RELU: case EM_OP_FLOOR:
-    case EM_OP_CEIL: case EM_OP_ROUND: case EM_OP_CLAMP: case EM_OP_POW_SCALAR: case EM_OP_LOGICAL_NOT:
-    case EM_OP_ADD_SCALAR: case EM_OP_SUB_SCALAR: case EM_OP_RSUB_SCALAR: case EM_OP_MUL_SCALAR:
-    case EM_OP_MAXIMUM_SCALAR: case EM_OP_MINIMUM_SCALAR: case EM_OP_REMAINDER_SCALAR: case EM_OP_EQ_SCALAR:
-    case EM_OP_NE_SCALAR: case EM_OP_LT_SCALAR: case EM_OP_LE_SCALAR: case EM_OP_GT_SCALAR: case EM_OP_GE_SCALAR:
-        return true;
-    default: return false;
+    size_t n = strlen(id);
+    for (const char *p = strstr(e, id); p; p = strstr(p + 1, id)) {
+        bool before = p == e || !(isalnum((unsigned char)p[-1]) || p[-1] == '_');
+        bool after = !(isalnum((unsigned char)p[n]) || p[n] == '_');
+        if (before && after) return true;
+    }
+    return false;
+}
+
+/* The integer kinds that elementwise.cl's em_iun_da / em_icmp1_da compute. */
+static bool has_da_override(int kind)
+{
+    return kind == EM_OP_CLAMP || kind == EM_OP_EQ_SCALAR || kind == EM_OP_NE_SCALAR || kind == EM_OP_LT_SCALAR ||
+           kind == EM_OP_LE_SCALAR || kind == EM_OP_GT_SCALAR || kind == EM_OP_GE_SCALAR;
+}
+
+typedef struct sbuf {
+    char *p;
+    size_t len, cap;
+    bool oom;
+} sbuf;
+
+static void sb_add(sbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void sb_add(sbuf *b, const char *fmt, ...)
+{
+    if (b->oom) return;
+    for (;;) {
+        va_list ap;
+        va_start(ap, fmt);
+        int n = vsnprintf(b->p + b->len, b->cap - b->len, fmt, ap);
+        va_end(ap);
+        if (n < 0) {
+            b->oom = true;
+            return;
+        }
+        if ((size_t)n < b->cap - b->len) {
+            b->len += (size_t)n;
+            return;
+        }
+        size_t cap = b->cap * 2 + (size_t)n;
+        char *q = realloc(b->p, cap);
+        if (!q) {
+            b->oom = true;
+            return;
+        }
+        b->p = q;
+        b->cap = cap;
     }
 }
 
-static bool int_binary_ok(int kind)
+/* One switch function: the cases of every row of @p arity whose F_CMP flag is
+ * @p cmp, from the float or the integer expression. */
+static void gen_fn(sbuf *b, const char *sig, const char *pre, int arity, bool cmp, bool integer, const char *ret,
+                   const char *dflt)
 {
-    switch (kind) {
-    case EM_OP_ADD: case EM_OP_SUB: case EM_OP_MUL: case EM_OP_MAXIMUM: case EM_OP_MINIMUM: case EM_OP_REMAINDER:
-    case EM_OP_EQ: case EM_OP_NE: case EM_OP_LT: case EM_OP_LE: case EM_OP_GT: case EM_OP_GE:
-    case EM_OP_LOGICAL_AND: case EM_OP_LOGICAL_OR:
-        return true;
-    default: return false;
+    sb_add(b, "%s\n{\n%s    switch (op) {\n", sig, pre);
+    for (size_t i = 0; i < sizeof g_rows / sizeof g_rows[0]; i++) {
+        const ew_row *r = &g_rows[i];
+        if (r->arity != arity || ((r->flags & F_CMP) != 0) != cmp) continue;
+        if (integer && (r->flags & F_FLOAT)) continue;
+        const char *e = integer ? r->ix : r->fx;
+        if (integer && (uses_ident(e, "da") || uses_ident(e, "db"))) continue; /* em_iun_da / em_icmp1_da */
+        sb_add(b, "    case %d: return (%s)(%s); /* %s */\n", r->kind, ret, e, r->name);
     }
+    sb_add(b, "    default: return %s;\n    }\n}\n", dflt);
 }
 
-static bool same_family(int kind, int representative)
+char *em_ocl_ew_source(bool fp64, char *err, size_t errlen)
 {
-    return (unsigned)kind < EM_OP_COUNT && em__optab[kind].cpu == em__optab[representative].cpu;
+    for (size_t i = 0; i < sizeof g_rows / sizeof g_rows[0]; i++) {
+        const ew_row *r = &g_rows[i];
+        if ((r->flags & F_FLOAT) || has_da_override(r->kind)) continue;
+        if (uses_ident(r->ix, "da") || uses_ident(r->ix, "db")) {
+            snprintf(err, errlen, "op %s: its integer expression uses da/db, which OpenCL cannot compute "
+                                  "(add it to em_iun_da / em_icmp1_da in devices/opencl/elementwise.cl)", r->name);
+            return NULL;
+        }
+    }
+    sbuf b = {malloc(32768), 0, 32768, false};
+    if (!b.p) return NULL;
+    sb_add(&b, "/* generated by devices/opencl/elementwise.c from tasks/ops.def */\n");
+    const char *types[2][2] = {{"float", "f32"}, {"double", "f64"}};
+    for (int t = 0; t < (fp64 ? 2 : 1); t++) {
+        const char *T = types[t][0], *S = types[t][1];
+        sb_add(&b, "#define T %s\n", T);
+#define EW_HELPER_DEFINE(nm, arity) sb_add(&b, "#define em_" #nm " em_" #nm "_%s\n", S);
+        EM_EW_FLOAT_HELPER_LIST(EW_HELPER_DEFINE)
+#undef EW_HELPER_DEFINE
+        char sig[160];
+        snprintf(sig, sizeof sig, "T em_fun_%s(int op, T x, T sa, T sb)", S);
+        gen_fn(&b, sig, "", 1, false, false, "T", "(T)NAN");
+        snprintf(sig, sizeof sig, "uchar em_fcmp1_%s(int op, T x, T sa)", S);
+        gen_fn(&b, sig, "    const T sb = (T)0;\n    (void)sb;\n", 1, true, false, "uchar", "0");
+        snprintf(sig, sizeof sig, "T em_fbin_%s(int op, T a, T b)", S);
+        gen_fn(&b, sig, "", 2, false, false, "T", "(T)NAN");
+        snprintf(sig, sizeof sig, "uchar em_fcmp2_%s(int op, T a, T b)", S);
+        gen_fn(&b, sig, "", 2, true, false, "uchar", "0");
+#define EW_HELPER_UNDEF(nm, arity) sb_add(&b, "#undef em_" #nm "\n");
+        EM_EW_FLOAT_HELPER_LIST(EW_HELPER_UNDEF)
+#undef EW_HELPER_UNDEF
+        sb_add(&b, "#undef T\n");
+    }
+    sb_add(&b, "#define T long\n");
+    gen_fn(&b, "long em_iun(int op, long x, long8 sv)", "    const long sa = sv.s0, sb = sv.s1;\n", 1, false, true,
+           "long", "em_iun_da(op, x, sv)");
+    gen_fn(&b, "uchar em_icmp1(int op, long x, long8 sv)", "    const long sa = sv.s0;\n", 1, true, true, "uchar",
+           "em_icmp1_da(op, x, sv)");
+    gen_fn(&b, "long em_ibin(int op, long a, long b)", "", 2, false, true, "long", "a");
+    gen_fn(&b, "uchar em_icmp2(int op, long a, long b)", "", 2, true, true, "uchar", "0");
+    sb_add(&b, "#undef T\n");
+    if (b.oom) {
+        free(b.p);
+        return NULL;
+    }
+    return b.p;
+}
+
+/* kind is an element-wise op of @p arity, computable for dtype dt. */
+static bool ew_ok(int kind, int arity, int dt)
+{
+    if ((unsigned)kind >= EM_OP_COUNT || !(em__optab[kind].flags & F_EW) || em__optab[kind].n_in != arity ||
+        kind == EM_OP_WHERE)
+        return false;
+    return is_float_dt(dt) || !(em__optab[kind].flags & F_FLOAT);
 }
 
 /* Kernel id for a dtype: base + offset, in the order f32 f64 i32 i64 u8 of
@@ -128,7 +254,7 @@ void em_ocl_unary(void *buffers[], void *cl_arg)
     const em_kargs *k = cl_arg;
     const int dt = k->in[0].dtype, kind = k->kind;
     const bool cmp = (unsigned)kind < EM_OP_COUNT && (em__optab[kind].flags & F_CMP);
-    if (!same_family(kind, EM_OP_NEG) || (!is_float_dt(dt) && !int_unary_ok(kind))) {
+    if (!ew_ok(kind, 1, dt)) {
         em_ocl_error("unary: op %d not supported for dtype %d", kind, dt);
         return;
     }
@@ -167,7 +293,7 @@ void em_ocl_binary(void *buffers[], void *cl_arg)
     const em_kargs *k = cl_arg;
     const int dt = k->in[0].dtype, kind = k->kind;
     const bool cmp = (unsigned)kind < EM_OP_COUNT && (em__optab[kind].flags & F_CMP);
-    if (!same_family(kind, EM_OP_ADD) || k->in[1].dtype != dt || (!is_float_dt(dt) && !int_binary_ok(kind))) {
+    if (!ew_ok(kind, 2, dt) || k->in[1].dtype != dt) {
         em_ocl_error("binary: op %d not supported for dtypes %d/%d", kind, dt, k->in[1].dtype);
         return;
     }

@@ -33,6 +33,11 @@
 
 /* Every kernel of the program, by name. Kernels marked F64 exist only when
  * the program was built with double support. */
+/* The element-wise functions of the program, generated from the expressions
+ * of tasks/ops.def (devices/opencl/elementwise.c); malloc'd, NULL with a
+ * reason in err when an expression cannot be rendered for OpenCL. */
+char *em_ocl_ew_source(bool fp64, char *err, size_t errlen);
+
 #define EM_OCL_KERNEL_LIST(X)                                                                     \
     X(unary_f32) X(ucmp_f32) X(binary_f32) X(bcmp_f32)                                            \
     X(unary_f64) X(ucmp_f64) X(binary_f64) X(bcmp_f64)                                            \

@@ -142,6 +142,33 @@ EM_API em_tensor *em_pow_scalar(const em_tensor *a, double exponent);
 EM_API em_tensor *em_leaky_relu(const em_tensor *a, double negative_slope);
 /** ELU: x if x > 0 else alpha * (exp(x) - 1). */
 EM_API em_tensor *em_elu(const em_tensor *a, double alpha);
+/** Hardswish: x * relu6(x + 3) / 6 (Howard et al. 2019, torch.nn.Hardswish). */
+EM_API em_tensor *em_hardswish(const em_tensor *a);
+/** Hardsigmoid: relu6(x + 3) / 6 (torch.nn.Hardsigmoid). */
+EM_API em_tensor *em_hardsigmoid(const em_tensor *a);
+/** Mish: x * tanh(softplus(x)) (Misra 2019; softplus threshold 20 as PyTorch). */
+EM_API em_tensor *em_mish(const em_tensor *a);
+/** SELU: scale * (x if x > 0 else alpha * (exp(x) - 1)) with alpha =
+ *  1.6732632423543772, scale = 1.0507009873554805 (Klambauer et al. 2017). */
+EM_API em_tensor *em_selu(const em_tensor *a);
+/** CELU: x if x > 0 else alpha * (exp(x / alpha) - 1) (Barron 2017,
+ *  torch.nn.CELU; PyTorch's default alpha is 1). EM_ERR_INVALID when alpha is
+ *  0 or not finite. */
+EM_API em_tensor *em_celu(const em_tensor *a, double alpha);
+/** Softsign: x / (1 + |x|). */
+EM_API em_tensor *em_softsign(const em_tensor *a);
+/** log(sigmoid(x)), computed stably as min(x, 0) - log1p(exp(-|x|)). */
+EM_API em_tensor *em_logsigmoid(const em_tensor *a);
+/** exp(x) - 1, accurate near 0. */
+EM_API em_tensor *em_expm1(const em_tensor *a);
+/** Base-2 logarithm. */
+EM_API em_tensor *em_log2(const em_tensor *a);
+/** 2 ** x. */
+EM_API em_tensor *em_exp2(const em_tensor *a);
+/** Rounds towards zero; integer tensors are returned unchanged (a copy). */
+EM_API em_tensor *em_trunc(const em_tensor *a);
+/** Inverse error function on [-1, 1]: +-inf at +-1, nan outside (torch.erfinv). */
+EM_API em_tensor *em_erfinv(const em_tensor *a);
 
 /* ---- element-wise binary (broadcasting) ---------------------------------- */
 
@@ -155,6 +182,18 @@ EM_API em_tensor *em_maximum(const em_tensor *a, const em_tensor *b);
 EM_API em_tensor *em_minimum(const em_tensor *a, const em_tensor *b);
 /** Python-style remainder (sign of the divisor), as torch.remainder. */
 EM_API em_tensor *em_remainder(const em_tensor *a, const em_tensor *b);
+/** C-style remainder (sign of the dividend), as torch.fmod. Integer inputs
+ *  stay integer; an integer division by zero gives 0 (PyTorch raises). */
+EM_API em_tensor *em_fmod(const em_tensor *a, const em_tensor *b);
+/** Python's a // b: the floor of the quotient, for integers and floats, as
+ *  torch.floor_divide. Integer inputs stay integer (division by zero gives
+ *  0; PyTorch raises); floats follow Python's float floor division (b = 0
+ *  gives +-inf or nan). Its gradient is zero, as torch.div with
+ *  rounding_mode="floor". */
+EM_API em_tensor *em_floor_divide(const em_tensor *a, const em_tensor *b);
+/** atan2(a, b): the angle of the point (b, a) in radians, in [-pi, pi];
+ *  integer inputs give f32, as torch.atan2. */
+EM_API em_tensor *em_atan2(const em_tensor *a, const em_tensor *b);
 /* comparisons -> EM_BOOL */
 EM_API em_tensor *em_eq(const em_tensor *a, const em_tensor *b);
 EM_API em_tensor *em_ne(const em_tensor *a, const em_tensor *b);
