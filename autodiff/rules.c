@@ -180,9 +180,12 @@ BW1(bw_minimum_scalar, em_mul(g, mask_f(em_le_scalar(x, sa), dt)))
 BW1(bw_hardswish, em_mul(g, em_where(em_lt_scalar(x, -3.0), em_scalar(0.0, dt),
                                      em_where(em_le_scalar(x, 3.0), em_add_scalar(em_div_scalar(x, 3.0), 0.5),
                                               em_scalar(1.0, dt)))))
-/* hardsigmoid: 1/6 on (-3, 3), else 0 (PyTorch's hardsigmoid_backward) */
-BW1(bw_hardsigmoid,
-    em_mul(g, em_mul_scalar(mask_f(em_logical_and(em_gt_scalar(x, -3.0), em_lt_scalar(x, 3.0)), dt), 1.0 / 6.0)))
+/* hardsigmoid: 1/6 on (-3, 3), else 0. PyTorch's hardsigmoid_backward
+ * multiplies by the float constant 1.0f / 6.0f for every dtype (so an f64
+ * gradient is off from g / 6 by 3e-8 relative); we use the same constant, so
+ * results match PyTorch's. */
+BW1(bw_hardsigmoid, em_mul_scalar(em_mul(g, mask_f(em_logical_and(em_gt_scalar(x, -3.0), em_lt_scalar(x, 3.0)), dt)),
+                                  (double)(1.0f / 6.0f)))
 BW(bw_mish)
 {
     BW_ARGS;

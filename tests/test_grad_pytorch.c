@@ -11,6 +11,8 @@
 #include "fixture.h"
 #include "testutil.h"
 
+#include "runtime/internal.h" /* the op table's kinds and flags (no internal symbol is linked) */
+
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -68,25 +70,25 @@ typedef em_tensor *(*binary_fn)(const em_tensor *, const em_tensor *);
 typedef em_tensor *(*scalar_fn)(const em_tensor *, double);
 typedef em_tensor *(*red_fn)(const em_tensor *, const int *, int, bool);
 
+/* The element-wise kinds of tasks/ops.def by their public functions, plus a
+ * few composite forward functions. */
 static const struct {
     const char *name;
     unary_fn f;
 } UNARY[] = {
-    {"neg", em_neg},         {"abs", em_abs},         {"sign", em_sign},       {"exp", em_exp},
-    {"log", em_log},         {"log1p", em_log1p},     {"sqrt", em_sqrt},       {"rsqrt", em_rsqrt},
-    {"reciprocal", em_reciprocal}, {"square", em_square}, {"sin", em_sin},     {"cos", em_cos},
-    {"tanh", em_tanh},       {"sigmoid", em_sigmoid}, {"relu", em_relu},       {"gelu", em_gelu},
-    {"gelu_tanh", em_gelu_tanh}, {"silu", em_silu},   {"softplus", em_softplus}, {"erf", em_erf},
-    {"floor", em_floor},     {"ceil", em_ceil},       {"round", em_round},     {"sum_all", em_sum_all},
-    {"mean_all", em_mean_all}, {"squeeze_all", em_squeeze_all},
+#define EW1(E, nm, fl, fx, ix, bw) {#nm, em_##nm},
+#define EWS(E, nm, fl, fx, ix, bw)
+#define EWP(E, nm, fl, fx, ix, bw)
+#include "tasks/ops.def"
+    {"sum_all", em_sum_all}, {"mean_all", em_mean_all}, {"squeeze_all", em_squeeze_all},
 };
 
 static const struct {
     const char *name;
     binary_fn f;
 } BINARY[] = {
-    {"add", em_add},         {"sub", em_sub},         {"mul", em_mul},         {"div", em_div},
-    {"pow", em_pow},         {"maximum", em_maximum}, {"minimum", em_minimum}, {"remainder", em_remainder},
+#define EW2(E, nm, fl, fx, ix, bw) {#nm, em_##nm},
+#include "tasks/ops.def"
     {"matmul", em_matmul},
 };
 
@@ -95,10 +97,11 @@ static const struct {
     const char *key;
     scalar_fn f;
 } SCALAR[] = {
-    {"pow_scalar", "e", em_pow_scalar},       {"leaky_relu", "slope", em_leaky_relu}, {"elu", "alpha", em_elu},
-    {"add_scalar", "s", em_add_scalar},       {"sub_scalar", "s", em_sub_scalar},     {"rsub_scalar", "s", em_rsub_scalar},
-    {"mul_scalar", "s", em_mul_scalar},       {"div_scalar", "s", em_div_scalar},     {"maximum_scalar", "s", em_maximum_scalar},
-    {"minimum_scalar", "s", em_minimum_scalar}, {"remainder_scalar", "s", em_remainder_scalar},
+#define EWS(E, nm, fl, fx, ix, bw) {#nm, "s", em_##nm},
+#define EW1(E, nm, fl, fx, ix, bw)
+#include "tasks/ops.def"
+    {"pow_scalar", "e", em_pow_scalar}, {"leaky_relu", "slope", em_leaky_relu}, {"elu", "alpha", em_elu},
+    {"celu", "alpha", em_celu},
 };
 
 static const struct {
@@ -385,9 +388,49 @@ static void test_covers_gradcheck_table(void **state)
     fx_free(bs, n);
 }
 
+/* Every differentiable kind of the op table (tasks/ops.def) has a PyTorch
+ * reference: a fixture whose op is the kind's name, or one of the composite
+ * forward functions below that exercises it. */
+static void test_covers_op_table(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *name;
+        unsigned flags;
+    } kinds[] = {
+#define OP(E, nm, nin, nout, fl, fam, bw) {#nm, fl},
+#include "tasks/ops.def"
+    };
+    static const char *const composite[][2] = {
+        {"contiguous_t", "copy"}, /* em_contiguous of a transpose: a COPY task */
+        {"squeeze_all", "alias"}, /* no size-1 dim to drop: an alias view */
+    };
+    fx_block *bs;
+    int n = fx_load("grad_fixtures.txt", &bs);
+    int missing = 0;
+    for (size_t k = 0; k < sizeof kinds / sizeof kinds[0]; k++) {
+        if (!(kinds[k].flags & F_DIFF)) continue;
+        bool found = false;
+        for (int i = 0; i < n && !found; i++) {
+            char op[64];
+            fx_op(&bs[i], op, sizeof op);
+            found = !strcmp(op, kinds[k].name);
+            for (size_t c = 0; c < sizeof composite / sizeof composite[0] && !found; c++)
+                found = !strcmp(op, composite[c][0]) && !strcmp(kinds[k].name, composite[c][1]);
+        }
+        if (!found) {
+            printf("grad_pytorch: differentiable op '%s' has no PyTorch fixture (gen_grad_fixtures.py)\n", kinds[k].name);
+            missing++;
+        }
+    }
+    fx_free(bs, n);
+    if (missing) fail_msg("%d differentiable op kind(s) of tasks/ops.def have no PyTorch fixture", missing);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_covers_op_table),
         cmocka_unit_test(test_covers_gradcheck_table),
         cmocka_unit_test(test_grads_match_pytorch),
     };
