@@ -70,8 +70,8 @@ EW_FN em_i64 em_ifloordiv(em_i64 a, em_i64 b)
  * em_erfinv: the inverse error function on [-1, 1] (+-inf at +-1, nan
  *   outside): M. Giles, "Approximating the erfinv function" (GPU Computing
  *   Gems, 2011), single-precision polynomials in w = -log((1 - x)(1 + x)),
- *   then Newton steps on erf(y) = x (two, which reach double precision from
- *   the single-precision start). */
+ *   then, for double, Newton steps on erf(y) = x (two, which reach double precision from
+ *   the single-precision start; in float the polynomial alone, as Giles). */
 #define EM_EW_FLOAT_HELPERS(T, S)                                                                 \
     EW_FN T em_pymod_##S(T a, T b)                                                                \
     {                                                                                             \
@@ -119,7 +119,8 @@ EW_FN em_i64 em_ifloordiv(em_i64 a, em_i64 b)
             p = (T)2.83297682 + p * w;                                                            \
         }                                                                                         \
         T y = p * x;                                                                              \
-        for (int i = 0; i < 2; i++) {                                                             \
+        /* double: 2 Newton steps; float: none (erf(y) - x has no significant digits near +-1) */ \
+        for (int i = 0; i < (sizeof(T) == 8 ? 2 : 0); i++) {                                      \
             T d = (T)1.1283791670955126 * exp(-y * y); /* erf'(y) */                              \
             if (d > 0) y -= (erf(y) - x) / d;                                                     \
         }                                                                                         \

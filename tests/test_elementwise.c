@@ -437,6 +437,47 @@ static void test_binary_int(void **state)
     em_scope_end();
 }
 
+/* The element-wise kinds added with #13, at the edges, against values printed
+ * by torch 1.13 (float64; -0.0 is checked as 0: em_test_expect compares values). */
+static void test_new_kinds_edges(void **state)
+{
+    (void)state;
+    em_scope_begin();
+    em_tensor *f = F64((10), -7.5, -7.5, 7.5, 7.5, 5.0, -0.0, 1.0, -1.0, INFINITY, 3.0);
+    em_tensor *g = F64((10), 2.0, -2.0, 2.0, -2.0, 0.0, 3.0, 0.0, 0.0, 2.0, INFINITY);
+    /* torch.div(f, g, rounding_mode="floor") and torch.fmod(f, g) */
+    EXPECT(em_floor_divide(f, g), EM_F64, "floor_divide(f64)", -4, 3, 3, -4, INFINITY, 0, INFINITY, -INFINITY, NAN, 0);
+    EXPECT(em_fmod(f, g), EM_F64, "fmod(f64)", -1.5, -1.5, 1.5, 1.5, NAN, 0, NAN, NAN, NAN, 3);
+    double z[1];
+    em_tensor *zq = em_floor_divide(F64((1), -0.0), F64((1), 3.0));
+    assert_int_equal(em_to_host(zq, z, sizeof z), EM_OK);
+    assert_true(z[0] == 0 && signbit(z[0])); /* -0.0 // 3 = -0.0, as Python */
+    em_tensor *i = T(EM_I64, (6), -7, -7, 7, 7, 0, -1), *j = T(EM_I64, (6), 2, -2, 2, -2, 3, 3);
+    EXPECT(em_floor_divide(i, j), EM_I64, "floor_divide(i64)", -4, 3, 3, -4, 0, -1);
+    EXPECT(em_fmod(i, j), EM_I64, "fmod(i64)", -1, -1, 1, 1, 0, -1);
+    EXPECT(em_floor_divide(T(EM_I32, (2), 5, -5), T(EM_I32, (2), 0, 0)), EM_I32, "floor_divide by 0 (i32)", 0, 0);
+    EXPECT(em_trunc(F64((4), -2.7, -0.5, 0.5, 2.7)), EM_F64, "trunc", -2, 0, 0, 2);
+    EXPECT(em_trunc(T(EM_I32, (2), -3, 4)), EM_I32, "trunc(i32)", -3, 4);
+    em_test_expect(em_erfinv(F64((6), -1.0, 1.0, 1.5, 0.0, 0.5, -0.999)), EM_F64,
+                   VALS(-INFINITY, INFINITY, NAN, 0.0, 0.4769362762044699, -2.3267537655135153), 1e-14, 0, "erfinv(f64)");
+    /* f32: against the exact values of the f32 inputs (torch.erfinv in float64);
+     * torch's own f32 result is 3.9e-6 off at 0.999999, ours 2.6e-7 at most */
+    em_test_expect(em_erfinv(F32((3), 0.3f, -0.9f, 0.999999f)), EM_F32,
+                   VALS(0.2724627261055238, -1.163087071945772, 3.4570747260298265), 5e-7, 0, "erfinv(f32)");
+    em_test_expect(em_atan2(F64((5), 1.0, -1.0, 0.0, -0.0, 1.0), F64((5), -1.0, -1.0, -1.0, -1.0, 0.0)), EM_F64,
+                   VALS(2.356194490192345, -2.356194490192345, M_PI, -M_PI, M_PI / 2), 1e-15, 0, "atan2");
+    em_test_expect(em_atan2(T(EM_I32, (1), 1), T(EM_I32, (1), 1)), EM_F32, VALS(M_PI / 4), 1e-7, 0, "atan2(i32) -> f32");
+    em_tensor *x = F64((6), -4.0, -3.0, -1.0, 0.0, 3.0, 4.0);
+    em_test_expect(em_hardswish(x), EM_F64, VALS(0, 0, -0.3333333333333333, 0, 3, 4), 1e-15, 0, "hardswish");
+    em_test_expect(em_hardsigmoid(x), EM_F64, VALS(0, 0, 0.3333333333333333, 0.5, 1, 1), 1e-15, 0, "hardsigmoid");
+    em_test_expect(em_logsigmoid(F64((3), -100.0, 0.0, 100.0)), EM_F64, VALS(-100.0, -0.6931471805599453, -3.720075976020836e-44),
+                   1e-14, 0, "logsigmoid (stable at both ends)");
+    em_test_expect(em_mish(F64((3), -30.0, 0.0, 30.0)), EM_F64, VALS(-2.807286890651921e-12, 0.0, 30.0), 1e-12, 0, "mish");
+    assert_null(em_celu(x, 0.0));
+    assert_non_null(strstr(em_last_error(), "alpha"));
+    em_scope_end();
+}
+
 static void test_logical_bool(void **state)
 {
     (void)state;
@@ -721,6 +762,7 @@ int main(void)
         cmocka_unit_test(test_binary_f64),
         cmocka_unit_test(test_binary_special_values),
         cmocka_unit_test(test_binary_int),
+        cmocka_unit_test(test_new_kinds_edges),
         cmocka_unit_test(test_logical_bool),
         cmocka_unit_test(test_broadcast),
         cmocka_unit_test(test_promotion),
