@@ -11,7 +11,7 @@
 #include "fixture.h"
 #include "testutil.h"
 
-#include "runtime/internal.h" /* the op table's kinds and flags (no internal symbol is linked) */
+#include "optable.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -388,42 +388,39 @@ static void test_covers_gradcheck_table(void **state)
     fx_free(bs, n);
 }
 
-/* Every differentiable kind of the op table (tasks/ops.def) has a PyTorch
- * reference: a fixture whose op is the kind's name, or one of the composite
- * forward functions below that exercises it. */
-static void test_covers_op_table(void **state)
+typedef struct fixtures {
+    fx_block *bs;
+    int n;
+} fixtures;
+
+/* A fixture whose op is the kind's name, or a composite forward function that
+ * exercises it. */
+static bool has_fixture(const char *name, void *ctx)
 {
-    (void)state;
-    static const struct {
-        const char *name;
-        unsigned flags;
-    } kinds[] = {
-#define OP(E, nm, nin, nout, fl, fam, bw) {#nm, fl},
-#include "tasks/ops.def"
-    };
     static const char *const composite[][2] = {
         {"contiguous_t", "copy"}, /* em_contiguous of a transpose: a COPY task */
         {"squeeze_all", "alias"}, /* no size-1 dim to drop: an alias view */
     };
-    fx_block *bs;
-    int n = fx_load("grad_fixtures.txt", &bs);
-    int missing = 0;
-    for (size_t k = 0; k < sizeof kinds / sizeof kinds[0]; k++) {
-        if (!(kinds[k].flags & F_DIFF)) continue;
-        bool found = false;
-        for (int i = 0; i < n && !found; i++) {
-            char op[64];
-            fx_op(&bs[i], op, sizeof op);
-            found = !strcmp(op, kinds[k].name);
-            for (size_t c = 0; c < sizeof composite / sizeof composite[0] && !found; c++)
-                found = !strcmp(op, composite[c][0]) && !strcmp(kinds[k].name, composite[c][1]);
-        }
-        if (!found) {
-            printf("grad_pytorch: differentiable op '%s' has no PyTorch fixture (gen_grad_fixtures.py)\n", kinds[k].name);
-            missing++;
-        }
+    const fixtures *f = ctx;
+    for (int i = 0; i < f->n; i++) {
+        char op[64];
+        fx_op(&f->bs[i], op, sizeof op);
+        if (!strcmp(op, name)) return true;
+        for (size_t c = 0; c < sizeof composite / sizeof composite[0]; c++)
+            if (!strcmp(op, composite[c][0]) && !strcmp(name, composite[c][1])) return true;
     }
-    fx_free(bs, n);
+    return false;
+}
+
+/* Every differentiable kind of the op table (tasks/ops.def) has a PyTorch
+ * reference (gen_grad_fixtures.py). */
+static void test_covers_op_table(void **state)
+{
+    (void)state;
+    fixtures f;
+    f.n = fx_load("grad_fixtures.txt", &f.bs);
+    int missing = em_test_uncovered_diff_kinds(has_fixture, &f, "grad_pytorch");
+    fx_free(f.bs, f.n);
     if (missing) fail_msg("%d differentiable op kind(s) of tasks/ops.def have no PyTorch fixture", missing);
 }
 

@@ -6,7 +6,7 @@
  * element. */
 #include "testutil.h"
 
-#include "runtime/internal.h" /* the op table's kinds and flags (no internal symbol is linked) */
+#include "optable.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -315,29 +315,20 @@ static void test_all_rules(void **state)
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) gradcheck(&cases[i]);
 }
 
+static bool has_case(const char *name, void *ctx)
+{
+    (void)ctx;
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        if (!strcmp(cases[i].op ? cases[i].op : cases[i].name, name)) return true;
+    return false;
+}
+
 /* Every differentiable kind of the op table (tasks/ops.def) has a case above:
  * a new op cannot be added without its finite-difference check. */
 static void test_cases_cover_op_table(void **state)
 {
     (void)state;
-    static const struct {
-        const char *name;
-        unsigned flags;
-    } kinds[] = {
-#define OP(E, nm, nin, nout, fl, fam, bw) {#nm, fl},
-#include "tasks/ops.def"
-    };
-    int missing = 0;
-    for (size_t k = 0; k < sizeof kinds / sizeof kinds[0]; k++) {
-        if (!(kinds[k].flags & F_DIFF)) continue;
-        bool found = false;
-        for (size_t i = 0; i < sizeof cases / sizeof cases[0] && !found; i++)
-            found = !strcmp(cases[i].op ? cases[i].op : cases[i].name, kinds[k].name);
-        if (!found) {
-            printf("gradcheck: differentiable op '%s' has no finite-difference case\n", kinds[k].name);
-            missing++;
-        }
-    }
+    int missing = em_test_uncovered_diff_kinds(has_case, NULL, "gradcheck");
     if (missing) fail_msg("%d differentiable op kind(s) of tasks/ops.def have no gradcheck case", missing);
 }
 
