@@ -1,24 +1,18 @@
 /* OpenCL backend: program build per device, the kernel table, shared helpers.
  *
- * Ops WITH an OpenCL kernel (every non-view op of tasks/ops.def):
- *   element-wise unary / tensor-scalar (NEG .. GE_SCALAR), binary (ADD ..
- *   LOGICAL_OR), WHERE, COPY (strided copy + cast), reductions (SUM PROD MAX
- *   MIN ARGMAX ARGMIN ANY ALL LOGSUMEXP VAR), SOFTMAX, LOG_SOFTMAX, MATMUL,
- *   GATHER, SCATTER, SCATTER_ADD, INDEX_SELECT, ONE_HOT, FILL, ARANGE, EYE,
- *   RAND_UNIFORM, RAND_NORMAL, RAND_BERNOULLI, SGD_STEP, ADAM_STEP,
- *   RMSPROP_STEP, ADAGRAD_STEP.
- * Ops WITHOUT an OpenCL kernel (NULL in em__opencl_kernels):
- *   none besides the views (VIEW_RESHAPE, VIEW_PERMUTE, VIEW_EXPAND,
- *   VIEW_SLICE, VIEW_ALIAS, VIEW_CAT), which run no task at all.
- * Cases a device cannot run natively go through em_ocl_host_fallback (the
- * CPU kernel on mapped buffers): f64 data and double-precision computations
- * (arange, random, f64 reductions) on a device without cl_khr_fp64.
- * An op appended to ops.def later simply gets NULL here (runs on the CPU)
- * until a kernel is added to the table below.
+ * Kernel table: em__opencl_kernels[op] = em_ocl_<family> for every op of
+ * tasks/ops.def (its family column), so a family without an OpenCL kernel
+ * function is a build error; only the views (VIEW_*), which run no task,
+ * have none. Cases a device cannot run natively go through
+ * em_ocl_host_fallback (the CPU kernel on mapped buffers): f64 data and
+ * double-precision computations (arange, random, f64 reductions) on a
+ * device without cl_khr_fp64.
  *
- * Program: em_cl_source (all devices/opencl/<name>.cl, embedded by
- * cmake/embed_cl.cmake) behind a generated prefix with the EM_OP_* / EM_DT_*
- * / EM_OPTIM_F_* numbers, built by clBuildProgram once per OpenCL device in
+ * Program: a generated prefix with the EM_OP_* / EM_DT_* / EM_OPTIM_F_*
+ * numbers, em_cl_source (devices/opencl/common.cl, devices/ew_math.h and
+ * the other devices/opencl/<name>.cl, embedded by cmake/embed_cl.cmake), and
+ * the element-wise functions generated from the expressions of
+ * tasks/ops.def (em_ocl_ew_source, devices/opencl/elementwise.c), built by clBuildProgram once per OpenCL device in
  * em__opencl_init (PoCL caches the binary in POCL_CACHE_DIR). A build
  * failure makes em_init fail with the build log in the message.
  * Environment: EMBER_OPENCL_NO_FP64=1 builds without double support (to test
