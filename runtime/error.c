@@ -25,6 +25,15 @@ em_status em__set_error(em_status st, const char *fmt, ...)
     return st;
 }
 
+em_status em_set_error(em_status st, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vset(st, fmt, ap);
+    va_end(ap);
+    return st;
+}
+
 void *em__fail(em_status st, const char *fmt, ...)
 {
     va_list ap;
