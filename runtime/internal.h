@@ -6,6 +6,7 @@
 #include "ember/autograd.h"
 #include "ember/core.h"
 #include "ember/tensor.h"
+#include "devices/devices.h"
 #include "devices/kargs.h"
 
 #include <stdarg.h>
@@ -105,21 +106,6 @@ int em__ncpu_workers(void);
 
 /* ---- ops (tasks/) --------------------------------------------------------- */
 
-enum em_op_kind {
-#define X(E, name, nin, nout, flags, cpu) EM_OP_##E,
-#include "tasks/ops.def"
-#undef X
-    EM_OP_COUNT
-};
-
-enum {
-    F_EW = 1u << 0,
-    F_VIEW = 1u << 1,
-    F_DIFF = 1u << 2,
-    F_CMP = 1u << 3,
-    F_INPLACE = 1u << 4, /* outputs are read-modify-write (optimizer updates): always RW */
-};
-
 #define EM_OP_MAX_IN EM_KARGS_MAX_IN
 #define EM_OP_MAX_OUT EM_KARGS_MAX_OUT
 
@@ -186,18 +172,6 @@ extern void (*em__autodiff_record)(const em_op *op);
 /** Records out = cat(ins[0..n), dim) for autodiff (em_cat calls it after
  *  submitting its copies; no-op when nothing needs a gradient). */
 void em__record_cat(em_tensor *out, em_tensor *const *ins, int n, int dim);
-
-/* Device kernel tables, filled by devices/<dev>/ (a NULL entry = no kernel
- * for that op on that device; the funnel then runs it on the CPU and says so
- * in debug logs). Weak defaults (all NULL) live in tasks/funnel.c. */
-typedef void (*em_kernel_fn)(void *buffers[], void *cl_arg);
-extern em_kernel_fn em__cuda_kernels[EM_OP_COUNT];
-extern em_kernel_fn em__opencl_kernels[EM_OP_COUNT];
-/* Device start/stop hooks, called by em_init/em_shutdown (weak no-op defaults). */
-em_status em__cuda_init(void);
-void em__cuda_shutdown(void);
-em_status em__opencl_init(void);
-void em__opencl_shutdown(void);
 
 /* Codelets (tasks/funnel.c). */
 em_status em__codelets_init(void);

@@ -23,7 +23,7 @@
 #include <stdint.h>
 
 extern "C" {
-#include "runtime/internal.h"
+#include "devices/devices.h"
 }
 
 namespace emc {

@@ -102,7 +102,7 @@ static bool int_binary_ok(int kind)
 
 static bool same_family(int kind, int representative)
 {
-    return (unsigned)kind < EM_OP_COUNT && em__optab[kind].cpu == em__optab[representative].cpu;
+    return (unsigned)kind < EM_OP_COUNT && em__kernel_info[kind].cpu == em__kernel_info[representative].cpu;
 }
 
 /* Kernel id for a dtype: base + offset, in the order f32 f64 i32 i64 u8 of
@@ -127,7 +127,7 @@ void em_ocl_unary(void *buffers[], void *cl_arg)
 {
     const em_kargs *k = cl_arg;
     const int dt = k->in[0].dtype, kind = k->kind;
-    const bool cmp = (unsigned)kind < EM_OP_COUNT && (em__optab[kind].flags & F_CMP);
+    const bool cmp = (unsigned)kind < EM_OP_COUNT && (em__kernel_info[kind].flags & F_CMP);
     if (!same_family(kind, EM_OP_NEG) || (!is_float_dt(dt) && !int_unary_ok(kind))) {
         em_ocl_error("unary: op %d not supported for dtype %d", kind, dt);
         return;
@@ -166,7 +166,7 @@ void em_ocl_binary(void *buffers[], void *cl_arg)
 {
     const em_kargs *k = cl_arg;
     const int dt = k->in[0].dtype, kind = k->kind;
-    const bool cmp = (unsigned)kind < EM_OP_COUNT && (em__optab[kind].flags & F_CMP);
+    const bool cmp = (unsigned)kind < EM_OP_COUNT && (em__kernel_info[kind].flags & F_CMP);
     if (!same_family(kind, EM_OP_ADD) || k->in[1].dtype != dt || (!is_float_dt(dt) && !int_binary_ok(kind))) {
         em_ocl_error("binary: op %d not supported for dtypes %d/%d", kind, dt, k->in[1].dtype);
         return;
