@@ -104,6 +104,26 @@ typedef struct em_placement {
 em_placement em__placement(void);
 int em__ncpu_workers(void);
 
+/* ---- hooks: upper layers plug into the runtime (runtime/runtime.c) ------- */
+
+/** Start/stop of a layer above the runtime. em_init calls every registered
+ *  init after starpu_init in ascending order (stopping at the first failure,
+ *  then shutting down); em_shutdown calls every shutdown in descending order
+ *  before starpu_shutdown (so a shutdown must cope with a failed or missing
+ *  init). */
+typedef struct em_runtime_hooks {
+    const char *name; /* the layer, for messages */
+    int order;        /* tasks/: 10 */
+    em_status (*init)(void); /* NULL = nothing to start */
+    void (*shutdown)(void);  /* NULL = nothing to stop */
+} em_runtime_hooks;
+/** Registers @p h (static storage), from a constructor of the layer so that
+ *  it is in place before em_init. At most 8. */
+void em__runtime_register(const em_runtime_hooks *h);
+/** Sets the function that frees a tensor's producer node when the tensor is
+ *  freed (autodiff/tape.c, at load time); unset, nodes are not freed. */
+void em__runtime_set_node_release(void (*fn)(struct em_node *n));
+
 /* ---- ops (tasks/) --------------------------------------------------------- */
 
 #define EM_OP_MAX_IN EM_KARGS_MAX_IN
@@ -169,9 +189,10 @@ void em__kargs_from_op(const em_op *op, em_kargs *k);
 
 /** Autodiff hook (autodiff/tape.c sets it). */
 extern void (*em__autodiff_record)(const em_op *op);
-/** Records out = cat(ins[0..n), dim) for autodiff (em_cat calls it after
- *  submitting its copies; no-op when nothing needs a gradient). */
-void em__record_cat(em_tensor *out, em_tensor *const *ins, int n, int dim);
+/** Autodiff hook (autodiff/tape.c sets it): records out = cat(ins[0..n), dim)
+ *  (em_cat calls it after submitting its copies; no-op when nothing needs a
+ *  gradient). */
+extern void (*em__autodiff_record_cat)(em_tensor *out, em_tensor *const *ins, int n, int dim);
 
 /* Codelets (tasks/funnel.c). */
 em_status em__codelets_init(void);
