@@ -2,7 +2,7 @@
  * Each parameter's update is one fused task (tasks/ops.def *_STEP, kernels in
  * devices/cpu/optim.c, contract in devices/kargs.h). */
 #include "ember/optim.h"
-#include "runtime/internal.h"
+#include "autodiff/autodiff.h"
 
 #include <errno.h>
 #include <math.h>

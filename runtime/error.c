@@ -1,5 +1,5 @@
 /* Thread-local error state and leveled logging. */
-#include "runtime/internal.h"
+#include "runtime/runtime_internal.h"
 
 #include <stdarg.h>
 #include <stdio.h>

@@ -1,6 +1,7 @@
 /* Grad mode (ember/autograd.h): a per-thread switch read by the op front
  * ends (tasks/) and the tape (autodiff/), so it lives below both. */
-#include "runtime/internal.h"
+#include "ember/autograd.h" /* the EM_API declarations: exported */
+#include "runtime/runtime_internal.h"
 
 static _Thread_local int tl_no_grad;
 

@@ -1,5 +1,5 @@
 /* Process lifecycle: StarPU + hwloc start/stop, configuration, devices. */
-#include "runtime/internal.h"
+#include "runtime/runtime_internal.h"
 
 #include <cblas.h>
 #include <hwloc.h>

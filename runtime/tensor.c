@@ -1,6 +1,6 @@
 /* The tensor object: header (dtype, shape, strides, offset) over a shared
  * storage, reference counting, scopes, host I/O and printing. */
-#include "runtime/internal.h"
+#include "runtime/runtime_internal.h"
 
 #include <math.h>
 #include <starpu.h>

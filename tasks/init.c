@@ -1,7 +1,7 @@
 /* The tasks layer's start-up and shutdown, registered with the runtime at
  * load time (runtime/ calls nothing above it): the codelets from the op
  * table, then the device kernels' start/stop (devices/devices.h). */
-#include "runtime/internal.h"
+#include "tasks/tasks_internal.h"
 
 void (*em__autodiff_record_cat)(em_tensor *out, em_tensor *const *ins, int n, int dim);
 

@@ -24,7 +24,7 @@
  * em__cat_impl / em__pad_impl (below) do the unrecorded work; their results
  * are unscoped (caller owns).
  */
-#include "runtime/internal.h"
+#include "tasks/tasks_internal.h"
 
 #include <stdlib.h>
 #include <string.h>

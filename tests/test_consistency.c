@@ -35,7 +35,7 @@
 #include "testutil.h"
 
 #include "ember/ember.h"
-#include "runtime/internal.h" /* enum em_op_kind, F_* flags, em_kernel_fn (no internal symbol is linked) */
+#include "devices/devices.h" /* enum em_op_kind, F_* flags, em_kernel_fn (no internal symbol is linked) */
 
 #include <dlfcn.h>
 #include <math.h>

@@ -9,7 +9,7 @@
  *   - the view ops (VIEW_RESHAPE, VIEW_PERMUTE, VIEW_EXPAND, VIEW_SLICE,
  *     VIEW_ALIAS, VIEW_CAT) submit no task and need no kernel on any device.
  *
- * Table: em__cuda_kernels[kind] (runtime/internal.h) is filled at load time
+ * Table: em__cuda_kernels[kind] (devices/devices.h) is filled at load time
  * from tasks/ops.def by mapping each op's CPU kernel family to the CUDA
  * function of the same family; tasks/funnel.c reads it in em__codelets_init()
  * and sets STARPU_CUDA_ASYNC for every non-NULL entry. The table is also
