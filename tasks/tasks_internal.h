@@ -62,14 +62,14 @@ em_status em__task_submit(const em_op *op, const em_kargs *k, void *const *handl
  * also reads the fence, so it waits for that signal; it also gets the
  * thread's priority (em__submit_priority, default 0: StarPU's default).
  * Both return the previous value. em__fence_free unregisters a fence
- * (after the tasks using it: starpu_data_unregister waits). Exported for
- * tests/test_core.c only; not part of the public API. */
-EM_API em_status em__fence_signal(void **fence, em_tensor *const *after, int n);
+ * (after the tasks using it: starpu_data_unregister waits). Not exported:
+ * tests/test_core.c links the library's objects (ember_objs). */
+em_status em__fence_signal(void **fence, em_tensor *const *after, int n);
 /* false when EMBER_DIST_FENCE=0 (a diagnostic switch: no step fences). */
 bool em__fences_on(void);
-EM_API void *em__submit_after(void *fence);
-EM_API int em__submit_priority(int prio);
-EM_API void em__fence_free(void **fence);
+void *em__submit_after(void *fence);
+int em__submit_priority(int prio);
+void em__fence_free(void **fence);
 /** Builds the kernel arguments of @p op. */
 void em__kargs_from_op(const em_op *op, em_kargs *k);
 

@@ -12,11 +12,10 @@
  * Table: em__cuda_kernels[kind] (devices/devices.h) is filled at load time
  * from tasks/ops.def by mapping each op's CPU kernel family to the CUDA
  * function of the same family; tasks/funnel.c reads it in em__codelets_init()
- * and sets STARPU_CUDA_ASYNC for every non-NULL entry. The table is also
- * reachable through em__cuda_kernel_table() (exported, for the consistency
- * test, which cannot see the library's hidden symbols).
+ * and sets STARPU_CUDA_ASYNC for every non-NULL entry. The consistency test
+ * reads it directly (it links the library's objects, not libember.so).
  *
- * em__cuda_init() (called by em_init after the codelets): cuBLAS handles on
+ * em__cuda_init() (called by the tasks layer's start-up, after the codelets): cuBLAS handles on
  * every CUDA worker (starpu_cublas_init), their math mode (FP32 by default,
  * TF32 tensor-op math when EMBER_TF32=1), and a per-worker device workspace
  * (EMBER_CUDA_WORKSPACE_MB, default 4) used by split reductions.
@@ -107,9 +106,6 @@ em_kernel_fn em__cuda_kernels[EM_OP_COUNT] = {
 #include "tasks/ops.def"
 #undef X
 };
-
-/* Test hook: the table above (libember hides its internal symbols). */
-__attribute__((visibility("default"))) const em_kernel_fn *em__cuda_kernel_table(void) { return em__cuda_kernels; }
 
 em_status em__cuda_init(void)
 {

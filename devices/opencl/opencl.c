@@ -63,10 +63,6 @@ em_kernel_fn em__opencl_kernels[EM_OP_COUNT] = {
 
 em_ocl_dev em__ocl_devs[STARPU_MAXOPENCLDEVS];
 
-/* Exported for tests/test_consistency.c (libember hides its internals): the
- * OpenCL kernel table, to tell "ran on OpenCL" from "fell back to the CPU". */
-EM_API const em_kernel_fn *em__opencl_kernel_table(void);
-const em_kernel_fn *em__opencl_kernel_table(void) { return em__opencl_kernels; }
 
 static const char *const g_kernel_names[EMK_COUNT] = {
 #define X(n) "em_" #n,
