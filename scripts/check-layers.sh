@@ -120,8 +120,17 @@ done < <(find "${dirs[@]}" -type f \( -name '*.c' -o -name '*.h' -o -name '*.cu'
 
 # ---- calls, from the objects ------------------------------------------------
 ncalls=0
+nmissing=0
+for o in "$@"; do [ -e "$o" ] || nmissing=$((nmissing + 1)); done
+if [ "$#" -gt 0 ] && [ "$nmissing" -gt 0 ]; then
+  # scripts/gpu-pack.sh deletes the objects of the build it ships: includes only
+  notes+=("call check skipped: $nmissing of $# object files are missing (build first)")
+  set --
+elif [ "$#" -gt 0 ] && ! command -v nm >/dev/null; then
+  notes+=("call check skipped: nm not found")
+  set --
+fi
 if [ "$#" -gt 0 ]; then
-  command -v nm >/dev/null || { echo "check-layers: nm not found" >&2; exit 2; }
   matrix=""
   for l in "${!CALL[@]}"; do matrix="$matrix$l=${CALL[$l]};"; done
   tmp="$(mktemp)"

@@ -3,10 +3,14 @@
 # prefix, then one small program built with find_package(Ember) and once more
 # with pkg-config (ember.pc) runs an op; the installed library exports no
 # em__ internal. Usage: install_package.sh BUILD_DIR [cmake] [cc]
+# Exit status 77 (CTest: skipped) where a tool it needs is missing.
 set -euo pipefail
 build="${1:?usage: install_package.sh BUILD_DIR [cmake] [cc]}"
 cmake="${2:-cmake}"
 cc="${3:-cc}"
+for tool in "$cmake" "$cc" pkg-config nm; do
+  command -v "$tool" >/dev/null || { echo "install_package: $tool not found: skipped"; exit 77; }
+done
 tmp="$(mktemp -d)"
 trap 'rm -rf "$tmp"' EXIT
 "$cmake" --install "$build" --prefix "$tmp/prefix" >/dev/null
