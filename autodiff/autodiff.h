@@ -1,8 +1,10 @@
-/* Autodiff internals: the node recorded per differentiable op. */
+/* Autodiff internals (autodiff/): the node recorded per differentiable op,
+ * the rules, the gradient container's fence. Used by autodiff/ and the
+ * layers above it (optim/, dist/); tasks/ and runtime/ never include it. */
 #ifndef EMBER_AUTODIFF_INTERNAL_H
 #define EMBER_AUTODIFF_INTERNAL_H
 
-#include "runtime/internal.h"
+#include "tasks/tasks_internal.h"
 
 typedef struct em_node {
     int refcount;            /* owned by the output tensor */
@@ -29,5 +31,14 @@ em_status em__backward_check_table(void);
 
 /** Sums g over the broadcast dims so it gets @p shape (scoped result). */
 em_tensor *em__sum_to(em_tensor *g, const int64_t *shape, int ndim);
+
+/* The fence after which a gradient container's values are the whole
+ * backward's (set by the gradient all-reduce; the optimizer waits for it
+ * through em__submit_after). The container keeps where its owner keeps the
+ * handle, not the handle: once the owner frees the fence (dist shutdown sets
+ * it to NULL), em__grads_fence returns NULL and the optimizer steps
+ * without it. The slot itself must outlive the container's use. */
+void em__grads_set_fence(em_grads *g, void *const *fence);
+void *em__grads_fence(const em_grads *g);
 
 #endif

@@ -13,15 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-static _Thread_local int tl_no_grad;
-static uint64_t g_seq;
-
-void em_no_grad_begin(void) { tl_no_grad++; }
-void em_no_grad_end(void)
-{
-    if (tl_no_grad > 0) tl_no_grad--;
-}
-bool em_grad_enabled(void) { return tl_no_grad == 0; }
+static uint64_t g_seq; /* grad mode (em_no_grad_begin) lives in runtime/grad_mode.c */
 
 bool em_requires_grad(const em_tensor *t) { return t && t->requires_grad; }
 bool em_is_leaf(const em_tensor *t) { return t && !t->node; }
@@ -74,7 +66,7 @@ static void node_clear(em_node *n)
     n->cleared = true;
 }
 
-void em__node_release(em_node *n)
+static void node_release(em_node *n)
 {
     if (!n || __atomic_sub_fetch(&n->refcount, 1, __ATOMIC_ACQ_REL) > 0) return;
     node_clear(n);
@@ -96,7 +88,7 @@ static void attach(em_node *n, em_tensor *out)
 
 static void record(const em_op *op)
 {
-    if (tl_no_grad) return;
+    if (!em_grad_enabled()) return;
     bool any = false;
     for (int i = 0; i < op->n_in; i++) {
         const em_tensor *t = op->orig_in[i] ? op->orig_in[i] : op->in[i];
@@ -113,9 +105,9 @@ static void record(const em_op *op)
     attach(n, out);
 }
 
-void em__record_cat(em_tensor *out, em_tensor *const *ins, int n_in, int dim)
+static void record_cat(em_tensor *out, em_tensor *const *ins, int n_in, int dim)
 {
-    if (tl_no_grad || !out) return;
+    if (!em_grad_enabled() || !out) return;
     bool any = false;
     for (int i = 0; i < n_in; i++)
         if (ins[i] && ins[i]->requires_grad) any = true;
@@ -127,10 +119,14 @@ void em__record_cat(em_tensor *out, em_tensor *const *ins, int n_in, int dim)
     attach(n, out);
 }
 
+/* Autodiff plugs into the layers below at load time: the funnel's recorder
+ * and cat's (tasks/), the node release of a freed tensor (runtime/). */
 __attribute__((constructor)) static void register_hook(void)
 {
     em__autodiff_record = record;
+    em__autodiff_record_cat = record_cat;
     em__autodiff_check = em__backward_check_table;
+    em__runtime_set_node_release(node_release);
 }
 
 /* ---- gradient container: open-addressing map from key pointer to tensor ---- */
@@ -401,7 +397,7 @@ static em_grads *backward(em_tensor *loss, const em_tensor *grad_output)
      * is later in the list: hold every node while clearing. */
     for (int k = 0; k < count; k++) __atomic_add_fetch(&nodes[k]->refcount, 1, __ATOMIC_RELAXED);
     for (int k = 0; k < count; k++) node_clear(nodes[k]);
-    for (int k = 0; k < count; k++) em__node_release(nodes[k]);
+    for (int k = 0; k < count; k++) node_release(nodes[k]);
     free(nodes);
     em_grads_free(inner);
     if (st != EM_OK) goto fail;

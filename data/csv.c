@@ -1,6 +1,6 @@
 /* CSV dataset: numeric columns, one integer label column, optional header. */
 #define _GNU_SOURCE
-#include "runtime/internal.h"
+#include "runtime/runtime_internal.h"
 #include "ember/data.h"
 
 #include <errno.h>

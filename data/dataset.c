@@ -1,5 +1,5 @@
 /* Dataset interface helpers, the in-memory dataset and subsets. */
-#include "runtime/internal.h"
+#include "runtime/runtime_internal.h"
 #include "ember/data.h"
 
 #include <stdlib.h>

@@ -3,7 +3,7 @@
  * Format: a 4-byte big-endian magic 0x0000TTNN (TT element type, NN rank),
  * NN big-endian u32 sizes, then the elements in C order, big-endian. */
 #define _GNU_SOURCE
-#include "runtime/internal.h"
+#include "runtime/runtime_internal.h"
 #include "ember/data.h"
 
 #include <errno.h>

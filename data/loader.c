@@ -8,7 +8,7 @@
  * batch `next`, so batches come out in order whatever the thread timing; the
  * content of batch k depends only on the epoch order, never on which worker
  * built it. */
-#include "runtime/internal.h"
+#include "runtime/runtime_internal.h"
 #include "ember/data.h"
 
 #include <pthread.h>

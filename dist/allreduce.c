@@ -33,7 +33,7 @@
  * order on every rank. */
 #include "dist/dist_internal.h"
 #include "dist/nccl.h" /* [nccl] */
-#include "runtime/internal.h"
+#include "autodiff/autodiff.h"
 
 #include <starpu.h>
 #include <stdlib.h>

@@ -3,7 +3,7 @@
  * (DESIGN.md §7). Gradient reduction tasks: allreduce.c. */
 #include "dist/dist_internal.h"
 #include "dist/nccl.h" /* [nccl] */
-#include "runtime/internal.h"
+#include "tasks/tasks_internal.h"
 
 #include <math.h>
 #include <pthread.h>

@@ -48,7 +48,7 @@
  * still reduces on its GPU (StarPU moves the data there), which is correct. */
 #include "dist/nccl.h"
 #include "dist/dist_internal.h"
-#include "runtime/internal.h"
+#include "tasks/tasks_internal.h"
 
 #include <stdio.h>
 #include <stdlib.h>

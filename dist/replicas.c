@@ -20,7 +20,7 @@
  * replica then holds a copy of the same tensor: bit-identical updates. */
 #include "dist/dist_internal.h"
 #include "dist/nccl.h" /* [nccl] */
-#include "runtime/internal.h"
+#include "autodiff/autodiff.h"
 
 #include <math.h>
 #include <pthread.h>

@@ -3,7 +3,7 @@
 #define EMBER_NN_INTERNAL_H
 
 #include "ember/nn.h"
-#include "runtime/internal.h"
+#include "tasks/tasks_internal.h"
 
 /* Formats t's shape into a stack buffer (for error messages). */
 #define NN_SHAPE(t, buf) em_shape_str(em_tensor_shape(t), em_tensor_ndim(t), buf, sizeof buf)

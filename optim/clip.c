@@ -1,7 +1,7 @@
 /* Gradient clipping (torch.nn.utils.clip_grad_value_ / clip_grad_norm_). The
  * clipped gradients replace the originals in the em_grads container. */
 #include "ember/optim.h"
-#include "runtime/internal.h"
+#include "tasks/tasks_internal.h"
 
 #include <math.h>
 #include <stdlib.h>

@@ -1,7 +1,7 @@
 /* Learning-rate schedulers as closed-form functions of the step number
  * (torch.optim.lr_scheduler's _get_closed_form_lr), plus a step counter. */
 #include "ember/optim.h"
-#include "runtime/internal.h"
+#include "tasks/tasks_internal.h"
 
 #include <math.h>
 #include <stdlib.h>

@@ -1,9 +1,8 @@
 /* Optimizers: SGD, Adam, AdamW, RMSprop, Adagrad (torch.optim semantics).
  * Each parameter's update is one fused task (tasks/ops.def *_STEP, kernels in
- * devices/cpu/optim.c, contract in optim/optim_kargs.h). */
+ * devices/cpu/optim.c, contract in devices/kargs.h). */
 #include "ember/optim.h"
-#include "optim/optim_kargs.h"
-#include "runtime/internal.h"
+#include "autodiff/autodiff.h"
 
 #include <errno.h>
 #include <math.h>
@@ -95,7 +94,7 @@ static em_status check_config(const em_optim_config *c)
     return EM_OK;
 }
 
-/* State slot names in kernel buffer order (optim/optim_kargs.h). */
+/* State slot names in kernel buffer order (devices/kargs.h). */
 static void set_slots(em_optim *o)
 {
     const em_optim_config *c = &o->cfg;

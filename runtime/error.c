@@ -1,5 +1,5 @@
 /* Thread-local error state and leveled logging. */
-#include "runtime/internal.h"
+#include "runtime/runtime_internal.h"
 
 #include <stdarg.h>
 #include <stdio.h>
@@ -17,6 +17,15 @@ static void vset(em_status st, const char *fmt, va_list ap)
 }
 
 em_status em__set_error(em_status st, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vset(st, fmt, ap);
+    va_end(ap);
+    return st;
+}
+
+em_status em_set_error(em_status st, const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);

@@ -11,7 +11,7 @@
  * make replica 1's next write wait for replica 0's pending readers and move
  * the buffer's allocation to the other GPU; measured on 2 x H200, it put one
  * replica's step 1.8 ms behind the other's. */
-#include "runtime/internal.h"
+#include "runtime/runtime_internal.h"
 
 #include <pthread.h>
 #include <starpu.h>

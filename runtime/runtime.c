@@ -1,5 +1,5 @@
 /* Process lifecycle: StarPU + hwloc start/stop, configuration, devices. */
-#include "runtime/internal.h"
+#include "runtime/runtime_internal.h"
 
 #include <cblas.h>
 #include <hwloc.h>
@@ -16,6 +16,25 @@ static em_device g_device;               /* the process's device */
 static _Thread_local bool tl_has_device; /* em_set_thread_device */
 static _Thread_local em_device tl_device;
 static char g_sched[64];
+
+/* Upper layers' start/stop (em__runtime_register), in ascending order. */
+#define MAX_HOOKS 8
+static const em_runtime_hooks *g_hooks[MAX_HOOKS];
+static int g_nhooks;
+
+void em__runtime_register(const em_runtime_hooks *h)
+{
+    if (!h || g_nhooks == MAX_HOOKS) {
+        fprintf(stderr, "ember: internal error: cannot register runtime hooks '%s'\n", h ? h->name : "?");
+        return;
+    }
+    int i = g_nhooks++;
+    while (i > 0 && g_hooks[i - 1]->order > h->order) {
+        g_hooks[i] = g_hooks[i - 1];
+        i--;
+    }
+    g_hooks[i] = h;
+}
 
 size_t em_dtype_size(em_dtype dt)
 {
@@ -275,9 +294,9 @@ em_status em_init(const em_config *user)
     openblas_set_num_threads(1);
     g_initialized = true;
     em__trace_init();
-    em_status st = em__codelets_init();
-    if (st == EM_OK) st = em__cuda_init();
-    if (st == EM_OK) st = em__opencl_init();
+    em_status st = EM_OK;
+    for (int i = 0; i < g_nhooks && st == EM_OK; i++)
+        if (g_hooks[i]->init) st = g_hooks[i]->init();
     if (st != EM_OK) {
         em_shutdown();
         return st;
@@ -311,9 +330,8 @@ void em_shutdown(void)
     starpu_task_wait_for_all();
     em__trace_shutdown();
     em__pool_drain();
-    em__opencl_shutdown();
-    em__cuda_shutdown();
-    em__codelets_shutdown();
+    for (int i = g_nhooks - 1; i >= 0; i--)
+        if (g_hooks[i]->shutdown) g_hooks[i]->shutdown();
     starpu_shutdown();
     g_initialized = false;
 }

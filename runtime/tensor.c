@@ -1,6 +1,6 @@
 /* The tensor object: header (dtype, shape, strides, offset) over a shared
  * storage, reference counting, scopes, host I/O and printing. */
-#include "runtime/internal.h"
+#include "runtime/runtime_internal.h"
 
 #include <math.h>
 #include <starpu.h>
@@ -192,7 +192,11 @@ em_tensor *em__tensor_view(const em_tensor *base, const int64_t *shape, const in
     return t;
 }
 
-void em__node_release(struct em_node *n); /* autodiff/tape.c */
+/* Set by autodiff at load time (em__runtime_set_node_release): frees a
+ * tensor's producer node. The runtime calls nothing above it. */
+static void (*g_node_release)(struct em_node *n);
+
+void em__runtime_set_node_release(void (*fn)(struct em_node *n)) { g_node_release = fn; }
 
 em_tensor *em_tensor_retain(em_tensor *t)
 {
@@ -205,7 +209,7 @@ void em_tensor_release(em_tensor *t)
     if (!t) return;
     if (t->refcount == 1 && t->scope_level > 0) em__scope_remove(t);
     if (__atomic_sub_fetch(&t->refcount, 1, __ATOMIC_ACQ_REL) > 0) return;
-    if (t->node) em__node_release(t->node);
+    if (t->node && g_node_release) g_node_release(t->node);
     em__storage_release(t->storage);
     __atomic_sub_fetch(&em__live_tensors, 1, __ATOMIC_RELAXED);
     free(t);

@@ -13,7 +13,7 @@
  * atomically (temporary file, then rename). Costs one callback and a mutex
  * per task while on; nothing when EMBER_TRACE is unset. At most 4 million
  * events are kept (the first ones). */
-#include "runtime/internal.h"
+#include "runtime/runtime_internal.h"
 
 #include <errno.h>
 #include <pthread.h>

@@ -58,6 +58,8 @@ fi
 # the GPU machine needs binaries and CTest files, not object files
 find "$BUILD" -name '*.o' -delete
 find "$BUILD" -name '*.o.d' -delete
+# nor CMake's compiler-identification leftovers (about 10 MiB with CUDA)
+rm -rf "$BUILD"/CMakeFiles/CheckCUDA "$BUILD"/CMakeFiles/[0-9]*/CompilerId*
 
 # ---- 2. StarPU prefix ----------------------------------------------------------
 rm -rf "$DEPS"

@@ -1,7 +1,7 @@
 /* Checkpoints: model + optimizer state + scheduler + progress in one
  * SafeTensors file, written atomically (em_safetensors_save). */
 #include "ember/train.h"
-#include "runtime/internal.h"
+#include "runtime/runtime_internal.h"
 
 #include <inttypes.h>
 #include <stdio.h>

@@ -1,7 +1,7 @@
 /* SafeTensors read / write / load-into-model, with jansson for the header.
  * Format: https://github.com/huggingface/safetensors (see ember/store.h). */
 #define _GNU_SOURCE
-#include "runtime/internal.h"
+#include "runtime/runtime_internal.h"
 #include "ember/store.h"
 
 #include <errno.h>

@@ -1,5 +1,5 @@
 /* Shared front-end helpers: broadcasting, dtype promotion, internal casts. */
-#include "runtime/internal.h"
+#include "tasks/tasks_internal.h"
 
 #include <string.h>
 

@@ -1,5 +1,5 @@
 /* Creation ops: each is one fill task on a fresh (pooled) storage. */
-#include "runtime/internal.h"
+#include "tasks/tasks_internal.h"
 
 #include <math.h>
 #include <pthread.h>

@@ -1,5 +1,5 @@
 /* Element-wise ops: unary, tensor-scalar, binary with broadcasting, where. */
-#include "runtime/internal.h"
+#include "tasks/tasks_internal.h"
 
 #include <math.h>
 #include <string.h>

@@ -4,7 +4,7 @@
  * em_op, then calls em__submit(). The funnel turns the op into StarPU task(s)
  * through codelets generated from the op table (tasks/ops.def) and lets
  * autodiff record it. */
-#include "runtime/internal.h"
+#include "tasks/tasks_internal.h"
 
 #include <starpu.h>
 #include <stdlib.h>

@@ -29,7 +29,7 @@
  * Index tensors may be i64 or i32 (i32 is cast to i64 first, by a task the
  * tape does not record); any other dtype is an EM_ERR_DTYPE error.
  */
-#include "runtime/internal.h"
+#include "tasks/tasks_internal.h"
 
 #include <string.h>
 

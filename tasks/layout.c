@@ -10,7 +10,7 @@
  *       VIEW_SLICE    slice, narrow, split, chunk (p.slice {start, step, dim})
  *       VIEW_ALIAS    squeeze of a non-1 dim, cast to the same dtype
  *       COPY          contiguous (when a copy is made), cast
- *       VIEW_CAT      cat (recorded by em__record_cat after the copies; the
+ *       VIEW_CAT      cat (recorded by em__autodiff_record_cat after the copies; the
  *                     copies are plain COPY tasks into strided views of the
  *                     output, submitted with em__task_submit so the tape does
  *                     not see them)
@@ -24,7 +24,7 @@
  * em__cat_impl / em__pad_impl (below) do the unrecorded work; their results
  * are unscoped (caller owns).
  */
-#include "runtime/internal.h"
+#include "tasks/tasks_internal.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -561,7 +561,7 @@ em_tensor *em__cat_impl(em_tensor *const *ts, int n, int dim)
 static em_tensor *cat_recorded(em_tensor *const *ts, int n, int dim)
 {
     em_tensor *out = em__cat_impl(ts, n, dim);
-    if (out) em__record_cat(out, ts, n, em__norm_dim(ts[0], dim, 0, "em_cat"));
+    if (out && em__autodiff_record_cat) em__autodiff_record_cat(out, ts, n, em__norm_dim(ts[0], dim, 0, "em_cat"));
     return out;
 }
 

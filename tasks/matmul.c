@@ -24,7 +24,7 @@
  *   batch dim when it has at least T entries, else along the M rows, and one
  *   task per tile runs concurrently. See the comment above
  *   em__matmul_submit for why tiles are not StarPU partition children. */
-#include "runtime/internal.h"
+#include "tasks/tasks_internal.h"
 
 #include <starpu.h>
 #include <stdlib.h>

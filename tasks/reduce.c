@@ -4,7 +4,7 @@
  * The front end hands the kernel a permuted view of the input whose kept dims
  * come first (in order) and reduced dims last; p.red.nkeep says how many are
  * kept. The output is contiguous over the kept dims. */
-#include "runtime/internal.h"
+#include "tasks/tasks_internal.h"
 
 #include <math.h>
 #include <string.h>

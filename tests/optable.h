@@ -4,7 +4,7 @@
 #ifndef EMBER_TEST_OPTABLE_H
 #define EMBER_TEST_OPTABLE_H
 
-#include "runtime/internal.h" /* F_* flags */
+#include "devices/devices.h" /* op kinds, F_* flags */
 
 #include <stdbool.h>
 #include <stdio.h>

@@ -1,7 +1,7 @@
 /* Tests of the core API: runtime lifecycle, devices, dtypes, tensor creation,
  * host I/O, random numbers, printing, error handling, scopes and leaks. */
 #include "testutil.h"
-#include "runtime/internal.h"
+#include "autodiff/autodiff.h"
 
 #include <errno.h>
 #include <starpu.h>
@@ -1030,7 +1030,7 @@ static void leak_iteration(int i)
     em_scope_end();
 }
 
-/* A step fence (runtime/internal.h, used by dist/): a task submitted under
+/* A step fence (tasks/tasks_internal.h, used by dist/): a task submitted under
  * em__submit_after(fence) waits for every tensor the fence was signalled
  * after. The test holds x (starpu_data_acquire), so the fence cannot be
  * signalled, and y's FILL, which reads the fence, cannot have run, whatever

@@ -624,6 +624,38 @@ static void test_loader_errors(void **state)
     em_dataset_free(NULL);
 }
 
+/* A dataset written outside Ember reports its own message with the public
+ * em_set_error (ember/core.h); the loader keeps it after its own prefix. */
+static em_status own_msg_get(const em_dataset *ds, int64_t i, float *x, int64_t *y)
+{
+    (void)ds;
+    if (i == 3) return em_set_error(EM_ERR_FORMAT, "record %lld has %d fields", (long long)i, 7);
+    x[0] = (float)i;
+    *y = 0;
+    return EM_OK;
+}
+static const em_dataset_vtable own_msg_vt = {flaky_len, own_msg_get, flaky_free};
+
+static void test_loader_dataset_error_message(void **state)
+{
+    (void)state;
+    assert_int_equal(em_set_error(EM_ERR_IO, "plain %s", "message"), EM_ERR_IO);
+    assert_int_equal(em_last_status(), EM_ERR_IO);
+    assert_string_equal(em_last_error(), "plain message");
+    em_clear_error();
+    em_dataset *ds = malloc(sizeof *ds);
+    assert_int_equal(em_dataset_init(ds, &own_msg_vt, (const int64_t[]){1}, 1, 1), EM_OK);
+    em_loader_options o = em_loader_options_default();
+    o.batch_size = 4;
+    em_loader *l = em_loader_new(ds, &o);
+    assert_non_null(l);
+    assert_null(em_loader_next(l)); /* batch 0 holds sample 3 */
+    assert_int_equal(em_last_status(), EM_ERR_FORMAT);
+    assert_msg_has("sample 3 (batch 0 of epoch 0): record 3 has 7 fields");
+    em_loader_free(l);
+    em_dataset_free(ds);
+}
+
 static void test_batch_to_tensors(void **state)
 {
     (void)state;
@@ -705,6 +737,7 @@ int main(void)
         cmocka_unit_test(test_csv),                 cmocka_unit_test(test_loader_batches),
         cmocka_unit_test(test_loader_determinism),  cmocka_unit_test(test_loader_shards),
         cmocka_unit_test(test_loader_errors),       cmocka_unit_test(test_batch_to_tensors),
+        cmocka_unit_test(test_loader_dataset_error_message),
         cmocka_unit_test(test_fashion_mnist_loader),
     };
     return cmocka_run_group_tests(tests, em_test_setup_tmpdir, em_test_teardown_tmpdir);

@@ -2,7 +2,7 @@
  * checkpoints (every epoch + best), early stopping, resume. */
 #include "ember/train.h"
 #include "ember/dist.h" /* [dist] */
-#include "runtime/internal.h"
+#include "runtime/runtime_internal.h"
 
 #include <errno.h>
 #include <math.h>

@@ -4,7 +4,7 @@
 
 #include "devices/cpu/iter.h"
 #include "devices/kargs.h"
-#include "runtime/internal.h"
+#include "devices/devices.h"
 
 #include <starpu.h>
 #include <stdio.h>

@@ -1,5 +1,5 @@
 /* CPU kernels of the fused optimizer ops: one pass over a parameter updates it
- * and its state buffers in place. The buffer contract is in optim/optim_kargs.h.
+ * and its state buffers in place. The buffer contract is in devices/kargs.h.
  *
  * Each update follows torch.optim's single-tensor implementation
  * (torch/optim/{sgd,adam,adamw,rmsprop,adagrad}.py, PyTorch 1.13): the same
@@ -21,7 +21,6 @@
  * On x86 the loops are compiled twice, for the baseline ISA and for AVX2
  * (no FMA), and the CPU picks one at run time. */
 #include "devices/cpu/cpu.h"
-#include "optim/optim_kargs.h"
 
 #include <math.h>
 

@@ -348,7 +348,7 @@ template <typename T> void copy_same(const Geom &g, const char *x, char *y)
 void em_cuda_unary(void *buffers[], void *cl_arg)
 {
     const em_kargs *k = (const em_kargs *)cl_arg;
-    if (!is_family(k->kind, F_EW, 1) || (!is_fp_dtype(k->in[0].dtype) && (op_flags[k->kind] & F_FLOAT))) {
+    if (!is_family(k->kind, F_EW, 1) || (!is_fp_dtype(k->in[0].dtype) && (op_flags(k->kind) & F_FLOAT))) {
         unsupported("unary", k->kind);
         return;
     }
@@ -366,7 +366,7 @@ void em_cuda_unary(void *buffers[], void *cl_arg)
 void em_cuda_binary(void *buffers[], void *cl_arg)
 {
     const em_kargs *k = (const em_kargs *)cl_arg;
-    if (!is_family(k->kind, F_EW, 2) || (!is_fp_dtype(k->in[0].dtype) && (op_flags[k->kind] & F_FLOAT))) {
+    if (!is_family(k->kind, F_EW, 2) || (!is_fp_dtype(k->in[0].dtype) && (op_flags(k->kind) & F_FLOAT))) {
         unsupported("binary", k->kind);
         return;
     }

@@ -24,7 +24,7 @@
 #include <stdio.h>
 
 extern "C" {
-#include "runtime/internal.h"
+#include "devices/devices.h"
 }
 #include "devices/collapse.h"
 
@@ -35,14 +35,13 @@ constexpr int kMaxDims = EM_KARGS_MAX_DIMS;
 
 /* ---- op table facts, from tasks/ops.def ---------------------------------- */
 
-extern const unsigned op_flags[EM_OP_COUNT];
-extern const int op_n_in[EM_OP_COUNT];
-inline bool is_cmp(int kind) { return (op_flags[kind] & F_CMP) != 0; }
+inline unsigned op_flags(int kind) { return em__kernel_info[kind].flags; }
+inline bool is_cmp(int kind) { return (op_flags(kind) & F_CMP) != 0; }
 /* kind is a valid op with all of @p flags and @p n_in inputs (element-wise
  * kernels check their kind with it before launching). */
 inline bool is_family(int kind, unsigned flags, int n_in)
 {
-    return kind >= 0 && kind < EM_OP_COUNT && (op_flags[kind] & flags) == flags && op_n_in[kind] == n_in;
+    return kind >= 0 && kind < EM_OP_COUNT && (op_flags(kind) & flags) == flags && em__kernel_info[kind].n_in == n_in;
 }
 inline bool is_fp_dtype(int dt) { return dt == EM_F32 || dt == EM_F64; }
 

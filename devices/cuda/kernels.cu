@@ -1,13 +1,13 @@
 /* Ember's CUDA backend: the kernel table, device start/stop, shared helpers.
  *
- * Table: em__cuda_kernels[kind] holds em_cuda_<family> for every op of
- * tasks/ops.def (the family column), so a family without a CUDA kernel
- * function is a build error, and em__codelets_init refuses to start when an
- * entry of a task op is NULL. Only the view ops (VIEW_*), which submit no
- * task, have none. The table is also reachable through
- * em__cuda_kernel_table() (for the consistency test).
+ * Table: em__cuda_kernels[kind] (devices/devices.h) holds em_cuda_<family>
+ * for every op of tasks/ops.def (the family column), so a family without a
+ * CUDA kernel function is a build error, and em__codelets_init refuses to
+ * start when an entry of a task op is NULL. Only the view ops (VIEW_*),
+ * which submit no task, have none. The consistency test reads it directly
+ * (it links the library's objects, not libember.so).
  *
- * em__cuda_init() (called by em_init after the codelets): cuBLAS handles on
+ * em__cuda_init() (called by the tasks layer's start-up, after the codelets): cuBLAS handles on
  * every CUDA worker (starpu_cublas_init), their math mode (FP32 by default,
  * TF32 tensor-op math when EMBER_TF32=1), and a per-worker device workspace
  * (EMBER_CUDA_WORKSPACE_MB, default 4) used by split reductions.
@@ -82,9 +82,6 @@ em_kernel_fn em__cuda_kernels[EM_OP_COUNT] = {
 };
 bool em__cuda_compiled(void) { return true; }
 
-/* Test hook: the table above (libember hides its internal symbols). */
-__attribute__((visibility("default"))) const em_kernel_fn *em__cuda_kernel_table(void) { return em__cuda_kernels; }
-
 em_status em__cuda_init(void)
 {
     if (g_started) return EM_OK;
@@ -106,14 +103,6 @@ void em__cuda_shutdown(void)
 
 namespace emc {
 
-const unsigned op_flags[EM_OP_COUNT] = {
-#define OP(E, nm, nin, nout, fl, fam, bw) (unsigned)(fl),
-#include "tasks/ops.def"
-};
-const int op_n_in[EM_OP_COUNT] = {
-#define OP(E, nm, nin, nout, fl, fam, bw) nin,
-#include "tasks/ops.def"
-};
 
 int sm_count()
 {

@@ -1,5 +1,5 @@
 /* CUDA kernels of the fused optimizer ops (SGD_STEP, ADAM_STEP, RMSPROP_STEP,
- * ADAGRAD_STEP). Buffer contract: optim/optim_kargs.h —
+ * ADAGRAD_STEP). Buffer contract: devices/kargs.h —
  *   buffers[0] = gradient (in[0]), buffers[1] = parameter (out[0]),
  *   buffers[1 + j] = state out[j]; all contiguous, f32 or f64, numel of the
  *   parameter, each at its descriptor's offset; outputs updated in place.
@@ -13,7 +13,6 @@
 #include "devices/cuda/emcuda.h"
 
 extern "C" {
-#include "optim/optim_kargs.h"
 }
 
 #include <math.h>

@@ -225,10 +225,10 @@ char *em_ocl_ew_source(bool fp64, char *err, size_t errlen)
 /* kind is an element-wise op of @p arity, computable for dtype dt. */
 static bool ew_ok(int kind, int arity, int dt)
 {
-    if ((unsigned)kind >= EM_OP_COUNT || !(em__optab[kind].flags & F_EW) || em__optab[kind].n_in != arity ||
+    if ((unsigned)kind >= EM_OP_COUNT || !(em__kernel_info[kind].flags & F_EW) || em__kernel_info[kind].n_in != arity ||
         kind == EM_OP_WHERE)
         return false;
-    return is_float_dt(dt) || !(em__optab[kind].flags & F_FLOAT);
+    return is_float_dt(dt) || !(em__kernel_info[kind].flags & F_FLOAT);
 }
 
 /* Kernel id for a dtype: base + offset, in the order f32 f64 i32 i64 u8 of
@@ -253,7 +253,7 @@ void em_ocl_unary(void *buffers[], void *cl_arg)
 {
     const em_kargs *k = cl_arg;
     const int dt = k->in[0].dtype, kind = k->kind;
-    const bool cmp = (unsigned)kind < EM_OP_COUNT && (em__optab[kind].flags & F_CMP);
+    const bool cmp = (unsigned)kind < EM_OP_COUNT && (em__kernel_info[kind].flags & F_CMP);
     if (!ew_ok(kind, 1, dt)) {
         em_ocl_error("unary: op %d not supported for dtype %d", kind, dt);
         return;
@@ -292,7 +292,7 @@ void em_ocl_binary(void *buffers[], void *cl_arg)
 {
     const em_kargs *k = cl_arg;
     const int dt = k->in[0].dtype, kind = k->kind;
-    const bool cmp = (unsigned)kind < EM_OP_COUNT && (em__optab[kind].flags & F_CMP);
+    const bool cmp = (unsigned)kind < EM_OP_COUNT && (em__kernel_info[kind].flags & F_CMP);
     if (!ew_ok(kind, 2, dt) || k->in[1].dtype != dt) {
         em_ocl_error("binary: op %d not supported for dtypes %d/%d", kind, dt, k->in[1].dtype);
         return;

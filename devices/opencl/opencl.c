@@ -19,7 +19,6 @@
  * the host fallback on a device that has fp64). */
 #include "devices/opencl/opencl.h"
 #include "devices/collapse.h"
-#include "optim/optim_kargs.h"
 
 #include <stdarg.h>
 #include <stdio.h>
@@ -39,10 +38,6 @@ bool em__opencl_compiled(void) { return true; }
 
 em_ocl_dev em__ocl_devs[STARPU_MAXOPENCLDEVS];
 
-/* Exported for tests/test_consistency.c (libember hides its internals): the
- * OpenCL kernel table, to tell "ran on OpenCL" from "fell back to the CPU". */
-EM_API const em_kernel_fn *em__opencl_kernel_table(void);
-const em_kernel_fn *em__opencl_kernel_table(void) { return em__opencl_kernels; }
 
 static const char *const g_kernel_names[EMK_COUNT] = {
 #define X(n) "em_" #n,
@@ -90,7 +85,7 @@ bool em_ocl_enter(em_ocl_ctx *c, const em_kargs *k, const char *what)
     int devid = w >= 0 ? starpu_worker_get_devid(w) : -1;
     if (devid < 0 || devid >= STARPU_MAXOPENCLDEVS || !em__ocl_devs[devid].ready) {
         em_ocl_error("%s (op %s): no OpenCL program for device %d, task skipped", what,
-                     (unsigned)k->kind < EM_OP_COUNT ? em__optab[k->kind].name : "?", devid);
+                     (unsigned)k->kind < EM_OP_COUNT ? em__kernel_info[k->kind].name : "?", devid);
         return false;
     }
     c->devid = devid;
@@ -205,7 +200,7 @@ bool em_ocl_launch_1d(em_ocl_args *a, int64_t n, const char *what)
 void em_ocl_host_fallback(void *buffers[], const em_kargs *k)
 {
     enum { NB = EM_KARGS_MAX_IN + EM_KARGS_MAX_OUT };
-    if ((unsigned)k->kind >= EM_OP_COUNT || !em__optab[k->kind].cpu) {
+    if ((unsigned)k->kind >= EM_OP_COUNT || !em__kernel_info[k->kind].cpu) {
         em_ocl_error("host fallback: op %d has no CPU kernel", (int)k->kind);
         return;
     }
@@ -232,7 +227,7 @@ void em_ocl_host_fallback(void *buffers[], const em_kargs *k)
             map[i] = clEnqueueMapBuffer(q, mem[i], CL_TRUE, CL_MAP_READ | CL_MAP_WRITE, v->offset,
                                         (size_t)v->nx * v->elemsize, 0, NULL, NULL, &err);
             if (err != CL_SUCCESS || !map[i]) {
-                em_ocl_error("host fallback (op %s): clEnqueueMapBuffer failed (%d)", em__optab[k->kind].name, (int)err);
+                em_ocl_error("host fallback (op %s): clEnqueueMapBuffer failed (%d)", em__kernel_info[k->kind].name, (int)err);
                 map[i] = NULL;
                 ok = false;
             }
@@ -243,7 +238,7 @@ void em_ocl_host_fallback(void *buffers[], const em_kargs *k)
         vi[i].offset = 0;
         ifs[i] = &vi[i];
     }
-    if (ok) em__optab[k->kind].cpu(ifs, (void *)k);
+    if (ok) em__kernel_info[k->kind].cpu(ifs, (void *)k);
     for (int i = 0; i < nb; i++)
         if (owner[i] < 0 && map[i]) clEnqueueUnmapMemObject(q, mem[i], map[i], 0, NULL, NULL);
 }
@@ -312,12 +307,12 @@ static em_status dev_build(int devid)
     d->tile = d->max_wg >= 256 ? 16 : 8;
 
     char *prefix = make_prefix(d, !d->fp64);
-    if (!prefix) return em__set_error(EM_ERR_NOMEM, "opencl: out of memory building the program");
+    if (!prefix) return em_set_error(EM_ERR_NOMEM, "opencl: out of memory building the program");
     char gerr[256] = "out of memory";
     char *ew = em_ocl_ew_source(d->fp64, gerr, sizeof gerr); /* element-wise functions from tasks/ops.def */
     if (!ew) {
         free(prefix);
-        return em__set_error(EM_ERR_RUNTIME, "opencl: generating the element-wise kernels failed: %s", gerr);
+        return em_set_error(EM_ERR_RUNTIME, "opencl: generating the element-wise kernels failed: %s", gerr);
     }
     const char *srcs[3] = {prefix, em_cl_source, ew};
     cl_int err;
@@ -325,7 +320,7 @@ static em_status dev_build(int devid)
     free(prefix);
     free(ew);
     if (err != CL_SUCCESS)
-        return em__set_error(EM_ERR_DEVICE, "opencl: clCreateProgramWithSource failed on device %d (%s): %d", devid,
+        return em_set_error(EM_ERR_DEVICE, "opencl: clCreateProgramWithSource failed on device %d (%s): %d", devid,
                              devname, (int)err);
     char opts[256];
     snprintf(opts, sizeof opts, "-cl-std=CL1.2%s",
@@ -341,7 +336,7 @@ static em_status dev_build(int devid)
             log[sz] = 0;
             if (sz > 3000) log[3000] = 0; /* keep the message bounded */
         }
-        em_status st = em__set_error(EM_ERR_DEVICE,
+        em_status st = em_set_error(EM_ERR_DEVICE,
                                      "opencl: building Ember's kernels failed on device %d (%s), error %d "
                                      "(set EMBER_NOPENCL=0 to run without OpenCL): %s",
                                      devid, devname, (int)err, log ? log : "");
@@ -354,7 +349,7 @@ static em_status dev_build(int devid)
         d->k[i] = clCreateKernel(d->prog, g_kernel_names[i], &err);
         if (err != CL_SUCCESS) d->k[i] = NULL;
         if (!d->k[i] && (d->fp64 || !needs_fp64(i))) {
-            em_status st = em__set_error(EM_ERR_DEVICE, "opencl: kernel %s missing on device %d (%s): %d",
+            em_status st = em_set_error(EM_ERR_DEVICE, "opencl: kernel %s missing on device %d (%s): %d",
                                          g_kernel_names[i], devid, devname, (int)err);
             dev_release(d);
             return st;

@@ -24,7 +24,7 @@
 #define EMBER_OPENCL_H
 
 #include "devices/kargs.h"
-#include "runtime/internal.h"
+#include "devices/devices.h"
 
 #include <CL/cl.h>
 #include <pthread.h>

@@ -1,9 +1,8 @@
 /* OpenCL host function for the fused optimizer steps (SGD_STEP, ADAM_STEP,
- * RMSPROP_STEP, ADAGRAD_STEP). Buffer contract: optim/optim_kargs.h; kernel
+ * RMSPROP_STEP, ADAGRAD_STEP). Buffer contract: devices/kargs.h; kernel
  * contract: devices/opencl/optim.cl. The hyper-parameters are rounded to the
  * tensor dtype here exactly as devices/cpu/optim.c rounds them. */
 #include "devices/opencl/opencl.h"
-#include "optim/optim_kargs.h"
 
 #include <math.h>
 
@@ -42,7 +41,7 @@ void em_ocl_optim(void *buffers[], void *cl_arg)
     }
     for (int i = 0; i < 3; i++)
         if (si[i] >= k->n_out) {
-            em_ocl_error("optim: op %s needs state buffer %d, the task has %d outputs", em__optab[kind].name, si[i],
+            em_ocl_error("optim: op %s needs state buffer %d, the task has %d outputs", em__kernel_info[kind].name, si[i],
                          k->n_out);
             return;
         }

@@ -1,5 +1,5 @@
 /* Fused optimizer steps (semantics of devices/cpu/optim.c; buffer contract in
- * optim/optim_kargs.h). The host rounds every hyper-parameter to T exactly as
+ * devices/kargs.h). The host rounds every hyper-parameter to T exactly as
  * the CPU kernel does and passes them as h0..h8; with FP_CONTRACT off and
  * correctly rounded division/sqrt the update is bit-identical to the CPU.
  *

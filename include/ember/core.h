@@ -155,6 +155,13 @@ EM_API const char *em_last_error(void);
 /** Last error status of the calling thread (EM_OK when none). */
 EM_API em_status em_last_status(void);
 EM_API void em_clear_error(void);
+/** Records @p st and a printf-style message as the calling thread's last
+ *  error (what em_last_error / em_last_status return) and returns @p st.
+ *  For code that extends Ember through its callbacks (a dataset's get, see
+ *  ember/data.h): report a failure the way Ember's own functions do, e.g.
+ *  `return em_set_error(EM_ERR_IO, "%s: short read", path);`. The message is
+ *  truncated to 1023 bytes. */
+EM_API em_status em_set_error(em_status st, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 EM_API const char *em_status_str(em_status s);
 
 EM_API void em_set_log_level(em_log_level lvl);

@@ -33,7 +33,8 @@ typedef struct em_dataset_vtable {
     int64_t (*length)(const em_dataset *ds);
     /** Writes sample @p index (0 <= index < length): num_features floats into
      *  @p x and its label into @p *y. Must be safe to call concurrently.
-     *  Returns EM_OK or a negative status (with em__set_error / a message). */
+     *  Returns EM_OK or a negative status and sets the message with em_set_error
+     *  (ember/core.h), e.g. em_set_error(EM_ERR_IO, "sample %lld: ...", ...). */
     em_status (*get)(const em_dataset *ds, int64_t index, float *x, int64_t *y);
     /** Releases everything the dataset owns, including @p ds itself. */
     void (*free)(em_dataset *ds);

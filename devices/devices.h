@@ -1,0 +1,84 @@
+/* What the kernels (devices/) see of the rest of Ember, and what tasks/ sees
+ * of the kernels: the op kinds (tasks/ops.def is the table every kernel table
+ * is indexed by), the op flags, the CPU kernels the table names, one table of
+ * kernels per accelerator and the device start/stop hooks.
+ *
+ * devices/ include this header, devices/kargs.h (the kernel arguments),
+ * <ember/core.h> (dtypes, status, logging, em_set_error) and their own
+ * headers; nothing else of Ember (scripts/check-layers.py checks it). No
+ * StarPU here: kernels include <starpu.h> themselves. C and C++ (nvcc). */
+#ifndef EMBER_DEVICES_H
+#define EMBER_DEVICES_H
+
+#include "devices/kargs.h"
+#include "ember/core.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+enum em_op_kind {
+#define OP(E, nm, nin, nout, fl, fam, bw) EM_OP_##E,
+#include "tasks/ops.def"
+    EM_OP_COUNT
+};
+
+/* Op flags (the flags column of tasks/ops.def). */
+enum {
+    F_EW = 1u << 0,
+    F_VIEW = 1u << 1,
+    F_DIFF = 1u << 2,
+    F_CMP = 1u << 3,
+    F_INPLACE = 1u << 4,  /* outputs are read-modify-write (optimizer updates): always RW */
+    F_FLOAT = 1u << 5,    /* float math: integer inputs are promoted to f32 by the front end */
+    F_SAVE_OUT = 1u << 6, /* the backward function reads the op's output */
+    F_SCALAR = 1u << 7,   /* tensor-scalar op (EWS): the scalar is p.s.a */
+};
+
+/** A StarPU kernel function: buffers (inputs, then outputs), cl_arg an em_kargs. */
+typedef void (*em_kernel_fn)(void *buffers[], void *cl_arg);
+
+/* CPU kernels (devices/cpu): em_cpu_<family> for each kernel family of
+ * tasks/ops.def (CUDA: em_cuda_<family>, OpenCL: em_ocl_<family>). */
+void em_cpu_unary(void *buffers[], void *cl_arg);
+void em_cpu_binary(void *buffers[], void *cl_arg);
+void em_cpu_where(void *buffers[], void *cl_arg);
+void em_cpu_reduce(void *buffers[], void *cl_arg);
+void em_cpu_softmax(void *buffers[], void *cl_arg);
+void em_cpu_matmul(void *buffers[], void *cl_arg);
+void em_cpu_copy(void *buffers[], void *cl_arg);
+void em_cpu_index(void *buffers[], void *cl_arg);
+void em_cpu_fill(void *buffers[], void *cl_arg);
+void em_cpu_optim(void *buffers[], void *cl_arg);
+
+/** What a kernel may know of an op kind: its name (messages), its flags, its
+ *  number of inputs and its CPU kernel (host fallbacks). Built from
+ *  tasks/ops.def by devices/cpu/kernel_info.c. */
+typedef struct em_kernel_info {
+    const char *name;
+    unsigned flags;
+    int n_in;
+    em_kernel_fn cpu; /* NULL for views */
+} em_kernel_info;
+extern const em_kernel_info em__kernel_info[EM_OP_COUNT];
+
+/* Device kernel tables [op], filled by devices/<dev>/ from the family column
+ * of tasks/ops.def (NULL only for views). Weak defaults (all NULL, backend
+ * not compiled) live in tasks/funnel.c; em__<dev>_compiled() says whether
+ * the backend is compiled in, and em__codelets_init then refuses to start
+ * when a task op has no entry. */
+extern em_kernel_fn em__cuda_kernels[EM_OP_COUNT];
+extern em_kernel_fn em__opencl_kernels[EM_OP_COUNT];
+bool em__cuda_compiled(void);
+bool em__opencl_compiled(void);
+/* Device start/stop hooks, called by the tasks layer's start-up and shutdown
+ * (tasks/init.c; weak no-op defaults in tasks/funnel.c). */
+em_status em__cuda_init(void);
+void em__cuda_shutdown(void);
+em_status em__opencl_init(void);
+void em__opencl_shutdown(void);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,127 @@
+/* Runtime internals (runtime/): errors, the tensor object and its storage,
+ * the pool, placement, stats, scopes, the trace and the hooks through which
+ * the layers above plug in. Used by runtime/ and every layer above it; the
+ * layers above tasks/ get it through tasks/tasks_internal.h. Nothing here
+ * includes <starpu.h>: the StarPU handle is an opaque pointer. Nothing here
+ * names tasks/, autodiff/ or anything above (scripts/check-layers.py). */
+#ifndef EMBER_RUNTIME_INTERNAL_H
+#define EMBER_RUNTIME_INTERNAL_H
+
+#include "devices/kargs.h"
+#include "ember/core.h"
+#include "ember/tensor.h"
+
+#include <stdarg.h>
+
+/* ---- errors (runtime/error.c) ------------------------------------------- */
+
+/** Records status + message for em_last_error(); returns @p st. */
+em_status em__set_error(em_status st, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/** Same, returns NULL (for tensor-returning functions). */
+void *em__fail(em_status st, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+#define EM_CHECK_NOT_NULL(p, fn)                                                   \
+    do {                                                                           \
+        if (!(p)) return em__fail(EM_ERR_INVALID, "%s: input '%s' is NULL", fn, #p); \
+    } while (0)
+
+/* ---- storage + tensor (runtime/tensor.c) -------------------------------- */
+
+typedef struct em_storage {
+    void *handle;      /* starpu_data_handle_t: a byte vector of nbytes */
+    size_t nbytes;
+    int refcount;
+    int pool_class;    /* pool.c: the device it was made for (handles are recycled per device) */
+} em_storage;
+
+struct em_node;
+
+struct em_tensor {
+    int refcount;
+    em_dtype dtype;
+    int ndim;
+    int64_t shape[EM_MAX_DIMS];
+    int64_t strides[EM_MAX_DIMS];
+    int64_t offset; /* in elements */
+    em_storage *storage;
+    /* autodiff */
+    bool requires_grad;
+    struct em_node *node; /* producer (owned reference), NULL for leaves */
+    /* scopes */
+    int scope_level; /* 0 = caller-owned, else depth of the owning scope */
+};
+
+/** New tensor with fresh (pooled) storage and contiguous strides, NOT in any
+ *  scope (the caller owns it; em__publish hands it to the current scope).
+ *  Validates rank and sizes. */
+em_tensor *em__tensor_new(em_dtype dt, const int64_t *shape, int ndim);
+/** New tensor header over @p base's storage (a view), not in any scope. */
+em_tensor *em__tensor_view(const em_tensor *base, const int64_t *shape, const int64_t *strides,
+                           int ndim, int64_t offset);
+void em__contiguous_strides(const int64_t *shape, int ndim, int64_t *strides);
+int64_t em__numel(const int64_t *shape, int ndim);
+/** true when t covers its whole storage contiguously from offset 0. */
+bool em__covers_storage(const em_tensor *t);
+/* EMBER_TRACE task timeline (runtime/trace.c): init after starpu_init,
+ * attach to every task before submission, shutdown writes the file. */
+struct starpu_task;
+void em__trace_init(void);
+void em__trace_attach(struct starpu_task *t);
+void em__trace_shutdown(void);
+/* Frees the calling thread's scope stack (a thread that used Ember, before
+ * it exits; its scopes must all be closed). */
+void em__thread_exit(void);
+/* Has the calling thread its own device (em_set_thread_device)? */
+bool em__has_thread_device(void);
+/** Normalises a possibly negative dim; -1 (and an error naming op, dim and
+ *  shape) when out of range. */
+int em__norm_dim(const em_tensor *t, int dim, int ndim_extra, const char *op);
+/** Fills a tensor descriptor for kernels. */
+void em__tdesc(const em_tensor *t, em_tdesc *d);
+
+/* Storage pool (runtime/pool.c). */
+em_storage *em__storage_acquire(size_t nbytes);
+void em__storage_release(em_storage *s);
+void em__pool_drain(void);
+
+/* Stats. */
+extern int64_t em__live_tensors, em__live_storages, em__handles, em__pooled, em__tasks;
+
+/* Scopes. */
+void em__scope_add(em_tensor *t);
+void em__scope_remove(em_tensor *t);
+
+/* ---- devices (runtime/runtime.c) ----------------------------------------- */
+
+/** Where the next task goes: StarPU "where" mask + worker restriction. */
+typedef struct em_placement {
+    unsigned where;  /* STARPU_CPU | STARPU_CUDA | ... (0 = any) */
+    int worker;      /* specific worker id, or -1 */
+} em_placement;
+em_placement em__placement(void);
+int em__ncpu_workers(void);
+
+/** Takes an unscoped tensor into the current scope (public return value). */
+em_tensor *em__publish(em_tensor *t);
+
+/* ---- hooks: upper layers plug into the runtime (runtime/runtime.c) ------- */
+
+/** Start/stop of a layer above the runtime. em_init calls every registered
+ *  init after starpu_init in ascending order (stopping at the first failure,
+ *  then shutting down); em_shutdown calls every shutdown in descending order
+ *  before starpu_shutdown (so a shutdown must cope with a failed or missing
+ *  init). */
+typedef struct em_runtime_hooks {
+    const char *name; /* the layer, for messages */
+    int order;        /* tasks/: 10 */
+    em_status (*init)(void); /* NULL = nothing to start */
+    void (*shutdown)(void);  /* NULL = nothing to stop */
+} em_runtime_hooks;
+/** Registers @p h (static storage), from a constructor of the layer so that
+ *  it is in place before em_init. At most 8. */
+void em__runtime_register(const em_runtime_hooks *h);
+/** Sets the function that frees a tensor's producer node when the tensor is
+ *  freed (autodiff/tape.c, at load time); unset, nodes are not freed. */
+void em__runtime_set_node_release(void (*fn)(struct em_node *n));
+
+#endif

@@ -1,0 +1,103 @@
+/* Tasks internals (tasks/): op kinds and the op table, em_op, the funnel,
+ * step fences, the front-end helpers. Used by tasks/ and the layers above
+ * (autodiff/, nn/, optim/, ...); includes the runtime's internals and the
+ * devices-side headers. runtime/ and devices/ never include it. */
+#ifndef EMBER_TASKS_INTERNAL_H
+#define EMBER_TASKS_INTERNAL_H
+
+#include "devices/devices.h"
+#include "devices/kargs.h"
+#include "ember/autograd.h"
+#include "runtime/runtime_internal.h"
+
+/* ---- random streams (tasks/create.c) ------------------------------------ */
+
+/* The calling thread draws random numbers from its own
+ * Philox stream (seed, counter offset) until em__rng_thread_end, which
+ * returns how many counters it used. */
+void em__rng_thread_begin(uint64_t seed, uint64_t offset);
+uint64_t em__rng_thread_end(void);
+
+/* ---- ops (tasks/) --------------------------------------------------------- */
+
+#define EM_OP_MAX_IN EM_KARGS_MAX_IN
+#define EM_OP_MAX_OUT EM_KARGS_MAX_OUT
+
+typedef struct em_op {
+    enum em_op_kind kind;
+    int n_in, n_out;
+    em_tensor *in[EM_OP_MAX_IN];   /* borrowed */
+    em_tensor *out[EM_OP_MAX_OUT]; /* borrowed, already shaped */
+    union em_op_params p;
+    /* For autodiff: the user-facing inputs when the front end replaced them
+     * (casts/broadcast views); NULL = same as in[]. */
+    const em_tensor *orig_in[EM_OP_MAX_IN];
+} em_op;
+
+typedef em_status (*em_submit_fn)(em_op *op);
+
+typedef struct em_optab_entry {
+    const char *name;
+    const char *family; /* kernel family (ops.def), NULL for views */
+    int n_in, n_out;
+    unsigned flags;
+    void (*cpu)(void *buffers[], void *cl_arg);
+    em_submit_fn submit; /* custom submission (tiling); NULL = one task */
+} em_optab_entry;
+
+extern em_optab_entry em__optab[EM_OP_COUNT];
+
+/** THE funnel: every op goes through here. Submits the task(s) (unless the op
+ *  is a view), then lets autodiff record the op. */
+em_status em__submit(em_op *op);
+/** Submits one task for @p op (used by the funnel and by tiling submitters).
+ *  @p k may be NULL (built from op); when given it is copied. handles[] may
+ *  override the tensors' handles (partition children). */
+em_status em__task_submit(const em_op *op, const em_kargs *k, void *const *handles_override);
+/* Step fences: order the optimizer after the end of backward in
+ * data-parallel training (dist/). A fence is a data-less StarPU handle
+ * (starpu_void_data_register). em__fence_signal submits a task that runs
+ * nowhere once every tensor of @p after has been produced, and writes the
+ * fence (registered on first use into *fence). While a thread has a fence
+ * set with em__submit_after, every task it submits through em__task_submit
+ * also reads the fence, so it waits for that signal; it also gets the
+ * thread's priority (em__submit_priority, default 0: StarPU's default).
+ * Both return the previous value. em__fence_free unregisters a fence
+ * (after the tasks using it: starpu_data_unregister waits). Not exported:
+ * tests/test_core.c links the library's objects (ember_objs). */
+em_status em__fence_signal(void **fence, em_tensor *const *after, int n);
+/* false when EMBER_DIST_FENCE=0 (a diagnostic switch: no step fences). */
+bool em__fences_on(void);
+void *em__submit_after(void *fence);
+int em__submit_priority(int prio);
+void em__fence_free(void **fence);
+/** Builds the kernel arguments of @p op. */
+void em__kargs_from_op(const em_op *op, em_kargs *k);
+
+/** Autodiff hooks (autodiff/tape.c sets them): the recorder, and the check of
+ *  its backward table against the op table (run by em__codelets_init). */
+extern void (*em__autodiff_record)(const em_op *op);
+extern em_status (*em__autodiff_check)(void);
+/** Autodiff hook (autodiff/tape.c sets it): records out = cat(ins[0..n), dim)
+ *  (em_cat calls it after submitting its copies; no-op when nothing needs a
+ *  gradient). */
+extern void (*em__autodiff_record_cat)(em_tensor *out, em_tensor *const *ins, int n, int dim);
+
+/* Codelets (tasks/funnel.c). */
+em_status em__codelets_init(void);
+void em__codelets_shutdown(void);
+
+/* Helpers for front ends (tasks/common.c). */
+/** Broadcast shape of a and b into out; error names both shapes. */
+em_status em__broadcast_shapes(const int64_t *a, int na, const int64_t *b, int nb, int64_t *out,
+                               int *nout, const char *op);
+/** Strided view of t broadcast to shape (stride 0 on stretched dims). Not in any scope. */
+em_tensor *em__broadcast_view(const em_tensor *t, const int64_t *shape, int ndim);
+em_dtype em__promote(em_dtype a, em_dtype b);
+/** Returns t itself (retained) if already @p dt, else a cast copy. Not in any scope. */
+em_tensor *em__as_dtype(const em_tensor *t, em_dtype dt);
+/** Single-output helper: builds an op, submits, returns out published or NULL. */
+em_tensor *em__run1(enum em_op_kind kind, em_tensor *const *in, int n_in, em_tensor *out,
+                    const union em_op_params *p, const em_tensor *const *orig_in);
+
+#endif
