@@ -68,14 +68,14 @@ em_status em__codelets_init(void)
         if (e->flags & F_VIEW) continue;
         struct starpu_codelet *cl = &g_cl[k];
         memset(cl, 0, sizeof *cl);
-        cl->cpu_funcs[0] = e->cpu;
+        cl->cpu_funcs[0] = em__cpu_dispatch; /* runs e->cpu (tasks/dispatch.c) */
         cl->cpu_funcs_name[0] = e->name;
         if (em__cuda_kernels[k]) {
-            cl->cuda_funcs[0] = em__cuda_kernels[k];
+            cl->cuda_funcs[0] = em__cuda_dispatch;
             cl->cuda_flags[0] = STARPU_CUDA_ASYNC;
         }
         if (em__opencl_kernels[k]) {
-            cl->opencl_funcs[0] = em__opencl_kernels[k];
+            cl->opencl_funcs[0] = em__opencl_dispatch;
             cl->opencl_flags[0] = STARPU_OPENCL_ASYNC;
         }
         cl->nbuffers = STARPU_VARIABLE_NBUFFERS;
