@@ -24,6 +24,7 @@
  * Environment: EMBER_OPENCL_NO_FP64=1 builds without double support (to test
  * the host fallback on a device that has fp64). */
 #include "devices/opencl/opencl.h"
+#include "devices/kerror.h"
 #include "optim/optim_kargs.h"
 
 #include <stdarg.h>
@@ -91,7 +92,7 @@ void em_ocl_error(const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(buf, sizeof buf, fmt, ap);
     va_end(ap);
-    em_log_msg(EM_LOG_ERROR, "opencl: %s", buf);
+    em__kernel_error(NULL, EM_ERR_DEVICE, "opencl: %s", buf);
 }
 
 int64_t em_ocl_numel(const em_tdesc *t)
