@@ -204,11 +204,13 @@ EM_API void *em__grads_fence(const em_grads *g);
 /** Builds the kernel arguments of @p op. */
 void em__kargs_from_op(const em_op *op, em_kargs *k);
 
-/** Autodiff hook (autodiff/tape.c sets it). */
-extern void (*em__autodiff_record)(const em_op *op);
+/** Autodiff hook (autodiff/tape.c sets it). A failure (out of memory for the
+ *  node) is an error of the op: em__submit returns it. */
+extern em_status (*em__autodiff_record)(const em_op *op);
 /** Records out = cat(ins[0..n), dim) for autodiff (em_cat calls it after
- *  submitting its copies; no-op when nothing needs a gradient). */
-void em__record_cat(em_tensor *out, em_tensor *const *ins, int n, int dim);
+ *  submitting its copies; EM_OK without doing anything when nothing needs a
+ *  gradient; an error when the node cannot be recorded). */
+em_status em__record_cat(em_tensor *out, em_tensor *const *ins, int n, int dim);
 
 /* Device kernel tables, filled by devices/<dev>/ (a NULL entry = no kernel
  * for that op on that device; the funnel then runs it on the CPU and says so

@@ -16,6 +16,10 @@ typedef struct scope {
 
 static _Thread_local scope *tl_scopes;
 static _Thread_local int tl_depth, tl_cap;
+/* Scopes opened while there was no memory for them: they own nothing (what
+ * they would have owned goes to the enclosing scope) and only keep
+ * em_scope_end calls paired. Always the innermost ones. */
+static _Thread_local int tl_phantoms;
 
 void em__thread_exit(void)
 {
@@ -27,10 +31,20 @@ void em__thread_exit(void)
 
 void em_scope_begin(void)
 {
+    if (tl_phantoms > 0) {
+        tl_phantoms++;
+        return;
+    }
     if (tl_depth == tl_cap) {
         int cap = tl_cap ? tl_cap * 2 : 8;
         scope *s = realloc(tl_scopes, sizeof *s * (size_t)cap);
-        if (!s) abort();
+        if (!s) {
+            em__set_error(EM_ERR_NOMEM, "em_scope_begin: out of memory for scope %d: its tensors go to the enclosing scope",
+                          tl_depth + 1);
+            em_log_msg(EM_LOG_WARN, "%s", em_last_error());
+            tl_phantoms = 1;
+            return;
+        }
         memset(s + tl_cap, 0, sizeof *s * (size_t)(cap - tl_cap));
         tl_scopes = s;
         tl_cap = cap;
@@ -39,23 +53,30 @@ void em_scope_begin(void)
     tl_depth++;
 }
 
-static void scope_push(int level, em_tensor *t)
+/* false (t left caller-owned, error set) when the scope cannot grow. */
+static bool scope_push(int level, em_tensor *t)
 {
     scope *s = &tl_scopes[level - 1];
     if (s->n == s->cap) {
         int cap = s->cap ? s->cap * 2 : 64;
         em_tensor **it = realloc(s->items, sizeof *it * (size_t)cap);
-        if (!it) abort();
+        if (!it) {
+            t->scope_level = 0;
+            em__set_error(EM_ERR_NOMEM, "out of memory adding a tensor to scope %d", level);
+            return false;
+        }
         s->items = it;
         s->cap = cap;
     }
     s->items[s->n++] = t;
     t->scope_level = level;
+    return true;
 }
 
 void em__scope_add(em_tensor *t)
 {
-    if (t && tl_depth > 0) scope_push(tl_depth, t);
+    if (t && tl_depth > 0 && !scope_push(tl_depth, t)) /* the tensor stays the caller's: a leak, not a crash */
+        em_log_msg(EM_LOG_WARN, "%s", em_last_error());
 }
 
 void em__scope_remove(em_tensor *t)
@@ -72,6 +93,10 @@ void em__scope_remove(em_tensor *t)
 
 void em_scope_end(void)
 {
+    if (tl_phantoms > 0) {
+        tl_phantoms--;
+        return;
+    }
     if (tl_depth == 0) {
         em_log_msg(EM_LOG_WARN, "em_scope_end without em_scope_begin");
         return;
@@ -92,14 +117,17 @@ em_tensor *em_keep(em_tensor *t)
     if (t->scope_level > 0 && t->scope_level <= tl_depth) {
         int level = t->scope_level;
         em__scope_remove(t);
-        if (level > 1) scope_push(level - 1, t);
+        if (level > 1 && !scope_push(level - 1, t)) em_log_msg(EM_LOG_WARN, "em_keep: %s", em_last_error());
     }
     return t;
 }
 
 em_tensor *em__publish(em_tensor *t)
 {
-    em__scope_add(t);
+    if (t && tl_depth > 0 && !scope_push(tl_depth, t)) { /* the op fails rather than leak its result */
+        em_tensor_release(t);
+        return NULL;
+    }
     return t;
 }
 

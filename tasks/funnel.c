@@ -31,7 +31,7 @@ em_optab_entry em__optab[EM_OP_COUNT] = {
 #undef X
 };
 
-void (*em__autodiff_record)(const em_op *op);
+em_status (*em__autodiff_record)(const em_op *op);
 
 /* Weak defaults: a build without a device backend has no kernels for it. */
 __attribute__((weak)) em_kernel_fn em__cuda_kernels[EM_OP_COUNT];
@@ -243,7 +243,7 @@ em_status em__submit(em_op *op)
         em_status st = e->submit ? e->submit(op) : em__task_submit(op, NULL, NULL);
         if (st != EM_OK) return st;
     }
-    if (em__autodiff_record && (e->flags & F_DIFF)) em__autodiff_record(op);
+    if (em__autodiff_record && (e->flags & F_DIFF)) return em__autodiff_record(op);
     return EM_OK;
 }
 
