@@ -223,6 +223,10 @@ extern em_kernel_fn em__opencl_kernels[EM_OP_COUNT];
 void em__cpu_dispatch(void *buffers[], void *cl_arg);
 void em__cuda_dispatch(void *buffers[], void *cl_arg);
 void em__opencl_dispatch(void *buffers[], void *cl_arg);
+/* EM_OK unless the task's @p n handles cannot fit in the memory of the
+ * accelerator that @p worker drives (then EM_ERR_NOMEM naming op, device,
+ * shapes): StarPU would wait for that memory forever. */
+em_status em__task_fits(const em_op *op, void *const *handles, int n, int worker);
 /* Device start/stop hooks, called by em_init/em_shutdown (weak no-op defaults). */
 em_status em__cuda_init(void);
 void em__cuda_shutdown(void);

@@ -43,6 +43,35 @@ void em__kernel_error(const em_kargs *k, em_status st, const char *fmt, ...)
                      (unsigned)k->kind < EM_OP_COUNT ? em__optab[k->kind].name : "?", dev, what, ins, outs);
 }
 
+/* StarPU never fails a task whose data cannot fit on its device: it waits
+ * for memory forever (measured: a 16 MiB op under STARPU_LIMIT_OPENCL_MEM=4
+ * hangs em_sync). So an op placed on an accelerator whose operands alone
+ * exceed that device's memory fails at submission, naming op, device and
+ * shapes. (What fits alone but not next to other data is StarPU's to evict.) */
+em_status em__task_fits(const em_op *op, void *const *handles, int n, int worker)
+{
+    if (starpu_worker_get_type(worker) == STARPU_CPU_WORKER) return EM_OK;
+    starpu_ssize_t total = starpu_memory_get_total(starpu_worker_get_memory_node((unsigned)worker));
+    if (total <= 0) return EM_OK;
+    size_t need = 0;
+    for (int i = 0; i < n; i++) {
+        int j = 0;
+        while (j < i && handles[j] != handles[i]) j++;
+        if (j == i) need += starpu_data_get_size((starpu_data_handle_t)handles[i]);
+    }
+    if (need <= (size_t)total) return EM_OK;
+    em_kargs k;
+    em__kargs_from_op(op, &k);
+    char dev[64], ins[400] = "", outs[400] = "";
+    operands(ins, sizeof ins, k.in, k.n_in);
+    operands(outs, sizeof outs, k.out, k.n_out);
+    return em__set_error(EM_ERR_NOMEM,
+                         "op %s on %s: its operands need %zu bytes of device memory, more than the device's %lld "
+                         "(inputs: %s; outputs: %s)",
+                         em__optab[op->kind].name, em__worker_str(worker, dev, sizeof dev), need, (long long)total, ins,
+                         outs);
+}
+
 static inline bool enter(void *cl_arg)
 {
     tl_kargs = cl_arg;

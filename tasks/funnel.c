@@ -215,6 +215,12 @@ em_status em__task_submit(const em_op *op, const em_kargs *kin, void *const *han
     if (pl.worker >= 0) {
         task->execute_on_a_specific_worker = 1;
         task->workerid = (unsigned)pl.worker;
+        em_status fit = em__task_fits(op, (void *const *)task->handles, nb, pl.worker);
+        if (fit != EM_OK) {
+            task->destroy = 0;
+            starpu_task_destroy(task);
+            return fit;
+        }
     }
     task->detach = 1;
     em__trace_attach(task);

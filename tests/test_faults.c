@@ -280,6 +280,37 @@ static void test_alloc_sweep(void **state)
     em_tensor_release(w);
 }
 
+/* An op whose operands alone exceed the device's memory fails at submission
+ * (StarPU would wait for the memory forever). CTest limits the device to
+ * 32 MiB (STARPU_LIMIT_OPENCL_MEM / STARPU_LIMIT_CUDA_MEM). */
+static void test_device_oom(void **state)
+{
+    (void)state;
+    if (g_dev.kind == EM_DEVICE_CPU) {
+        print_message("SKIPPED: device memory limits need an accelerator (EMBER_FAULTS_DEVICE=opencl:0 / cuda:0)\n");
+        skip();
+    }
+    const char *lim = getenv(g_dev.kind == EM_DEVICE_CUDA ? "STARPU_LIMIT_CUDA_MEM" : "STARPU_LIMIT_OPENCL_MEM");
+    if (!lim || atoi(lim) <= 0 || atoi(lim) > 32) {
+        print_message("SKIPPED: no device memory limit of at most 32 MiB set for this run\n");
+        skip();
+    }
+    em_scope_begin();
+    const int64_t n = 12 << 20; /* 48 MiB of f32 */
+    em_tensor *big = em_zeros(&n, 1, EM_F32);
+    assert_null(big);
+    assert_int_equal(em_last_status(), EM_ERR_NOMEM);
+    const char *m = em_last_error();
+    print_message("too big for the device: %s\n", m);
+    assert_msg_has(m, "op fill on ");
+    assert_msg_has(m, g_dev_name);
+    assert_msg_has(m, "device memory");
+    assert_msg_has(m, "outputs: [12582912] float32");
+    assert_int_equal(em_sync(), EM_OK);
+    em_test_expect(em_add(input23(), input23()), EM_F32, VALS(2, -4, 6, -8, 10, -12), 0, 0, "add after the failure");
+    em_scope_end();
+}
+
 int main(void)
 {
     const char *dev = getenv("EMBER_FAULTS_DEVICE");
@@ -311,6 +342,7 @@ int main(void)
         cmocka_unit_test(test_kernel_matmul),
         cmocka_unit_test(test_autodiff_node),
         cmocka_unit_test(test_alloc_sweep),
+        cmocka_unit_test(test_device_oom),
     };
     printf("test_faults on %s\n", dev);
     return cmocka_run_group_tests(tests, setup, em_test_teardown);
