@@ -1,9 +1,10 @@
 /* Fault injection, for testing the error paths (DESIGN.md §10).
  *
- *   EMBER_FAULT_INJECT=kernel:N   the Nth kernel run after em_init (counted
- *                                 over every backend: CPU, CUDA, OpenCL)
- *                                 does not run and reports an injected
- *                                 device error instead
+ *   EMBER_FAULT_INJECT=kernel:N   the Nth op kernel run after em_init
+ *                                 (counted over every backend: CPU, CUDA,
+ *                                 OpenCL; the codelets of tasks/funnel.c, not
+ *                                 dist's reduction or fence tasks) does not
+ *                                 run and reports an injected device error
  *   EMBER_FAULT_INJECT=alloc:N    the Nth tracked allocation fails (tensor
  *                                 header, storage, autodiff node)
  *   EMBER_FAULT_INJECT=node:N     the Nth autodiff node allocation fails
