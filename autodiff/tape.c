@@ -39,12 +39,16 @@ em_tensor *em_detach(const em_tensor *t)
 
 static em_node *node_new(enum em_op_kind kind, int n_in)
 {
-    em_node *n = calloc(1, sizeof *n);
-    if (!n) return NULL;
+    bool fault = EM_FAULT(EM_FAULT_ALLOC);
+    if (EM_FAULT(EM_FAULT_NODE)) fault = true; /* both counters see every node */
+    em_node *n = fault ? NULL : calloc(1, sizeof *n);
+    if (!n) return em__fail(EM_ERR_NOMEM, "op %s: out of memory recording its autodiff node (the gradient could not be tracked)",
+                            em__optab[kind].name);
     n->in = calloc((size_t)(n_in ? n_in : 1), sizeof *n->in);
     if (!n->in) {
         free(n);
-        return NULL;
+        return em__fail(EM_ERR_NOMEM, "op %s: out of memory recording its autodiff node (the gradient could not be tracked)",
+                        em__optab[kind].name);
     }
     n->refcount = 1;
     n->kind = kind;
@@ -76,47 +80,56 @@ static void node_release(em_node *n)
 
 static bool needs_output(enum em_op_kind k) { return (em__optab[k].flags & F_SAVE_OUT) != 0; }
 
-static void attach(em_node *n, em_tensor *out)
+/* Takes over n (released on failure). */
+static em_status attach(em_node *n, em_tensor *out)
 {
     n->out_ndim = out->ndim;
     memcpy(n->out_shape, out->shape, sizeof out->shape);
     n->out_dtype = out->dtype;
-    if (needs_output(n->kind)) n->out_alias = em__tensor_view(out, out->shape, out->strides, out->ndim, out->offset);
+    if (needs_output(n->kind)) {
+        n->out_alias = em__tensor_view(out, out->shape, out->strides, out->ndim, out->offset);
+        if (!n->out_alias) {
+            const char *op = em__optab[n->kind].name;
+            node_release(n);
+            return em__set_error(EM_ERR_NOMEM, "op %s: out of memory saving its output for the backward pass", op);
+        }
+    }
     out->node = n;
     out->requires_grad = true;
+    return EM_OK;
 }
 
-static void record(const em_op *op)
+static em_status record(const em_op *op)
 {
-    if (!em_grad_enabled()) return;
+    if (!em_grad_enabled()) return EM_OK;
     bool any = false;
     for (int i = 0; i < op->n_in; i++) {
         const em_tensor *t = op->orig_in[i] ? op->orig_in[i] : op->in[i];
         if (t && t->requires_grad) any = true;
     }
-    if (!any || op->n_out < 1 || !op->out[0]) return;
+    if (!any || op->n_out < 1 || !op->out[0]) return EM_OK;
     em_tensor *out = op->out[0];
-    if (out->node) return; /* already recorded (should not happen) */
+    if (out->node) return EM_OK; /* already recorded (should not happen) */
     em_node *n = node_new(op->kind, op->n_in);
-    if (!n) return;
+    if (!n) return em_last_status();
     n->p = op->p;
     for (int i = 0; i < op->n_in; i++)
         n->in[i] = em_tensor_retain((em_tensor *)(op->orig_in[i] ? op->orig_in[i] : op->in[i]));
-    attach(n, out);
+    return attach(n, out);
 }
 
-static void record_cat(em_tensor *out, em_tensor *const *ins, int n_in, int dim)
+static em_status record_cat(em_tensor *out, em_tensor *const *ins, int n_in, int dim)
 {
-    if (!em_grad_enabled() || !out) return;
+    if (!em_grad_enabled() || !out) return EM_OK;
     bool any = false;
     for (int i = 0; i < n_in; i++)
         if (ins[i] && ins[i]->requires_grad) any = true;
-    if (!any) return;
+    if (!any) return EM_OK;
     em_node *n = node_new(EM_OP_VIEW_CAT, n_in);
-    if (!n) return;
+    if (!n) return em_last_status();
     n->p.axis.dim = dim;
     for (int i = 0; i < n_in; i++) n->in[i] = em_tensor_retain(ins[i]);
-    attach(n, out);
+    return attach(n, out);
 }
 
 /* Autodiff plugs into the layers below at load time: the funnel's recorder
@@ -191,10 +204,14 @@ static em_status grads_grow(em_grads *g)
     return EM_OK;
 }
 
-/* Stores (taking over the caller's reference) or accumulates. */
+/* Stores (taking over the caller's reference) or accumulates; the reference
+ * is dropped on failure too. */
 static em_status grads_accumulate(em_grads *g, const void *key, em_tensor *grad)
 {
-    if ((g->n + 1) * 2 > g->cap && grads_grow(g) != EM_OK) return EM_ERR_NOMEM;
+    if ((g->n + 1) * 2 > g->cap && grads_grow(g) != EM_OK) {
+        em_tensor_release(grad);
+        return EM_ERR_NOMEM;
+    }
     int i = slot(g, key);
     if (!g->keys[i]) {
         g->keys[i] = key;
@@ -203,7 +220,10 @@ static em_status grads_accumulate(em_grads *g, const void *key, em_tensor *grad)
         return EM_OK;
     }
     em_tensor *sum = em_add(g->vals[i], grad);
-    if (!sum) return em_last_status();
+    if (!sum) {
+        em_tensor_release(grad);
+        return em_last_status();
+    }
     em__scope_remove(sum);
     em_tensor_release(g->vals[i]);
     em_tensor_release(grad);
@@ -352,7 +372,7 @@ static em_grads *backward(em_tensor *loss, const em_tensor *grad_output)
         em__scope_remove(seed); /* ours now */
     }
     if (!loss->node) { /* a leaf loss: its gradient is the seed */
-        grads_accumulate(leaf, loss, seed);
+        if (grads_accumulate(leaf, loss, seed) != EM_OK) goto fail;
         goto done;
     }
     em_node **nodes = NULL;
@@ -365,10 +385,10 @@ static em_grads *backward(em_tensor *loss, const em_tensor *grad_output)
     if (!inner) {
         free(nodes);
         em_tensor_release(seed);
+        em__set_error(EM_ERR_NOMEM, "em_backward: out of memory");
         goto fail;
     }
-    grads_accumulate(inner, loss->node, seed);
-    em_status st = EM_OK;
+    em_status st = grads_accumulate(inner, loss->node, seed);
     for (int k = 0; k < count && st == EM_OK; k++) {
         em_node *nd = nodes[k];
         em_tensor *g = grads_take(inner, nd);
@@ -406,11 +426,10 @@ done:
     for (int i = 0; i < leaf->cap; i++)
         if (leaf->keys[i] && !em_tensor_is_contiguous(leaf->vals[i])) {
             em_tensor *c = em_contiguous(leaf->vals[i]);
-            if (c) {
-                em__scope_remove(c);
-                em_tensor_release(leaf->vals[i]);
-                leaf->vals[i] = c;
-            }
+            if (!c) goto fail; /* no gradient handed out half-made */
+            em__scope_remove(c);
+            em_tensor_release(leaf->vals[i]);
+            leaf->vals[i] = c;
         }
     em_scope_end();
     em_no_grad_end();

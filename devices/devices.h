@@ -78,6 +78,34 @@ void em__cuda_shutdown(void);
 em_status em__opencl_init(void);
 void em__opencl_shutdown(void);
 
+/* ---- how a kernel reports a failure (DESIGN.md §10) ---------------------
+ * A kernel never aborts and never prints: when it cannot do its work (a CUDA
+ * or OpenCL error, a cuBLAS status, an op/dtype it was not built for) it
+ * calls em__kernel_error and returns. The error becomes the process's sticky
+ * error, which the next em_sync, em_to_host or em_item returns; its message
+ * names the op, the device (cpu / cuda:N / opencl:N and the worker) and the
+ * operand shapes and dtypes. The outputs of a failed kernel are undefined;
+ * the process goes on. Implemented in devices/cpu/kerror.c; the dispatchers
+ * of tasks/ bracket every kernel with em__kernel_enter / em__kernel_leave and
+ * set the sink that turns the report into the sticky error. */
+
+/** Records a failure of the kernel described by @p k (NULL: the kernel the
+ *  calling worker is running, as set by em__kernel_enter). @p fmt says what
+ *  failed ("CUDA error in copy (memcpy): out of memory"). Only the first
+ *  error until the next report is kept; later ones are counted. */
+void em__kernel_error(const em_kargs *k, em_status st, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+/** The calling worker starts / ends running the kernel of @p k. */
+void em__kernel_enter(const em_kargs *k);
+void em__kernel_leave(void);
+/** Formats "[2, 3] float32, [3] int64" (or "none") for @p count operands. */
+void em__kernel_operands(char *buf, size_t n, const em_tdesc *d, int count);
+/** Where reports go (set by tasks/ at start-up): st, the StarPU worker that
+ *  ran the kernel, the op's name (NULL when unknown), what failed, and the
+ *  formatted inputs and outputs. */
+typedef void (*em_kernel_error_sink)(em_status st, int worker, const char *op, const char *what, const char *ins,
+                                     const char *outs);
+void em__kernel_set_error_sink(em_kernel_error_sink sink);
+
 #ifdef __cplusplus
 }
 #endif

@@ -447,24 +447,35 @@ void em__dist_nccl_group_allreduce_mean(const em__nccl_piece *p, int m, bool f64
                                  (cudaStream_t)streams[k]);
             }
         ncclResult_t r2 = nc.GroupEnd();
-        if (r != ncclSuccess) fatal("ncclAllReduce (replicas)", nc.GetErrorString(r));
-        if (r2 != ncclSuccess) fatal("ncclGroupEnd (replicas)", nc.GetErrorString(r2));
+        if (r != ncclSuccess) {
+            fatal("ncclAllReduce (replicas)", nc.GetErrorString(r));
+            return;
+        }
+        if (r2 != ncclSuccess) {
+            fatal("ncclGroupEnd (replicas)", nc.GetErrorString(r2));
+            return;
+        }
     }
     /* No time limit here, unlike the cross-rank path and its watchdog: a
      * collective that never completes blocks this CPU worker. */
     for (int k = 0; k < n; k++) {
         cudaError_t e = cudaStreamSynchronize((cudaStream_t)streams[k]);
-        if (e != cudaSuccess) fatal("cudaStreamSynchronize after ncclAllReduce (replicas)", cudaGetErrorString(e));
+        if (e != cudaSuccess) {
+            fatal("cudaStreamSynchronize after ncclAllReduce (replicas)", cudaGetErrorString(e));
+            return;
+        }
     }
 }
 
 /* ---- on the CUDA worker, inside the bucket task ----------------------------- */
 
+/* A failed collective is the task's sticky error (DESIGN.md §10): the next
+ * em_sync or host read of this process returns it; the library does not end
+ * the job (em_dist_abort is the caller's choice). Peers left waiting for this
+ * rank's part still end after EMBER_DIST_TIMEOUT through their watchdog. */
 static void fatal(const char *what, const char *err)
 {
-    char msg[512];
-    snprintf(msg, sizeof msg, "gradient all-reduce on the GPU: %s failed: %s", what, err);
-    em_dist_abort(5, msg); /* the peers would wait for this rank forever */
+    em__task_kernel_error(EM_ERR_DEVICE, "gradient all-reduce on the GPU: %s failed: %s", what, err);
 }
 
 static void CUDART_CB watch_end_cb(void *arg)
@@ -483,8 +494,10 @@ void em__dist_nccl_allreduce_mean(const em__nccl_piece *p, int m, bool f64, void
     cudaStream_t s = starpu_cuda_get_local_stream(), cs = s;
     if (g_prio_stream && !comm) {
         cs = g_prio_stream;
-        if (cudaEventRecord(g_ev_ready, s) != cudaSuccess || cudaStreamWaitEvent(cs, g_ev_ready, 0) != cudaSuccess)
+        if (cudaEventRecord(g_ev_ready, s) != cudaSuccess || cudaStreamWaitEvent(cs, g_ev_ready, 0) != cudaSuccess) {
             fatal("ordering the collective stream", cudaGetErrorString(cudaGetLastError()));
+            return;
+        }
     }
     if (watch) em__dist_watch_begin(EM_DIST_SLOT_GRAD, "gradient all-reduce (NCCL)");
     for (int j0 = 0; j0 < m; j0 += EM_NCCL_GROUP_OPS) {
@@ -493,13 +506,19 @@ void em__dist_nccl_allreduce_mean(const em__nccl_piece *p, int m, bool f64, void
             r = nc.AllReduce(p[j].ptr, p[j].ptr, (size_t)p[j].count, f64 ? ncclFloat64 : ncclFloat32, ncclAvg,
                              comm ? (ncclComm_t)comm : g_comm, cs);
         ncclResult_t r2 = nc.GroupEnd();
-        if (r != ncclSuccess) fatal("ncclAllReduce", nc.GetErrorString(r));
-        if (r2 != ncclSuccess) fatal("ncclGroupEnd", nc.GetErrorString(r2));
+        if (r != ncclSuccess || r2 != ncclSuccess) {
+            if (watch) em__dist_watch_end(EM_DIST_SLOT_GRAD); /* nothing of this rank is left to watch */
+            fatal(r != ncclSuccess ? "ncclAllReduce" : "ncclGroupEnd", nc.GetErrorString(r != ncclSuccess ? r : r2));
+            return;
+        }
     }
     /* The worker's stream waits for the collectives only, not for the
      * watchdog's host function queued after them (a host round trip). */
-    if (cs != s && (cudaEventRecord(g_ev_done, cs) != cudaSuccess || cudaStreamWaitEvent(s, g_ev_done, 0) != cudaSuccess))
+    if (cs != s && (cudaEventRecord(g_ev_done, cs) != cudaSuccess || cudaStreamWaitEvent(s, g_ev_done, 0) != cudaSuccess)) {
+        if (watch) em__dist_watch_end(EM_DIST_SLOT_GRAD); /* nothing of this rank is left to watch */
         fatal("ordering the collective stream", cudaGetErrorString(cudaGetLastError()));
+        return;
+    }
     if (watch) {
         cudaError_t e = cudaLaunchHostFunc(cs, watch_end_cb, NULL);
         if (e != cudaSuccess) {

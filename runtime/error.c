@@ -1,6 +1,7 @@
 /* Thread-local error state and leveled logging. */
 #include "runtime/runtime_internal.h"
 
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
@@ -41,6 +42,58 @@ void *em__fail(em_status st, const char *fmt, ...)
     vset(st, fmt, ap);
     va_end(ap);
     return NULL;
+}
+
+/* ---- the sticky error of kernels (DESIGN.md §10) ---------------------------
+ * A kernel runs on a StarPU worker, long after the op that submitted it has
+ * returned, so it cannot hand its failure back to the caller: it records it
+ * here (process-wide, first error wins; later ones are only counted) and the
+ * next host read or sync (em_sync, em_to_host, em_item, ...) returns it and
+ * clears the slot. g_sticky_set lets those readers skip the lock when there
+ * is nothing to report. */
+
+static pthread_mutex_t g_sticky_lock = PTHREAD_MUTEX_INITIALIZER;
+static int g_sticky_set;      /* read without the lock (atomic) */
+static em_status g_sticky_st;
+static char g_sticky_msg[1024];
+static int g_sticky_more;     /* errors recorded after the first */
+
+void em__sticky_error(em_status st, const char *fmt, ...)
+{
+    pthread_mutex_lock(&g_sticky_lock);
+    if (g_sticky_set) {
+        g_sticky_more++;
+    } else {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(g_sticky_msg, sizeof g_sticky_msg, fmt, ap);
+        va_end(ap);
+        g_sticky_st = st;
+        g_sticky_more = 0;
+        __atomic_store_n(&g_sticky_set, 1, __ATOMIC_RELEASE);
+        em_log_msg(EM_LOG_DEBUG, "kernel error recorded: %s", g_sticky_msg);
+    }
+    pthread_mutex_unlock(&g_sticky_lock);
+}
+
+em_status em__sticky_take(const char *where)
+{
+    if (!__atomic_load_n(&g_sticky_set, __ATOMIC_ACQUIRE)) return EM_OK;
+    pthread_mutex_lock(&g_sticky_lock);
+    em_status st = EM_OK;
+    if (g_sticky_set) {
+        st = g_sticky_st;
+        if (g_sticky_more)
+            em__set_error(st, "%s: %s (and %d more kernel error%s after it)", where, g_sticky_msg, g_sticky_more,
+                          g_sticky_more > 1 ? "s" : "");
+        else
+            em__set_error(st, "%s: %s", where, g_sticky_msg);
+        g_sticky_set = 0;
+        g_sticky_msg[0] = 0;
+        g_sticky_more = 0;
+    }
+    pthread_mutex_unlock(&g_sticky_lock);
+    return st;
 }
 
 const char *em_last_error(void) { return tl_msg; }

@@ -61,7 +61,7 @@ static int current_class(void)
 em_storage *em__storage_acquire(size_t nbytes)
 {
     size_t reg = nbytes ? nbytes : 1;
-    em_storage *s = malloc(sizeof *s);
+    em_storage *s = EM_FAULT(EM_FAULT_ALLOC) ? NULL : malloc(sizeof *s);
     if (!s) return NULL;
     s->nbytes = nbytes;
     s->refcount = 1;

@@ -123,6 +123,31 @@ static int find_worker(em_device d)
     return -1;
 }
 
+const char *em__worker_str(int worker, char *buf, size_t n)
+{
+    if (worker < 0 || (unsigned)worker >= starpu_worker_get_count()) {
+        snprintf(buf, n, "no worker (the submitting thread)");
+        return buf;
+    }
+    enum starpu_worker_archtype at = starpu_worker_get_type(worker);
+    if (at == STARPU_CPU_WORKER) {
+        snprintf(buf, n, "cpu (worker %d)", worker);
+        return buf;
+    }
+    /* Ember's index of the device: its rank among the devices of that kind (find_worker). */
+    int seen[STARPU_NMAXWORKERS], nseen = 0, index = -1, devid = starpu_worker_get_devid(worker);
+    for (int w = 0; w <= worker; w++) {
+        if (starpu_worker_get_type(w) != at) continue;
+        int dev = starpu_worker_get_devid(w), k = 0;
+        while (k < nseen && seen[k] != dev) k++;
+        if (k == nseen) seen[nseen++] = dev;
+        if (dev == devid) index = k;
+    }
+    const char *kind = at == STARPU_CUDA_WORKER ? "cuda" : at == STARPU_OPENCL_WORKER ? "opencl" : "device";
+    snprintf(buf, n, "%s:%d (worker %d)", kind, index, worker);
+    return buf;
+}
+
 int em_worker_count(em_device_kind kind)
 {
     if (!g_initialized) return 0;
@@ -269,6 +294,8 @@ em_status em_init(const em_config *user)
 
     em_device dev = em_device_cpu();
     if (cfg.device && em_device_parse(cfg.device, &dev) != EM_OK) return em_last_status();
+    if (em__fault_inject(getenv("EMBER_FAULT_INJECT")) != EM_OK) return em_last_status();
+    if (em__sticky_take("em_init") != EM_OK) em_clear_error(); /* nothing from an earlier run carries over */
 
     if (!cfg.starpu_verbose) setenv("STARPU_SILENT", "1", 0);
     /* CUDA workers queue up to 32 ready tasks on their stream instead of
@@ -321,7 +348,8 @@ em_status em_sync(void)
 {
     if (!g_initialized) return em__set_error(EM_ERR_STATE, "em_sync: runtime not initialized");
     int r = starpu_task_wait_for_all();
-    return r == 0 ? EM_OK : em__set_error(EM_ERR_RUNTIME, "starpu_task_wait_for_all failed (%d)", r);
+    if (r != 0) return em__set_error(EM_ERR_RUNTIME, "starpu_task_wait_for_all failed (%d)", r);
+    return em__sticky_take("em_sync");
 }
 
 void em_shutdown(void)
@@ -334,6 +362,8 @@ void em_shutdown(void)
         if (g_hooks[i]->shutdown) g_hooks[i]->shutdown();
     starpu_shutdown();
     g_initialized = false;
+    if (em__sticky_take("em_shutdown") != EM_OK) /* nobody read it: say so rather than lose it */
+        em_log_msg(EM_LOG_WARN, "a kernel failed and no em_sync or host read reported it: %s", em_last_error());
 }
 
 static const char *worker_kind_name(enum starpu_worker_archtype t)

@@ -20,6 +20,27 @@ em_status em__set_error(em_status st, const char *fmt, ...) __attribute__((forma
 /** Same, returns NULL (for tensor-returning functions). */
 void *em__fail(em_status st, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
+/* The sticky error of kernels (runtime/error.c): kernels record their
+ * failure with em__kernel_error (devices/devices.h, devices/cpu/kerror.c, the sink in tasks/dispatch.c), which
+ * lands here: process-wide, first error wins. em__sticky_take moves it into
+ * the calling thread's em_last_error (prefixed "where: "), clears the slot
+ * and returns its status; EM_OK when no kernel failed. Called by every host
+ * read and sync (em_sync, em_to_host, em_item, ...). */
+void em__sticky_error(em_status st, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+em_status em__sticky_take(const char *where);
+
+/* Fault injection (runtime/fault.c; EMBER_FAULT_INJECT=kernel:N,alloc:N,node:N
+ * read by em_init). EM_FAULT(w) is true when this is the armed Nth event of
+ * kind w; it costs one relaxed load when nothing is armed. */
+enum { EM_FAULT_KERNEL, EM_FAULT_ALLOC, EM_FAULT_NODE, EM_FAULT_COUNT };
+extern int64_t em__fault_at[EM_FAULT_COUNT];
+bool em__fault_hit(int what);
+const char *em__fault_name(int what);
+#define EM_FAULT(w) (__builtin_expect(__atomic_load_n(&em__fault_at[(w)], __ATOMIC_RELAXED) != 0, 0) && em__fault_hit(w))
+/* Re-arms the counters from a spec ("" disarms). Not exported: tests/test_faults.c
+ * links the library's objects (ember_objs). */
+em_status em__fault_inject(const char *spec);
+
 #define EM_CHECK_NOT_NULL(p, fn)                                                   \
     do {                                                                           \
         if (!(p)) return em__fail(EM_ERR_INVALID, "%s: input '%s' is NULL", fn, #p); \
@@ -100,6 +121,9 @@ typedef struct em_placement {
 } em_placement;
 em_placement em__placement(void);
 int em__ncpu_workers(void);
+/** "cpu (worker 2)", "cuda:0 (worker 3)", "opencl:1 (worker 4)": the Ember
+ *  device a StarPU worker drives, for error messages. */
+const char *em__worker_str(int worker, char *buf, size_t n);
 
 /** Takes an unscoped tensor into the current scope (public return value). */
 em_tensor *em__publish(em_tensor *t);

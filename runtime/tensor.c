@@ -16,6 +16,10 @@ typedef struct scope {
 
 static _Thread_local scope *tl_scopes;
 static _Thread_local int tl_depth, tl_cap;
+/* Scopes opened while there was no memory for them: they own nothing (what
+ * they would have owned goes to the enclosing scope) and only keep
+ * em_scope_end calls paired. Always the innermost ones. */
+static _Thread_local int tl_phantoms;
 
 void em__thread_exit(void)
 {
@@ -27,10 +31,20 @@ void em__thread_exit(void)
 
 void em_scope_begin(void)
 {
+    if (tl_phantoms > 0) {
+        tl_phantoms++;
+        return;
+    }
     if (tl_depth == tl_cap) {
         int cap = tl_cap ? tl_cap * 2 : 8;
         scope *s = realloc(tl_scopes, sizeof *s * (size_t)cap);
-        if (!s) abort();
+        if (!s) {
+            em__set_error(EM_ERR_NOMEM, "em_scope_begin: out of memory for scope %d: its tensors go to the enclosing scope",
+                          tl_depth + 1);
+            em_log_msg(EM_LOG_WARN, "%s", em_last_error());
+            tl_phantoms = 1;
+            return;
+        }
         memset(s + tl_cap, 0, sizeof *s * (size_t)(cap - tl_cap));
         tl_scopes = s;
         tl_cap = cap;
@@ -39,23 +53,30 @@ void em_scope_begin(void)
     tl_depth++;
 }
 
-static void scope_push(int level, em_tensor *t)
+/* false (t left caller-owned, error set) when the scope cannot grow. */
+static bool scope_push(int level, em_tensor *t)
 {
     scope *s = &tl_scopes[level - 1];
     if (s->n == s->cap) {
         int cap = s->cap ? s->cap * 2 : 64;
         em_tensor **it = realloc(s->items, sizeof *it * (size_t)cap);
-        if (!it) abort();
+        if (!it) {
+            t->scope_level = 0;
+            em__set_error(EM_ERR_NOMEM, "out of memory adding a tensor to scope %d", level);
+            return false;
+        }
         s->items = it;
         s->cap = cap;
     }
     s->items[s->n++] = t;
     t->scope_level = level;
+    return true;
 }
 
 void em__scope_add(em_tensor *t)
 {
-    if (t && tl_depth > 0) scope_push(tl_depth, t);
+    if (t && tl_depth > 0 && !scope_push(tl_depth, t)) /* the tensor stays the caller's: a leak, not a crash */
+        em_log_msg(EM_LOG_WARN, "%s", em_last_error());
 }
 
 void em__scope_remove(em_tensor *t)
@@ -72,6 +93,10 @@ void em__scope_remove(em_tensor *t)
 
 void em_scope_end(void)
 {
+    if (tl_phantoms > 0) {
+        tl_phantoms--;
+        return;
+    }
     if (tl_depth == 0) {
         em_log_msg(EM_LOG_WARN, "em_scope_end without em_scope_begin");
         return;
@@ -92,14 +117,17 @@ em_tensor *em_keep(em_tensor *t)
     if (t->scope_level > 0 && t->scope_level <= tl_depth) {
         int level = t->scope_level;
         em__scope_remove(t);
-        if (level > 1) scope_push(level - 1, t);
+        if (level > 1 && !scope_push(level - 1, t)) em_log_msg(EM_LOG_WARN, "em_keep: %s", em_last_error());
     }
     return t;
 }
 
 em_tensor *em__publish(em_tensor *t)
 {
-    em__scope_add(t);
+    if (t && tl_depth > 0 && !scope_push(tl_depth, t)) { /* the op fails rather than leak its result */
+        em_tensor_release(t);
+        return NULL;
+    }
     return t;
 }
 
@@ -157,12 +185,14 @@ em_tensor *em__tensor_new(em_dtype dt, const int64_t *shape, int ndim)
         return em__fail(EM_ERR_NOMEM, "tensor of shape %s (%zu bytes) exceeds the 4 GiB per-tensor limit",
                         em_shape_str(shape, ndim, b, sizeof b), nbytes);
     }
-    em_tensor *t = calloc(1, sizeof *t);
-    if (!t) return em__fail(EM_ERR_NOMEM, "out of memory");
+    em_tensor *t = EM_FAULT(EM_FAULT_ALLOC) ? NULL : calloc(1, sizeof *t);
+    if (!t) return em__fail(EM_ERR_NOMEM, "out of memory for a tensor header");
     t->storage = em__storage_acquire(nbytes);
     if (!t->storage) {
         free(t);
-        return em__fail(EM_ERR_NOMEM, "out of memory");
+        char b[160];
+        return em__fail(EM_ERR_NOMEM, "out of memory for the storage of a tensor of shape %s (%zu bytes)",
+                        em_shape_str(shape, ndim, b, sizeof b), nbytes);
     }
     t->refcount = 1;
     t->dtype = dt;
@@ -176,8 +206,8 @@ em_tensor *em__tensor_new(em_dtype dt, const int64_t *shape, int ndim)
 em_tensor *em__tensor_view(const em_tensor *base, const int64_t *shape, const int64_t *strides, int ndim, int64_t offset)
 {
     if (check_shape(shape, ndim, "view") != EM_OK) return NULL;
-    em_tensor *t = calloc(1, sizeof *t);
-    if (!t) return em__fail(EM_ERR_NOMEM, "out of memory");
+    em_tensor *t = EM_FAULT(EM_FAULT_ALLOC) ? NULL : calloc(1, sizeof *t);
+    if (!t) return em__fail(EM_ERR_NOMEM, "out of memory for a view header");
     t->refcount = 1;
     t->dtype = base->dtype;
     t->ndim = ndim;
@@ -316,20 +346,25 @@ static void gather_host(const em_tensor *t, const char *base, char *dst)
     }
 }
 
-em_status em_to_host(const em_tensor *t, void *dst, size_t nbytes)
+/* em_to_host under the caller's name. A kernel failure recorded by then (the
+ * sticky error, DESIGN.md §10) is returned instead of the values: the
+ * tensor's producer may be the op that failed. */
+static em_status to_host(const em_tensor *t, void *dst, size_t nbytes, const char *fn)
 {
-    if (!t || !dst) return em__set_error(EM_ERR_INVALID, "em_to_host: %s is NULL", t ? "dst" : "tensor");
+    if (!t || !dst) return em__set_error(EM_ERR_INVALID, "%s: %s is NULL", fn, t ? "dst" : "tensor");
     size_t need = (size_t)em_tensor_numel(t) * em_dtype_size(t->dtype);
     if (nbytes < need)
-        return em__set_error(EM_ERR_INVALID, "em_to_host: buffer of %zu bytes is too small for %zu bytes", nbytes, need);
-    if (need == 0) return EM_OK;
+        return em__set_error(EM_ERR_INVALID, "%s: buffer of %zu bytes is too small for %zu bytes", fn, nbytes, need);
+    if (need == 0) return em__sticky_take(fn);
     starpu_data_handle_t h = t->storage->handle;
     if (starpu_data_acquire(h, STARPU_R) != 0)
-        return em__set_error(EM_ERR_RUNTIME, "em_to_host: could not acquire the data handle");
+        return em__set_error(EM_ERR_RUNTIME, "%s: could not acquire the data handle", fn);
     gather_host(t, (const char *)starpu_vector_get_local_ptr(h), dst);
     starpu_data_release(h);
-    return EM_OK;
+    return em__sticky_take(fn);
 }
+
+em_status em_to_host(const em_tensor *t, void *dst, size_t nbytes) { return to_host(t, dst, nbytes, "em_to_host"); }
 
 static double elem_to_double(em_dtype dt, const void *p)
 {
@@ -353,7 +388,7 @@ em_status em_item(const em_tensor *t, double *out)
                              em_shape_str(t->shape, t->ndim, b, sizeof b), (long long)em_tensor_numel(t));
     }
     char buf[8];
-    em_status st = em_to_host(t, buf, sizeof buf);
+    em_status st = to_host(t, buf, sizeof buf, "em_item");
     if (st == EM_OK) *out = elem_to_double(t->dtype, buf);
     return st;
 }
@@ -641,7 +676,7 @@ char *em_tensor_to_string(const em_tensor *t)
     size_t es = em_dtype_size(t->dtype);
     unsigned char *raw = malloc((size_t)(n ? n : 1) * es);
     if (!raw) return em__fail(EM_ERR_NOMEM, "out of memory");
-    if (n > 0 && em_to_host(t, raw, (size_t)n * es) != EM_OK) {
+    if (n > 0 && to_host(t, raw, (size_t)n * es, "em_tensor_to_string") != EM_OK) {
         free(raw);
         return NULL;
     }

@@ -31,7 +31,7 @@ em_optab_entry em__optab[EM_OP_COUNT] = {
 #include "tasks/ops.def"
 };
 
-void (*em__autodiff_record)(const em_op *op);
+em_status (*em__autodiff_record)(const em_op *op);
 em_status (*em__autodiff_check)(void);
 
 /* Weak defaults: a build without a device backend has no kernels for it. */
@@ -82,14 +82,14 @@ em_status em__codelets_init(void)
             return em__set_error(EM_ERR_RUNTIME, "op %s (family %s) has no OpenCL kernel", e->name, e->family);
         struct starpu_codelet *cl = &g_cl[k];
         memset(cl, 0, sizeof *cl);
-        cl->cpu_funcs[0] = e->cpu;
+        cl->cpu_funcs[0] = em__cpu_dispatch; /* runs e->cpu (tasks/dispatch.c) */
         cl->cpu_funcs_name[0] = e->name;
         if (em__cuda_kernels[k]) {
-            cl->cuda_funcs[0] = em__cuda_kernels[k];
+            cl->cuda_funcs[0] = em__cuda_dispatch;
             cl->cuda_flags[0] = STARPU_CUDA_ASYNC;
         }
         if (em__opencl_kernels[k]) {
-            cl->opencl_funcs[0] = em__opencl_kernels[k];
+            cl->opencl_funcs[0] = em__opencl_dispatch;
             cl->opencl_flags[0] = STARPU_OPENCL_ASYNC;
         }
         cl->nbuffers = STARPU_VARIABLE_NBUFFERS;
@@ -229,6 +229,12 @@ em_status em__task_submit(const em_op *op, const em_kargs *kin, void *const *han
     if (pl.worker >= 0) {
         task->execute_on_a_specific_worker = 1;
         task->workerid = (unsigned)pl.worker;
+        em_status fit = em__task_fits(op, (void *const *)task->handles, nb, pl.worker);
+        if (fit != EM_OK) {
+            task->destroy = 0;
+            starpu_task_destroy(task);
+            return fit;
+        }
     }
     task->detach = 1;
     em__trace_attach(task);
@@ -257,7 +263,7 @@ em_status em__submit(em_op *op)
         em_status st = e->submit ? e->submit(op) : em__task_submit(op, NULL, NULL);
         if (st != EM_OK) return st;
     }
-    if (em__autodiff_record && (e->flags & F_DIFF)) em__autodiff_record(op);
+    if (em__autodiff_record && (e->flags & F_DIFF)) return em__autodiff_record(op);
     return EM_OK;
 }
 

@@ -3,7 +3,7 @@
  * table, then the device kernels' start/stop (devices/devices.h). */
 #include "tasks/tasks_internal.h"
 
-void (*em__autodiff_record_cat)(em_tensor *out, em_tensor *const *ins, int n, int dim);
+em_status (*em__autodiff_record_cat)(em_tensor *out, em_tensor *const *ins, int n, int dim);
 
 static em_status tasks_init(void)
 {

@@ -561,7 +561,10 @@ em_tensor *em__cat_impl(em_tensor *const *ts, int n, int dim)
 static em_tensor *cat_recorded(em_tensor *const *ts, int n, int dim)
 {
     em_tensor *out = em__cat_impl(ts, n, dim);
-    if (out && em__autodiff_record_cat) em__autodiff_record_cat(out, ts, n, em__norm_dim(ts[0], dim, 0, "em_cat"));
+    if (out && em__autodiff_record_cat && em__autodiff_record_cat(out, ts, n, em__norm_dim(ts[0], dim, 0, "em_cat")) != EM_OK) {
+        em_tensor_release(out);
+        return NULL;
+    }
     return out;
 }
 

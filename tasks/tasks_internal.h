@@ -76,12 +76,25 @@ void em__kargs_from_op(const em_op *op, em_kargs *k);
 
 /** Autodiff hooks (autodiff/tape.c sets them): the recorder, and the check of
  *  its backward table against the op table (run by em__codelets_init). */
-extern void (*em__autodiff_record)(const em_op *op);
+extern em_status (*em__autodiff_record)(const em_op *op); /* a failure (no memory for the node) is the op's error */
 extern em_status (*em__autodiff_check)(void);
 /** Autodiff hook (autodiff/tape.c sets it): records out = cat(ins[0..n), dim)
  *  (em_cat calls it after submitting its copies; no-op when nothing needs a
  *  gradient). */
-extern void (*em__autodiff_record_cat)(em_tensor *out, em_tensor *const *ins, int n, int dim);
+extern em_status (*em__autodiff_record_cat)(em_tensor *out, em_tensor *const *ins, int n, int dim);
+
+/* What the codelets run (tasks/dispatch.c): fault injection, then the
+ * kernel of kargs->kind from em__optab[].cpu / the device tables. */
+void em__cpu_dispatch(void *buffers[], void *cl_arg);
+void em__cuda_dispatch(void *buffers[], void *cl_arg);
+void em__opencl_dispatch(void *buffers[], void *cl_arg);
+/* A failure inside a kernel function that lives above devices/ (dist/'s
+ * collectives): reported as em__kernel_error of the running kernel. */
+void em__task_kernel_error(em_status st, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* EM_OK unless the task's @p n handles cannot fit in the memory of the
+ * accelerator that @p worker drives (then EM_ERR_NOMEM naming op, device,
+ * shapes): StarPU would wait for that memory forever. */
+em_status em__task_fits(const em_op *op, void *const *handles, int n, int worker);
 
 /* Codelets (tasks/funnel.c). */
 em_status em__codelets_init(void);

@@ -16,11 +16,12 @@ static inline void *em_cpu_ptr(void *iface) { return (void *)STARPU_VECTOR_GET_P
 static inline size_t em_cpu_dtype_size(int dt) { return em_dtype_size((em_dtype)dt); }
 
 /* A kernel reached with an op kind or dtype it does not handle is an Ember
- * bug (front ends validate): report and abort, never return garbage. */
+ * bug (front ends validate): it becomes the sticky error of the op (its
+ * output is left undefined; devices/devices.h), never a crash. Callers return
+ * right after it. */
 static inline void em_cpu_bad_kind(const char *where, int kind)
 {
-    fprintf(stderr, "ember: internal error: CPU kernel %s got unsupported op/dtype %d\n", where, kind);
-    abort();
+    em__kernel_error(NULL, EM_ERR_RUNTIME, "internal error: CPU kernel %s got unsupported op/dtype %d", where, kind);
 }
 
 #endif

@@ -24,6 +24,10 @@ void em_cpu_fill(void *buffers[], void *cl_arg)
     char *Y = (char *)em_cpu_ptr(buffers[0]) + o->offset * (int64_t)em_cpu_dtype_size(o->dtype);
     int64_t n = 1;
     for (int d = 0; d < o->ndim; d++) n *= o->shape[d];
+    if ((unsigned)o->dtype > EM_BOOL) { /* once here, not per element in store_elem */
+        em_cpu_bad_kind("fill dtype", o->dtype);
+        return;
+    }
     switch (k->kind) {
     case EM_OP_FILL: {
         double v = k->p.s.a;

@@ -141,8 +141,10 @@ void em_cpu_matmul(void *buffers[], void *cl_arg)
     const em_kargs *k = cl_arg;
     const em_tdesc *A = &k->in[0], *B = &k->in[1], *C = &k->out[0];
     const int nd = C->ndim;
-    if (nd < 2 || A->ndim != nd || B->ndim != nd || A->dtype != C->dtype || B->dtype != C->dtype)
+    if (nd < 2 || A->ndim != nd || B->ndim != nd || A->dtype != C->dtype || B->dtype != C->dtype) {
         em_cpu_bad_kind("matmul (operand ranks/dtypes)", k->kind);
+        return;
+    }
     const int dt = C->dtype;
     const int64_t es = (int64_t)em_cpu_dtype_size(dt);
     const char *pa = em_cpu_ptr(buffers[0]);

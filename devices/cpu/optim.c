@@ -312,7 +312,10 @@ void em_cpu_optim(void *buffers[], void *cl_arg)
     int64_t n = 1;
     for (int d = 0; d < k->out[0].ndim; d++) n *= k->out[0].shape[d];
     const int dt = k->out[0].dtype;
-    if (dt != EM_F32 && dt != EM_F64) em_cpu_bad_kind("optim (dtype)", dt);
+    if (dt != EM_F32 && dt != EM_F64) {
+        em_cpu_bad_kind("optim (dtype)", dt);
+        return;
+    }
 #if OPT_AVX2
     const int use_avx2 = __builtin_cpu_supports("avx2");
 #else

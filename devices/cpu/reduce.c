@@ -175,7 +175,7 @@ void em_cpu_reduce(void *buffers[], void *cl_arg)
             st(odt, Y, o, denom > 0 ? acc2 / denom : (denom == 0 ? (acc2 > 0 ? INFINITY : NAN) : NAN), 0, false);
             break;
         }
-        default: em_cpu_bad_kind("reduce", k->kind);
+        default: em_cpu_bad_kind("reduce", k->kind); return;
         }
         /* next kept index */
         for (int d = nk - 1; d >= 0; d--) {

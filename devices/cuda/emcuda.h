@@ -14,7 +14,9 @@
  * function: scratch memory is the per-worker workspace allocated once by
  * em__cuda_init(). A kernel never writes outside the elements its output
  * descriptor covers and never aborts: the front ends validate shapes and
- * dtypes; a launch error is reported on stderr (and counted) only. */
+ * dtypes; a failed launch, CUDA call or cuBLAS status becomes the sticky
+ * error of the op (em__kernel_error, devices/devices.h) that the next
+ * em_sync / em_to_host / em_item returns, naming op, device and shapes. */
 #ifndef EMBER_CUDA_EMCUDA_H
 #define EMBER_CUDA_EMCUDA_H
 
@@ -86,7 +88,7 @@ inline unsigned grid_for(int64_t n, int threads = kThreads)
  * queued on the worker's stream). NULL when none could be allocated. */
 void *workspace(size_t *bytes);
 
-/* Reports (stderr, first few times) a failed launch / CUDA call. */
+/* Records a failed launch / CUDA call as the running op's sticky error. */
 void check(cudaError_t e, const char *what);
 inline void check_launch(const char *what) { check(cudaGetLastError(), what); }
 

@@ -30,7 +30,6 @@ struct WorkerState {
 };
 WorkerState g_worker[STARPU_NMAXWORKERS];
 bool g_started;
-int g_errors;
 
 void worker_start(void *arg)
 {
@@ -50,12 +49,12 @@ void worker_start(void *arg)
     } else {
         cudaGetLastError();
         w.ws = nullptr;
-        fprintf(stderr, "ember: CUDA worker %d: no %zu-byte workspace; split reductions disabled\n", id, bytes);
+        em_log_msg(EM_LOG_WARN, "CUDA worker %d: no %zu-byte workspace; split reductions disabled", id, bytes);
     }
     const char *tf32 = getenv("EMBER_TF32");
     cublasMath_t mode = (tf32 && atoi(tf32) == 1) ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH;
     cublasStatus_t st = cublasSetMathMode(starpu_cublas_get_local_handle(), mode);
-    if (st != CUBLAS_STATUS_SUCCESS) fprintf(stderr, "ember: cublasSetMathMode failed (%d)\n", (int)st);
+    if (st != CUBLAS_STATUS_SUCCESS) em_log_msg(EM_LOG_WARN, "CUDA worker %d: cublasSetMathMode failed (%d)", id, (int)st);
 }
 
 void worker_stop(void *arg)
@@ -125,8 +124,8 @@ void *workspace(size_t *bytes)
 void check(cudaError_t e, const char *what)
 {
     if (e == cudaSuccess) return;
-    int n = __atomic_add_fetch(&g_errors, 1, __ATOMIC_RELAXED);
-    if (n <= 20) fprintf(stderr, "ember: CUDA error in %s: %s\n", what, cudaGetErrorString(e));
+    em__kernel_error(nullptr, e == cudaErrorMemoryAllocation ? EM_ERR_NOMEM : EM_ERR_DEVICE, "CUDA error in %s: %s (%s)",
+                     what, cudaGetErrorString(e), cudaGetErrorName(e));
 }
 
 } // namespace emc

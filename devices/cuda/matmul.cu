@@ -93,7 +93,9 @@ template <typename T, bool FP> void mm_naive(const Geom &bg, const MM &p, const 
 
 void report(cublasStatus_t st, const char *what)
 {
-    if (st != CUBLAS_STATUS_SUCCESS) fprintf(stderr, "ember: cuBLAS status %d in %s\n", (int)st, what);
+    if (st != CUBLAS_STATUS_SUCCESS)
+        em__kernel_error(nullptr, st == CUBLAS_STATUS_ALLOC_FAILED ? EM_ERR_NOMEM : EM_ERR_DEVICE, "cuBLAS status %d in %s",
+                         (int)st, what);
 }
 
 cublasStatus_t gemm_sb(float, cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, const void *A,

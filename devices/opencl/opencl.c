@@ -61,7 +61,7 @@ void em_ocl_error(const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(buf, sizeof buf, fmt, ap);
     va_end(ap);
-    em_log_msg(EM_LOG_ERROR, "opencl: %s", buf);
+    em__kernel_error(NULL, EM_ERR_DEVICE, "opencl: %s", buf);
 }
 
 int64_t em_ocl_numel(const em_tdesc *t)

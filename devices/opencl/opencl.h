@@ -82,7 +82,7 @@ typedef struct em_ocl_ctx {
     int devid;
 } em_ocl_ctx;
 
-/* Fills @p c for the calling worker. false (and an error logged) when the
+/* Fills @p c for the calling worker. false (and an error recorded) when the
  * device has no program: the caller must return without touching anything. */
 bool em_ocl_enter(em_ocl_ctx *c, const em_kargs *k, const char *what);
 
@@ -112,7 +112,7 @@ void em_ocl_arg_buf(em_ocl_args *a, void *iface);
 void em_ocl_arg_local(em_ocl_args *a, size_t bytes);
 /* Enqueues with global sizes g (rounded up to multiples of l when l is
  * given; l == NULL lets the runtime choose), releases the lock. Returns
- * false (error logged) on failure. A zero global size enqueues nothing. */
+ * false (error recorded) on failure. A zero global size enqueues nothing. */
 bool em_ocl_launch(em_ocl_args *a, cl_uint dims, const size_t *g, const size_t *l, const char *what);
 /* 1-D grid-stride launch over n items with the kernel's work-group size. */
 bool em_ocl_launch_1d(em_ocl_args *a, int64_t n, const char *what);
@@ -130,7 +130,9 @@ int em_ocl_collapse(int ndim, const int64_t *shape, int nops, const int64_t *con
 
 int64_t em_ocl_numel(const em_tdesc *t);
 static inline size_t em_ocl_dtsize(int dt) { return em_dtype_size((em_dtype)dt); }
-/* Logs an internal error once per message site (kernels never abort). */
+/* Records a failure of the running kernel as the op's sticky error
+ * (em__kernel_error, devices/devices.h): kernels never abort, the next
+ * em_sync / host read returns it. */
 void em_ocl_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
 /* Host functions of the codelets (one per op family). */

@@ -131,7 +131,14 @@ EM_API em_status em_init(const em_config *cfg);
 /** Waits for all submitted tasks, releases pooled handles and stops StarPU. */
 EM_API void em_shutdown(void);
 EM_API bool em_is_initialized(void);
-/** Blocks until every submitted task has finished. */
+/** Blocks until every submitted task has finished. A kernel that failed on
+ *  its device since the last report (CUDA/OpenCL error, cuBLAS status, device
+ *  out of memory) is returned here, or by the next em_to_host / em_item /
+ *  em_tensor_print, whichever comes first: its status and a message naming
+ *  the op, the device and the operand shapes (em_last_error). The report
+ *  clears it and the program can go on; the failed op's outputs (and what
+ *  was computed from them) are undefined. Process-wide: the first failure
+ *  is kept, later ones until the report are only counted. */
 EM_API em_status em_sync(void);
 
 /** Number of StarPU workers of each kind. */

@@ -94,9 +94,12 @@ EM_API em_tensor *em_rand_bernoulli(const int64_t *shape, int ndim, em_dtype dt,
 /* ---- host I/O ------------------------------------------------------------ */
 
 /** Waits for @p t and copies its elements in C order into @p dst, which holds
- *  @p nbytes (must be >= numel * dtype size). */
+ *  @p nbytes (must be >= numel * dtype size). When a kernel has failed since
+ *  the last report (see em_sync) it returns that error instead (the values
+ *  copied are then undefined) and clears it. */
 EM_API em_status em_to_host(const em_tensor *t, void *dst, size_t nbytes);
-/** Value of a one-element tensor, converted to double. */
+/** Value of a one-element tensor, converted to double. Reports a kernel
+ *  failure as em_to_host does. */
 EM_API em_status em_item(const em_tensor *t, double *out);
 /** Prints like PyTorch: "tensor([[1., 2.],\n        [3., 4.]])". */
 EM_API em_status em_tensor_print(const em_tensor *t, FILE *f);
