@@ -102,6 +102,19 @@ typedef struct em_placement {
 } em_placement;
 em_placement em__placement(void);
 int em__ncpu_workers(void);
+/* For layers that do not include <starpu.h> (dist/), runtime/workers.c: */
+em_placement em__placement_cpu(void);          /* any CPU worker */
+em_placement em__placement_worker(int worker); /* exactly that worker */
+int em__worker_total(void);                    /* workers of every kind */
+em_device_kind em__worker_kind(int worker);    /* EM_DEVICE_AUTO when unknown */
+int em__worker_devid(int worker);
+int em__worker_memory_node(int worker);
+/* Runs fn(arg) on @p worker and waits (starpu_execute_on_specific_workers). */
+void em__run_on_worker(int worker, void (*fn)(void *), void *arg, const char *name);
+/* In a kernel: the data pointer of buffer @p i (a byte vector). */
+void *em__buffer_ptr(void *buffers[], int i);
+/* In a CUDA kernel: the worker's stream (cudaStream_t); NULL without CUDA. */
+void *em__cuda_local_stream(void);
 
 /* ---- ops (tasks/) --------------------------------------------------------- */
 
@@ -118,10 +131,24 @@ enum {
     F_DIFF = 1u << 2,
     F_CMP = 1u << 3,
     F_INPLACE = 1u << 4, /* outputs are read-modify-write (optimizer updates): always RW */
+    F_COLLECTIVE = 1u << 5, /* a collective (dist/): operands in op->var (RW), kernel arguments in op->args,
+                             * placed by op->place; no consistency case, no performance model */
+    F_NOWHERE = 1u << 6,    /* runs nowhere (a fence): only orders other tasks */
 };
 
 #define EM_OP_MAX_IN EM_KARGS_MAX_IN
 #define EM_OP_MAX_OUT EM_KARGS_MAX_OUT
+
+/* em_op.flags: how the door treats the op. */
+enum {
+    EM_OPF_NO_RECORD = 1u << 0, /* autodiff does not record it (internal copies, fills, tiles) */
+    EM_OPF_ONE_TASK = 1u << 1,  /* exactly one task: the table's custom submit (tiling) is skipped */
+    EM_OPF_RAW = EM_OPF_NO_RECORD | EM_OPF_ONE_TASK, /* a custom submitter's sub-task */
+};
+/* em_op.priority: StarPU's default is 0; EM_PRIO_MAX is the scheduler's highest. */
+#define EM_PRIO_MAX 0x7fffffff
+/* em_op.nodes entry: main memory (StarPU's STARPU_SPECIFIC_NODE_CPU; checked in tasks/funnel.c). */
+#define EM_NODE_CPU (-2)
 
 typedef struct em_op {
     enum em_op_kind kind;
@@ -132,6 +159,26 @@ typedef struct em_op {
     /* For autodiff: the user-facing inputs when the front end replaced them
      * (casts/broadcast views); NULL = same as in[]. */
     const em_tensor *orig_in[EM_OP_MAX_IN];
+    /* ---- scheduling facts, read by the door (all zero: recorded, the
+     * table's submit, default priority, no fence, the current device) ---- */
+    unsigned flags;          /* EM_OPF_* */
+    int priority;            /* of its task(s); 0 = StarPU's default, EM_PRIO_MAX = highest */
+    void *after;             /* a fence (em__fence_signal) its task(s) wait for, or NULL */
+    void *token;             /* a sync handle (em__sync_handle_new) its task writes: ops on one token
+                              * run in submission order; a FENCE op signals it */
+    const em_kargs *kargs;   /* EM_OPF_ONE_TASK: kernel arguments instead of em__kargs_from_op's
+                              * (tiles; copied), or NULL */
+    const em_placement *place; /* where it runs instead of the current device (em__placement), or NULL */
+    /* variadic operands (F_COLLECTIVE: read-write; FENCE: read), any number */
+    int n_var;
+    em_tensor *const *var;   /* borrowed; the door copies the handles */
+    /* F_COLLECTIVE: the kernel's arguments instead of em_kargs: malloc'd,
+     * owned by the door from the call on (freed with the task, or on failure) */
+    void *args;
+    size_t args_size;
+    /* memory node (>= 0, or EM_NODE_CPU) of each buffer of the task, in the
+     * door's order; the array must outlive the tasks; NULL = the worker's */
+    const int *nodes;
 } em_op;
 
 typedef em_status (*em_submit_fn)(em_op *op);
@@ -146,33 +193,39 @@ typedef struct em_optab_entry {
 
 extern em_optab_entry em__optab[EM_OP_COUNT];
 
-/** THE funnel: every op goes through here. Submits the task(s) (unless the op
- *  is a view), then lets autodiff record the op. */
+/** THE door: every task Ember submits goes through here, as an em_op: ops,
+ *  internal copies and fills (EM_OPF_NO_RECORD), matmul tiles, optimizer
+ *  steps, fences (FENCE), gradient all-reduces (F_COLLECTIVE). Nothing else
+ *  calls StarPU's task API. Submits the task(s): none for a view, the
+ *  table's custom submit (tiling) when there is one and the op is not
+ *  EM_OPF_ONE_TASK, else one task; then lets autodiff record the op (F_DIFF
+ *  kinds, unless EM_OPF_NO_RECORD). A custom submit hands its sub-tasks back
+ *  to em__submit with EM_OPF_RAW (one task, not recorded), carrying the op's
+ *  priority and fence. The task's buffers, in order: op->token (RW, or W for
+ *  a FENCE), in[] (R), out[] (W, or RW when it does not cover its storage or
+ *  the kind is F_INPLACE), var[] (RW for F_COLLECTIVE, else R), op->after
+ *  (R). Kernels of ordinary ops thus see in[] then out[] from buffer 0. */
 em_status em__submit(em_op *op);
-/** Submits one task for @p op (used by the funnel and by tiling submitters).
- *  @p k may be NULL (built from op); when given it is copied. handles[] may
- *  override the tensors' handles (partition children). */
-em_status em__task_submit(const em_op *op, const em_kargs *k, void *const *handles_override);
 /* Step fences: order the optimizer after the end of backward in
- * data-parallel training (dist/). A fence is a data-less StarPU handle
- * (starpu_void_data_register). em__fence_signal submits a task that runs
- * nowhere once every tensor of @p after has been produced, and writes the
- * fence (registered on first use into *fence). While a thread has a fence
- * set with em__submit_after, every task it submits through em__task_submit
- * also reads the fence, so it waits for that signal; it also gets the
- * thread's priority (em__submit_priority, default 0: StarPU's default).
- * Both return the previous value. em__fence_free unregisters a fence
- * (after the tasks using it: starpu_data_unregister waits). Exported for
- * tests/test_core.c only; not part of the public API. */
+ * data-parallel training (dist/). A fence is a data-less StarPU handle.
+ * em__fence_signal submits a FENCE op (runs nowhere) that reads every
+ * tensor of @p after (each storage once) and writes the fence, registered
+ * on first use into *fence. An op whose `after` is the fence waits for that
+ * signal (the optimizer's updates: optim/optim.c). em__fence_free
+ * unregisters a fence (after the tasks using it: starpu_data_unregister
+ * waits). Exported for tests/test_core.c only; not part of the public API. */
 EM_API em_status em__fence_signal(void **fence, em_tensor *const *after, int n);
 /* false when EMBER_DIST_FENCE=0 (a diagnostic switch: no step fences). */
 bool em__fences_on(void);
-EM_API void *em__submit_after(void *fence);
-EM_API int em__submit_priority(int prio);
 EM_API void em__fence_free(void **fence);
+/* A data-less handle for em_op.token (chains ops in submission order), and
+ * its release (waits for the tasks using it; no-op on NULL or after
+ * em_shutdown). */
+void *em__sync_handle_new(void);
+void em__sync_handle_free(void **h);
 /* The fence after which a gradient container's values are the whole
- * backward's (set by the gradient all-reduce; the optimizer waits for it
- * through em__submit_after). The container keeps where its owner keeps the
+ * backward's (set by the gradient all-reduce; the optimizer's ops wait for
+ * it through em_op.after). The container keeps where its owner keeps the
  * handle, not the handle: once the owner frees the fence (dist shutdown sets
  * it to NULL), em__grads_fence returns NULL and the optimizer steps
  * without it. The slot itself must outlive the container's use. */
@@ -193,6 +246,8 @@ void em__record_cat(em_tensor *out, em_tensor *const *ins, int n, int dim);
 typedef void (*em_kernel_fn)(void *buffers[], void *cl_arg);
 extern em_kernel_fn em__cuda_kernels[EM_OP_COUNT];
 extern em_kernel_fn em__opencl_kernels[EM_OP_COUNT];
+/* CUDA kernels of collectives (dist/: the NCCL all-reduce), weak all-NULL default. */
+extern em_kernel_fn em__dist_cuda_kernels[EM_OP_COUNT];
 /* Device start/stop hooks, called by em_init/em_shutdown (weak no-op defaults). */
 em_status em__cuda_init(void);
 void em__cuda_shutdown(void);
