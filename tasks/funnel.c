@@ -202,71 +202,22 @@ em_status em__fence_signal(void **fence, em_tensor *const *after, int n)
 
 void em__fence_free(void **fence) { em__sync_handle_free(fence); }
 
-/* One task for @p op: the door's only path to StarPU. */
-static em_status task_submit(const em_op *op)
+static em_status task_nomem(struct starpu_task *task)
 {
-    const unsigned fl = em__optab[op->kind].flags;
-    const bool special = fl & (F_COLLECTIVE | F_NOWHERE);
-    struct starpu_task *task = starpu_task_create();
-    void *arg = op->args;
-    size_t arg_size = op->args_size;
-    if (!special) {
-        em_kargs *k = malloc(sizeof *k);
-        if (k) {
-            if (op->kargs)
-                *k = *op->kargs;
-            else
-                em__kargs_from_op(op, k);
-        }
-        arg = k;
-        arg_size = sizeof *k;
+    if (task) {
+        task->destroy = 0;
+        starpu_task_destroy(task); /* frees cl_arg and the dyn arrays */
     }
-    const int nb = (op->token != NULL) + op->n_in + op->n_out + op->n_var + (op->after != NULL);
-    starpu_data_handle_t *H = task ? task->handles : NULL;
-    enum starpu_data_access_mode *M = task ? task->modes : NULL;
-    if (task && nb > STARPU_NMAXBUFS) { /* StarPU frees dyn_handles / dyn_modes with the task */
-        H = task->dyn_handles = malloc(sizeof *H * (size_t)nb);
-        M = task->dyn_modes = malloc(sizeof *M * (size_t)nb);
-    }
-    struct starpu_codelet *cl = op->nodes ? codelet_with_nodes(op->kind, op->nodes) : &g_cl[op->kind];
-    if (!task || !H || !M || !cl || (!special && !arg)) {
-        free(arg);
-        if (task) {
-            task->destroy = 0;
-            starpu_task_destroy(task);
-        }
-        return em__set_error(EM_ERR_NOMEM, "out of memory creating a task");
-    }
-    task->cl = cl;
-    task->cl_arg = arg;
-    task->cl_arg_size = arg_size;
-    task->cl_arg_free = arg != NULL;
-    int b = 0;
-    if (op->token) {
-        H[b] = op->token;
-        M[b++] = (fl & F_NOWHERE) ? STARPU_W : STARPU_RW;
-    }
-    for (int i = 0; i < op->n_in; i++, b++) {
-        H[b] = op->in[i]->storage->handle;
-        M[b] = STARPU_R;
-    }
-    for (int i = 0; i < op->n_out; i++, b++) {
-        H[b] = op->out[i]->storage->handle;
-        /* An output that does not cover its whole storage keeps the rest: RW. */
-        M[b] = (!(fl & F_INPLACE) && em__covers_storage(op->out[i])) ? STARPU_W : STARPU_RW;
-    }
-    for (int i = 0; i < op->n_var; i++, b++) {
-        H[b] = op->var[i]->storage->handle;
-        M[b] = (fl & F_COLLECTIVE) ? STARPU_RW : STARPU_R;
-    }
-    if (op->after) {
-        H[b] = op->after;
-        M[b++] = STARPU_R;
-    }
-    task->nbuffers = nb;
+    return em__set_error(EM_ERR_NOMEM, "out of memory creating a task");
+}
+
+/* Placement, trace, submission (with the CPU fallback when the chosen
+ * device has no kernel) of a task whose buffers and arguments are set. */
+static inline em_status task_finish(struct starpu_task *task, const em_op *op, unsigned fl)
+{
     task->priority = op->priority == EM_PRIO_MAX ? STARPU_MAX_PRIO : op->priority;
     em_placement pl = {0, -1};
-    if (!(fl & F_NOWHERE)) {
+    if (!(fl & F_NOWHERE)) { /* a fence runs nowhere: no placement, not traced, not counted */
         pl = op->place ? *op->place : em__placement();
         if (pl.where) task->where = (int32_t)pl.where;
         if (pl.worker >= 0) {
@@ -292,6 +243,115 @@ static em_status task_submit(const em_op *op)
     }
     if (!(fl & F_NOWHERE)) __atomic_add_fetch(&em__tasks, 1, __ATOMIC_RELAXED);
     return EM_OK;
+}
+
+/* The mode of output i: one that does not cover its whole storage keeps the rest (RW). */
+static inline enum starpu_data_access_mode out_mode(const em_op *op, int i, unsigned fl)
+{
+    return (!(fl & F_INPLACE) && em__covers_storage(op->out[i])) ? STARPU_W : STARPU_RW;
+}
+
+/* Any op: buffers token, in[], out[], var[], after (dynamic arrays beyond
+ * STARPU_NMAXBUFS), the kind's codelet or one with op->nodes, kernel
+ * arguments from op->args (F_COLLECTIVE, F_NOWHERE) or em_kargs. */
+static __attribute__((noinline)) em_status task_submit_any(const em_op *op, unsigned fl)
+{
+    const bool own_args = fl & (F_COLLECTIVE | F_NOWHERE);
+    struct starpu_task *task = starpu_task_create();
+    void *arg = op->args;
+    size_t arg_size = op->args_size;
+    if (!own_args) {
+        em_kargs *k = malloc(sizeof *k);
+        if (k) {
+            if (op->kargs)
+                *k = *op->kargs;
+            else
+                em__kargs_from_op(op, k);
+        }
+        arg = k;
+        arg_size = sizeof *k;
+    }
+    if (!task || (!own_args && !arg)) {
+        free(arg);
+        return task_nomem(task);
+    }
+    task->cl_arg = arg;
+    task->cl_arg_size = arg_size;
+    task->cl_arg_free = arg != NULL;
+    const int nb = (op->token != NULL) + op->n_in + op->n_out + op->n_var + (op->after != NULL);
+    starpu_data_handle_t *H = task->handles;
+    enum starpu_data_access_mode *M = task->modes;
+    if (nb > STARPU_NMAXBUFS) { /* StarPU frees dyn_handles / dyn_modes with the task */
+        H = task->dyn_handles = malloc(sizeof *H * (size_t)nb);
+        M = task->dyn_modes = malloc(sizeof *M * (size_t)nb);
+    }
+    task->cl = op->nodes ? codelet_with_nodes(op->kind, op->nodes) : &g_cl[op->kind];
+    if (!H || !M || !task->cl) return task_nomem(task);
+    int b = 0;
+    if (op->token) {
+        H[b] = op->token;
+        M[b++] = (fl & F_NOWHERE) ? STARPU_W : STARPU_RW;
+    }
+    for (int i = 0; i < op->n_in; i++, b++) {
+        H[b] = op->in[i]->storage->handle;
+        M[b] = STARPU_R;
+    }
+    for (int i = 0; i < op->n_out; i++, b++) {
+        H[b] = op->out[i]->storage->handle;
+        M[b] = out_mode(op, i, fl);
+    }
+    for (int i = 0; i < op->n_var; i++, b++) {
+        H[b] = op->var[i]->storage->handle;
+        M[b] = (fl & F_COLLECTIVE) ? STARPU_RW : STARPU_R;
+    }
+    if (op->after) {
+        H[b] = op->after;
+        M[b++] = STARPU_R;
+    }
+    task->nbuffers = nb;
+    return task_finish(task, op, fl);
+}
+
+/* One task for @p op: the door's only path to StarPU. An ordinary op (its
+ * kind's codelet and em_kargs, in[] and out[] and maybe a fence, within
+ * STARPU_NMAXBUFS) takes the short path, the per-op cost of every tensor
+ * op; the rest task_submit_any. */
+static em_status task_submit(const em_op *op)
+{
+    const unsigned fl = em__optab[op->kind].flags;
+    const int nb = op->n_in + op->n_out;
+    if (__builtin_expect((fl & (F_COLLECTIVE | F_NOWHERE)) || op->token || op->n_var || op->nodes ||
+                             nb + (op->after != NULL) > STARPU_NMAXBUFS, 0))
+        return task_submit_any(op, fl);
+    struct starpu_task *task = starpu_task_create();
+    em_kargs *k = malloc(sizeof *k);
+    if (!task || !k) {
+        free(k);
+        return task_nomem(task);
+    }
+    if (op->kargs)
+        *k = *op->kargs;
+    else
+        em__kargs_from_op(op, k);
+    task->cl = &g_cl[op->kind];
+    task->cl_arg = k;
+    task->cl_arg_size = sizeof *k;
+    task->cl_arg_free = 1;
+    for (int i = 0; i < op->n_in; i++) {
+        task->handles[i] = op->in[i]->storage->handle;
+        task->modes[i] = STARPU_R;
+    }
+    for (int i = 0; i < op->n_out; i++) {
+        task->handles[op->n_in + i] = op->out[i]->storage->handle;
+        task->modes[op->n_in + i] = out_mode(op, i, fl);
+    }
+    task->nbuffers = nb;
+    if (op->after) {
+        task->handles[nb] = op->after;
+        task->modes[nb] = STARPU_R;
+        task->nbuffers = nb + 1;
+    }
+    return task_finish(task, op, fl);
 }
 
 em_status em__submit(em_op *op)
