@@ -34,7 +34,7 @@ em_tensor *em__sum_to(em_tensor *g, const int64_t *shape, int ndim);
 
 /* The fence after which a gradient container's values are the whole
  * backward's (set by the gradient all-reduce; the optimizer waits for it
- * through em__submit_after). The container keeps where its owner keeps the
+ * through em_op.after). The container keeps where its owner keeps the
  * handle, not the handle: once the owner frees the fence (dist shutdown sets
  * it to NULL), em__grads_fence returns NULL and the optimizer steps
  * without it. The slot itself must outlive the container's use. */

@@ -33,6 +33,9 @@ enum {
     F_FLOAT = 1u << 5,    /* float math: integer inputs are promoted to f32 by the front end */
     F_SAVE_OUT = 1u << 6, /* the backward function reads the op's output */
     F_SCALAR = 1u << 7,   /* tensor-scalar op (EWS): the scalar is p.s.a */
+    F_COLLECTIVE = 1u << 8, /* a collective (dist/): operands in em_op.var (RW), kernel arguments in
+                             * em_op.args, placed by em_op.place; no consistency case, no performance model */
+    F_NOWHERE = 1u << 9,    /* runs nowhere (a fence): only orders other tasks */
 };
 
 /** A StarPU kernel function: buffers (inputs, then outputs), cl_arg an em_kargs. */

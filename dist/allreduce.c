@@ -1,8 +1,9 @@
-/* Gradient averaging as StarPU tasks (DESIGN.md §7).
+/* Gradient averaging as ops of the table (DESIGN.md §7): ALLREDUCE_MEAN,
+ * an F_COLLECTIVE kind, submitted through the one door (tasks/funnel.c).
  *
  * em_dist_allreduce_grads walks the parameters in reverse order (backward
  * produces the last layer's gradients first) and groups their gradients into
- * buckets by PyTorch DDP's rule (em__dist_bucket_end). ONE task per bucket
+ * buckets by PyTorch DDP's rule (em__dist_bucket_end). ONE op (one task) per bucket
  * averages every gradient of the bucket in place (RW access): on a CPU
  * worker one MPI_Allreduce(MPI_IN_PLACE) per gradient on its host buffer and
  * a scaling by 1/world. Nothing is packed: a gradient that is not contiguous
@@ -15,7 +16,7 @@
  * while the remaining backward tasks still run; each optimizer update waits
  * only for its own bucket.
  *
- * Step fence: before the last bucket, a task that runs nowhere waits for
+ * Step fence: before the last bucket, a FENCE op (runs nowhere) waits for
  * that bucket's gradients (the last ones backward produces) and writes the
  * step fence; the optimizer's updates read it (em_optim_step), so they run
  * after backward, overlapping the last reduction, instead of delaying the
@@ -23,8 +24,8 @@
  *
  * Order: MPI matches collectives on a communicator by call order, and two
  * ready reduction tasks could start in different orders on different ranks.
- * Every reduction task therefore also takes a shared "token" handle in RW
- * mode, which chains them in submission order: the same on every rank.
+ * Every reduction op therefore also has a shared token (em_op.token, taken
+ * RW), which chains them in submission order: the same on every rank.
  *
  * [nccl] When every rank runs on a CUDA device and the build has NCCL, the
  * same task runs on the rank's CUDA worker instead (cuda_allreduce_mean):
@@ -35,25 +36,24 @@
 #include "dist/nccl.h" /* [nccl] */
 #include "autodiff/autodiff.h"
 
-#include <starpu.h>
 #include <stdlib.h>
 #include <string.h>
 
 static size_t g_bucket_bytes = (size_t)25 << 20; /* 25 MiB, as PyTorch DDP's bucket_cap_mb */
-static starpu_data_handle_t g_token;
-static bool g_token_registered;
+static void *g_token; /* em__sync_handle_new */
 static void *g_fence; /* the step fence of em_dist_allreduce_grads */
 
 void em_dist_set_bucket_bytes(size_t nbytes) { g_bucket_bytes = nbytes; }
 size_t em_dist_get_bucket_bytes(void) { return g_bucket_bytes; }
 
-/* Kernel arguments: gradient i of the bucket is buffer i, reduced in place. */
+/* Kernel arguments of an ALLREDUCE_MEAN op: buffer 0 is the chain token,
+ * gradient i of the bucket is buffer 1 + i, reduced in place. */
 typedef struct ar_args {
     void *nccl_comm;  /* [nccl] NULL: the process communicator; else a replica's (replicas.c) */
     int32_t watch;    /* under the collective watchdog */
     int32_t dtype;    /* EM_F32 / EM_F64 */
     int32_t npieces;
-    int64_t *offset;  /* [npieces] elements, where gradient i starts in buffer i (inside this allocation) */
+    int64_t *offset;  /* [npieces] elements, where gradient i starts in its buffer (inside this allocation) */
     em__nccl_piece pieces[]; /* [npieces] element counts; [nccl] the CUDA kernel fills in the pointers */
 } ar_args;
 
@@ -69,16 +69,16 @@ static ar_args *ar_args_new(int n, size_t *size)
     return a;
 }
 
-/* The CPU kernel: sums each gradient in place across ranks, then scales it
- * to the mean. */
-static void cpu_allreduce_mean(void *buffers[], void *cl_arg)
+/* The CPU kernel of ALLREDUCE_MEAN (tasks/ops.def): sums each gradient in
+ * place across ranks, then scales it to the mean. */
+void em_dist_cpu_allreduce_mean(void *buffers[], void *cl_arg)
 {
     const ar_args *a = cl_arg;
     size_t es = a->dtype == EM_F64 ? sizeof(double) : sizeof(float);
     MPI_Datatype type = a->dtype == EM_F64 ? MPI_DOUBLE : MPI_FLOAT;
     em__dist_watch_begin(EM_DIST_SLOT_GRAD, "gradient all-reduce");
     for (int i = 0; i < a->npieces; i++) {
-        char *base = (char *)STARPU_VECTOR_GET_PTR(buffers[i]) + (size_t)a->offset[i] * es;
+        char *base = (char *)em__buffer_ptr(buffers, 1 + i) + (size_t)a->offset[i] * es;
         int64_t count = a->pieces[i].count;
         for (int64_t off = 0; off < count; off += EM_DIST_MPI_CHUNK) {
             int64_t cnt = count - off < EM_DIST_MPI_CHUNK ? count - off : EM_DIST_MPI_CHUNK;
@@ -88,7 +88,7 @@ static void cpu_allreduce_mean(void *buffers[], void *cl_arg)
     }
     em__dist_watch_end(EM_DIST_SLOT_GRAD);
     for (int i = 0; i < a->npieces; i++) {
-        char *base = (char *)STARPU_VECTOR_GET_PTR(buffers[i]) + (size_t)a->offset[i] * es;
+        char *base = (char *)em__buffer_ptr(buffers, 1 + i) + (size_t)a->offset[i] * es;
         int64_t count = a->pieces[i].count;
         if (a->dtype == EM_F64) {
             double *p = (double *)base, s = 1.0 / (double)em__dist_world;
@@ -101,98 +101,42 @@ static void cpu_allreduce_mean(void *buffers[], void *cl_arg)
 }
 
 #if EM_DIST_NCCL
-/* [nccl] The CUDA kernel: the bucket's in-place ncclAvg calls, in one NCCL
- * group queued after the worker's stream (dist/nccl.c). */
+/* [nccl] The CUDA kernel of ALLREDUCE_MEAN: the bucket's in-place ncclAvg
+ * calls, in one NCCL group queued after the worker's stream (dist/nccl.c). */
 static void cuda_allreduce_mean(void *buffers[], void *cl_arg)
 {
     ar_args *a = cl_arg;
     size_t es = a->dtype == EM_F64 ? sizeof(double) : sizeof(float);
-    for (int i = 0; i < a->npieces; i++) a->pieces[i].ptr = (char *)STARPU_VECTOR_GET_PTR(buffers[i]) + (size_t)a->offset[i] * es;
+    for (int i = 0; i < a->npieces; i++) a->pieces[i].ptr = (char *)em__buffer_ptr(buffers, 1 + i) + (size_t)a->offset[i] * es;
     em__dist_nccl_allreduce_mean(a->pieces, a->npieces, a->dtype == EM_F64, a->nccl_comm, a->watch != 0);
 }
+
+/* The door's codelet takes this as the CUDA implementation (tasks/funnel.c). */
+em_kernel_fn em__dist_cuda_kernels[EM_OP_COUNT] = {[EM_OP_ALLREDUCE_MEAN] = cuda_allreduce_mean};
 #endif
 
-static struct starpu_codelet g_cl_allreduce = {
-#if EM_DIST_NCCL /* [nccl] */
-    .where = STARPU_CPU | STARPU_CUDA,
-    .cuda_funcs = {cuda_allreduce_mean},
-    .cuda_flags = {STARPU_CUDA_ASYNC},
-#else
-    .where = STARPU_CPU,
-#endif
-    .cpu_funcs = {cpu_allreduce_mean},
-    .cpu_funcs_name = {"ember_dist_allreduce_mean"},
-    .nbuffers = STARPU_VARIABLE_NBUFFERS, /* gradients (RW), token (RW) */
-    .name = "dist_allreduce_mean",
+/* The door's codelets take these as the collectives' CPU kernels (tasks/funnel.c). */
+void em_dist_cpu_replicas_allreduce_mean(void *buffers[], void *cl_arg); /* dist/replicas.c */
+em_kernel_fn em__dist_cpu_kernels[EM_OP_COUNT] = {
+    [EM_OP_ALLREDUCE_MEAN] = em_dist_cpu_allreduce_mean,
+    [EM_OP_REPLICAS_ALLREDUCE_MEAN] = em_dist_cpu_replicas_allreduce_mean,
 };
 
 em_status em__dist_tasks_init(void)
 {
-    if (!g_token_registered) {
-        starpu_void_data_register(&g_token);
-        g_token_registered = true;
-    }
+    if (!g_token) g_token = em__sync_handle_new();
     return EM_OK;
 }
 
 void em__dist_tasks_shutdown(void)
 {
-    if (g_token_registered && em_is_initialized()) starpu_data_unregister(g_token);
-    g_token_registered = false;
+    em__sync_handle_free(&g_token);
     em__fence_free(&g_fence);
 }
 
-struct starpu_task *em__dist_task_new(void *cl_arg, size_t arg_size, int nb, starpu_data_handle_t **h,
-                                      enum starpu_data_access_mode **m)
-{
-    struct starpu_task *task = cl_arg ? starpu_task_create() : NULL;
-    starpu_data_handle_t *dh = NULL;
-    enum starpu_data_access_mode *dm = NULL;
-    if (task && nb > STARPU_NMAXBUFS) { /* StarPU frees dyn_handles / dyn_modes with the task */
-        dh = malloc(sizeof *dh * (size_t)nb);
-        dm = malloc(sizeof *dm * (size_t)nb);
-    }
-    if (!task || (nb > STARPU_NMAXBUFS && (!dh || !dm))) {
-        free(cl_arg);
-        free(dh);
-        free(dm);
-        if (task) {
-            task->destroy = 0;
-            starpu_task_destroy(task);
-        }
-        em__set_error(EM_ERR_NOMEM, "out of memory creating a task");
-        return NULL;
-    }
-    task->dyn_handles = dh;
-    task->dyn_modes = dm;
-    task->nbuffers = nb;
-    task->cl_arg = cl_arg;
-    task->cl_arg_size = arg_size;
-    task->cl_arg_free = 1;
-    task->priority = STARPU_MAX_PRIO; /* start the exchange as soon as the bucket is ready */
-    task->detach = 1;
-    *h = dh ? dh : task->handles;
-    *m = dm ? dm : task->modes;
-    return task;
-}
-
-em_status em__dist_task_submit(struct starpu_task *task, const char *what)
-{
-    em__trace_attach(task);
-    int ret = starpu_task_submit(task);
-    if (ret != 0) {
-        task->destroy = 0;
-        starpu_task_destroy(task);
-        return em__set_error(EM_ERR_RUNTIME, "%s: task submission failed (%d)", what, ret);
-    }
-    __atomic_add_fetch(&em__tasks, 1, __ATOMIC_RELAXED);
-    return EM_OK;
-}
-
-/* Submits one reduction task: @p nh handles with modes, the chain token is
- * appended. Takes ownership of @p a (freed by StarPU). */
-static em_status submit_task(ar_args *a, size_t args_size, starpu_data_handle_t *h, enum starpu_data_access_mode *m, int nh,
-                             const em__ar_target *tg)
+/* Submits one ALLREDUCE_MEAN op over @p grads[0..k) (their kernel arguments
+ * in @p a) through the door. Takes ownership of @p a. */
+static em_status submit_reduction(ar_args *a, size_t args_size, em_tensor *const *grads, int k, const em__ar_target *tg)
 {
     a->nccl_comm = tg->nccl_comm;
     a->watch = tg->watch;
@@ -200,28 +144,19 @@ static em_status submit_task(ar_args *a, size_t args_size, starpu_data_handle_t 
         free(a);
         return em__set_error(EM_ERR_STATE, "gradient all-reduce: no chain token (runtime restarted?)");
     }
-    starpu_data_handle_t *H;
-    enum starpu_data_access_mode *M;
-    struct starpu_task *task = em__dist_task_new(a, args_size, nh + 1, &H, &M);
-    if (!task) return em_last_status();
-    for (int i = 0; i < nh; i++) {
-        H[i] = h[i];
-        M[i] = m[i];
-    }
-    H[nh] = tg->token;
-    M[nh] = STARPU_RW;
-    task->cl = &g_cl_allreduce;
     /* [nccl] NCCL on the target's CUDA worker (for a rank: decided once,
      * alike on every rank, by em__dist_nccl_init), else MPI on a CPU worker. */
-    int nccl_worker = tg->worker;
-    if (nccl_worker >= 0) {
-        task->where = STARPU_CUDA;
-        task->execute_on_a_specific_worker = 1;
-        task->workerid = (unsigned)nccl_worker;
-    } else {
-        task->where = STARPU_CPU;
-    }
-    return em__dist_task_submit(task, "gradient all-reduce");
+    em_placement pl = tg->worker >= 0 ? em__placement_worker(tg->worker) : em__placement_cpu();
+    em_op op = {.kind = EM_OP_ALLREDUCE_MEAN,
+                .flags = EM_OPF_NO_RECORD,
+                .priority = EM_PRIO_MAX, /* start the exchange as soon as the bucket is ready */
+                .token = tg->token,
+                .place = &pl,
+                .n_var = k,
+                .var = grads,
+                .args = a,
+                .args_size = args_size};
+    return em__submit(&op); /* owns a */
 }
 
 int em__dist_bucket_end(const size_t *nbytes, const em_dtype *dtypes, int lo, int n)
@@ -270,36 +205,24 @@ static em_status flush_bucket(em_tensor *const *grads, int lo, int hi, const em_
     int k = hi - lo;
     size_t asz;
     ar_args *a = ar_args_new(k, &asz);
-    starpu_data_handle_t *h = malloc(sizeof *h * (size_t)k);
-    enum starpu_data_access_mode *m = malloc(sizeof *m * (size_t)k);
-    if (!a || !h || !m) {
-        free(a);
-        free(h);
-        free(m);
-        return em__set_error(EM_ERR_NOMEM, "out of memory");
-    }
+    if (!a) return em__set_error(EM_ERR_NOMEM, "out of memory");
     a->dtype = em_tensor_dtype(grads[lo]);
     int64_t total = 0;
     for (int i = 0; i < k; i++) {
         const em_tensor *t = grads[lo + i];
-        h[i] = t->storage->handle;
-        m[i] = STARPU_RW;
         a->offset[i] = t->offset;
         a->pieces[i].count = em_tensor_numel(t);
         total += a->pieces[i].count;
     }
     em_log_msg(EM_LOG_DEBUG, "dist: bucket of %d gradient(s), %lld elements, reduced in place", k, (long long)total);
-    em_status st = submit_task(a, asz, h, m, k, tg); /* owns a */
-    free(h);
-    free(m);
-    return st;
+    return submit_reduction(a, asz, grads + lo, k, tg); /* owns a */
 }
 
 em_status em_dist_allreduce_grads(em_grads *g, em_tensor *const *params, int n)
 {
     if (!g || (n > 0 && !params) || n < 0) return em__set_error(EM_ERR_INVALID, "em_dist_allreduce_grads: bad arguments");
     if (em_dist_world_size() <= 1 || n == 0) return EM_OK;
-    if (!g_token_registered)
+    if (!g_token)
         return em__set_error(EM_ERR_STATE, "em_dist_allreduce_grads: the runtime was restarted outside em_dist_init");
     em__ar_target tg = {.worker = em__dist_nccl_worker(), .token = g_token, .nccl_comm = NULL, .watch = true, .fence = &g_fence};
     return em__dist_reduce_grads(g, params, n, &tg);

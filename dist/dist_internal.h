@@ -5,7 +5,7 @@
 #include "ember/dist.h"
 
 #include <mpi.h>
-#include <starpu.h>
+#include <stdbool.h>
 
 /* Two duplicates of MPI_COMM_WORLD: gradient reductions run inside StarPU
  * tasks (on workers) while control collectives (broadcast, metrics, config
@@ -20,7 +20,7 @@ enum { EM_DIST_SLOT_GRAD = 0, EM_DIST_SLOT_CTL = 1, EM_DIST_NSLOTS = 2 };
 void em__dist_watch_begin(int slot, const char *what);
 void em__dist_watch_end(int slot);
 
-/* allreduce.c: the chain token and codelet (registered after em_init). */
+/* allreduce.c: the chain token (registered after em_init). */
 em_status em__dist_tasks_init(void);
 void em__dist_tasks_shutdown(void);
 
@@ -29,7 +29,7 @@ void em__dist_tasks_shutdown(void);
  * (replicas.c). */
 typedef struct em__ar_target {
     int worker;                 /* [nccl] CUDA worker running the NCCL call; -1: a CPU worker, MPI */
-    starpu_data_handle_t token; /* chains this target's reductions in submission order */
+    void *token;                /* em_op.token: chains this target's reductions in submission order */
     void *nccl_comm;            /* [nccl] NULL: the process communicator */
     bool watch;                 /* under the collective watchdog */
     void **fence;               /* NULL, or the step fence (em__fence_signal) to signal before the last bucket */
@@ -52,16 +52,6 @@ em_status em__dist_reduce_grads(em_grads *g, em_tensor *const *params, int n, co
  * gradient larger than the cap closes the bucket it joins; a change of
  * dtype closes it too. Cap 0: one gradient per bucket. */
 int em__dist_bucket_end(const size_t *nbytes, const em_dtype *dtypes, int lo, int n);
-/* A detached task at STARPU_MAX_PRIO for @p nb buffers that owns @p cl_arg
- * (malloc'd, @p arg_size bytes; freed with the task, or here on failure);
- * *h / *m receive the handle and mode arrays to fill (dynamic beyond
- * STARPU_NMAXBUFS). The caller sets cl (and where/worker). NULL with
- * EM_ERR_NOMEM (also when @p cl_arg is NULL). */
-struct starpu_task *em__dist_task_new(void *cl_arg, size_t arg_size, int nb, starpu_data_handle_t **h,
-                                      enum starpu_data_access_mode **m);
-/* Submits @p task (traced, counted); on failure destroys it and returns
- * EM_ERR_RUNTIME naming @p what. */
-em_status em__dist_task_submit(struct starpu_task *task, const char *what);
 /* Does params[i] appear again in params[i+1 .. n)? (A parameter tied to
  * another, e.g. shared weights, is listed twice; it is reduced once.) */
 bool em__dist_listed_later(em_tensor *const *params, int i, int n);

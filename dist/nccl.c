@@ -2,7 +2,7 @@
  *
  * When every rank runs on a CUDA device, the bucket task of allreduce.c runs
  * on the rank's CUDA worker instead of a CPU worker, and its CUDA
- * implementation queues everything on starpu_cuda_get_local_stream() without
+ * implementation queues everything on the worker's stream without
  * waiting (STARPU_CUDA_ASYNC):
  *   1. ncclAllReduce(in place, ncclAvg) of each gradient of the bucket, all
  *      in one ncclGroupStart/End (NCCL aggregates them into one launch; no
@@ -21,7 +21,7 @@
  * MPI only bootstraps NCCL. The ranks first agree (MPI_Allreduce) that every
  * one of them runs on CUDA; rank 0 then calls ncclGetUniqueId and broadcasts
  * the id over the control communicator, and every rank calls
- * ncclCommInitRank INSIDE ITS CUDA WORKER (starpu_execute_on_specific_workers,
+ * ncclCommInitRank INSIDE ITS CUDA WORKER (em__run_on_worker,
  * synchronous), so the communicator is bound to the device the bucket tasks
  * run on whatever the main thread's current device is (em_dist_init's
  * binding also makes the main thread current on that GPU, but a runtime
@@ -54,7 +54,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#if defined(EMBER_HAVE_CUDA) && defined(STARPU_USE_CUDA)
+#if defined(EMBER_HAVE_CUDA)
 #include <cuda_runtime.h>
 #endif
 #if EM_DIST_NCCL
@@ -64,7 +64,7 @@
 
 int em__dist_cuda_device_count(void)
 {
-#if defined(EMBER_HAVE_CUDA) && defined(STARPU_USE_CUDA)
+#if defined(EMBER_HAVE_CUDA)
     int n = 0;
     if (cudaGetDeviceCount(&n) != cudaSuccess) {
         cudaGetLastError(); /* no driver / no device: clear the sticky error */
@@ -78,7 +78,7 @@ int em__dist_cuda_device_count(void)
 
 void em__dist_cuda_set_device(int device)
 {
-#if defined(EMBER_HAVE_CUDA) && defined(STARPU_USE_CUDA)
+#if defined(EMBER_HAVE_CUDA)
     if (cudaSetDevice(device) != cudaSuccess) cudaGetLastError();
 #else
     (void)device;
@@ -92,18 +92,18 @@ void em__dist_cuda_set_device(int device)
  * kernels instead of queueing behind them. */
 int em__dist_collective_worker(int ops_worker)
 {
-    if (ops_worker < 0 || starpu_worker_get_type(ops_worker) != STARPU_CUDA_WORKER) return -1;
-    int dev = starpu_worker_get_devid(ops_worker), w = ops_worker;
-    unsigned n = starpu_worker_get_count();
-    for (unsigned i = 0; i < n; i++)
-        if (starpu_worker_get_type((int)i) == STARPU_CUDA_WORKER && starpu_worker_get_devid((int)i) == dev) w = (int)i;
+    if (ops_worker < 0 || em__worker_kind(ops_worker) != EM_DEVICE_CUDA) return -1;
+    int dev = em__worker_devid(ops_worker), w = ops_worker;
+    int n = em__worker_total();
+    for (int i = 0; i < n; i++)
+        if (em__worker_kind(i) == EM_DEVICE_CUDA && em__worker_devid(i) == dev) w = i;
     return w;
 }
 
 static int cuda_worker(void)
 {
-    em_placement pl = em__placement();
-    if (pl.where != STARPU_CUDA || pl.worker < 0) return -1;
+    em_placement pl = em__placement(); /* a CUDA device: its worker */
+    if (pl.worker < 0 || em__worker_kind(pl.worker) != EM_DEVICE_CUDA) return -1;
     return em__dist_collective_worker(pl.worker);
 }
 
@@ -329,10 +329,9 @@ void em__dist_nccl_init(void)
     job.nranks = em__dist_world;
     job.rank = em__dist_rank;
     job.res = ncclInternalError;
-    unsigned w = (unsigned)worker;
     /* ncclCommInitRank waits for every rank: under the watchdog. */
     em__dist_watch_begin(EM_DIST_SLOT_CTL, "NCCL communicator initialisation (ncclCommInitRank)");
-    starpu_execute_on_specific_workers(init_on_worker, &job, 1, &w, "ember_nccl_init");
+    em__run_on_worker(worker, init_on_worker, &job, "ember_nccl_init");
     em__dist_watch_end(EM_DIST_SLOT_CTL);
     int ok = job.res == ncclSuccess;
     if (!ok)
@@ -342,7 +341,7 @@ void em__dist_nccl_init(void)
     rc = MPI_Allreduce(MPI_IN_PLACE, &ok, 1, MPI_INT, MPI_MIN, em__dist_comm_ctl);
     em__dist_watch_end(EM_DIST_SLOT_CTL);
     if (rc != MPI_SUCCESS || !ok) {
-        if (job.res == ncclSuccess) starpu_execute_on_specific_workers(destroy_on_worker, &job.comm, 1, &w, "ember_nccl_destroy");
+        if (job.res == ncclSuccess) em__run_on_worker(worker, destroy_on_worker, &job.comm, "ember_nccl_destroy");
         log_host_path("NCCL communicator set-up failed on some rank");
         return;
     }
@@ -355,10 +354,9 @@ void em__dist_nccl_init(void)
 void em__dist_nccl_shutdown(void)
 {
     if (g_worker < 0) return;
-    unsigned w = (unsigned)g_worker;
     em__dist_watch_begin(EM_DIST_SLOT_CTL, "NCCL communicator destruction"); /* may wait for peers' proxies */
     if (em_is_initialized())
-        starpu_execute_on_specific_workers(destroy_on_worker, &g_comm, 1, &w, "ember_nccl_destroy");
+        em__run_on_worker(g_worker, destroy_on_worker, &g_comm, "ember_nccl_destroy");
     else
         nc.CommDestroy(g_comm);
     em__dist_watch_end(EM_DIST_SLOT_CTL);
@@ -491,7 +489,7 @@ void em__dist_nccl_allreduce_mean(const em__nccl_piece *p, int m, bool f64, void
      * worker's stream, and that stream (whose completion StarPU tracks)
      * waits for them. On the worker's own stream they would wait for every
      * backward kernel queued before them. */
-    cudaStream_t s = starpu_cuda_get_local_stream(), cs = s;
+    cudaStream_t s = (cudaStream_t)em__cuda_local_stream(), cs = s;
     if (g_prio_stream && !comm) {
         cs = g_prio_stream;
         if (cudaEventRecord(g_ev_ready, s) != cudaSuccess || cudaStreamWaitEvent(cs, g_ev_ready, 0) != cudaSuccess) {

@@ -3,19 +3,19 @@
  * CUDA implementation of the bucket task). DESIGN.md §7.
  *
  * EM_DIST_NCCL is 1 when this build has NCCL (CMake found nccl.h and
- * libnccl: EMBER_HAVE_NCCL) and a StarPU with CUDA; 0 otherwise, and the
+ * libnccl: EMBER_HAVE_NCCL) and CUDA kernels (EMBER_HAVE_CUDA, which needs a
+ * StarPU with CUDA: devices/cuda uses its CUDA API); 0 otherwise, and the
  * functions below then keep every reduction on the host MPI path. */
 #ifndef EMBER_DIST_NCCL_H
 #define EMBER_DIST_NCCL_H
 
 #include "ember/core.h"
 
-#include <starpu.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
-#if defined(EMBER_HAVE_NCCL) && defined(EMBER_HAVE_CUDA) && defined(STARPU_USE_CUDA)
+#if defined(EMBER_HAVE_NCCL) && defined(EMBER_HAVE_CUDA)
 #define EM_DIST_NCCL 1
 #else
 #define EM_DIST_NCCL 0
@@ -78,7 +78,7 @@ void em__dist_nccl_group_allreduce_mean(const em__nccl_piece *p, int m, bool f64
  *  queues work and returns at once: the in-place mean over the ranks of
  *  @p comm (NULL: the process communicator of em__dist_nccl_init) of the
  *  @p m gradients @p p, in one NCCL group on the collective stream, ordered
- *  after starpu_cuda_get_local_stream() and before its next work; @p watch:
+ *  after the worker's stream (em__cuda_local_stream) and before its next work; @p watch:
  *  under the collective watchdog. */
 void em__dist_nccl_allreduce_mean(const em__nccl_piece *p, int m, bool f64, void *comm, bool watch);
 

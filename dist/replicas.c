@@ -5,7 +5,7 @@
  * em__dist_bucket_end) and averaged in place, without packing (a gradient
  * that does not own its storage is first copied: em__dist_own_grads). ONE
  * task per bucket, on a CPU worker, gets every replica's gradients of the
- * bucket in that replica's GPU memory (StarPU codelet specific_nodes) and
+ * bucket in that replica's GPU memory (em_op.nodes: StarPU specific nodes) and
  * launches the in-place ncclAvg of all of them on all GPUs in one NCCL
  * group, on private streams, and waits for them. One launch for all GPUs
  * from one thread is what a single process needs (see nccl.h); the group
@@ -39,9 +39,9 @@ struct em_replicas {
     bool nccl;
     void **comms;               /* [nccl] [n] one communicator per GPU */
     void **streams;             /* [nccl] [n] private stream per GPU */
-    starpu_data_handle_t token; /* [nccl] chains the group tasks */
-    struct starpu_codelet cl;   /* [nccl] the group task: token, then gradient j of replica k as buffer 1 + j * n + k */
-    int *nodes;                 /* [nccl] [1 + n * np] memory node of each buffer (cl.dyn_nodes) */
+    void *token;                /* [nccl] em_op.token: chains the group ops */
+    int *nodes;                 /* [nccl] [1 + n * np] memory node of each buffer of a group op (em_op.nodes):
+                                 * the token, then gradient j of replica k as buffer 1 + j * n + k */
     /* em_replicas_run: threads 1..n-1, one job at a time */
     pthread_t *threads;
     int nthreads;                /* started */
@@ -69,12 +69,13 @@ typedef struct group_args {
     em__nccl_piece pieces[]; /* [m * n] element counts; the kernel fills in the pointers */
 } group_args;
 
-static void group_allreduce_cpu(void *buffers[], void *cl_arg)
+/* The CPU kernel of REPLICAS_ALLREDUCE_MEAN (tasks/ops.def). */
+void em_dist_cpu_replicas_allreduce_mean(void *buffers[], void *cl_arg)
 {
     group_args *a = cl_arg;
     size_t es = a->f64 ? sizeof(double) : sizeof(float);
     int total = a->m * a->r->n;
-    for (int i = 0; i < total; i++) a->pieces[i].ptr = (char *)STARPU_VECTOR_GET_PTR(buffers[1 + i]) + (size_t)a->offset[i] * es;
+    for (int i = 0; i < total; i++) a->pieces[i].ptr = (char *)em__buffer_ptr(buffers, 1 + i) + (size_t)a->offset[i] * es;
     em__dist_nccl_group_allreduce_mean(a->pieces, a->m, a->f64 != 0, a->r->comms, a->r->streams, a->r->n);
 }
 
@@ -228,8 +229,8 @@ static bool setup_nccl(em_replicas *r)
             break;
         }
         int w = em__placement().worker;
-        devs[k] = w >= 0 ? starpu_worker_get_devid(w) : -1;
-        node[k] = w >= 0 ? (int)starpu_worker_get_memory_node((unsigned)w) : -1;
+        devs[k] = w >= 0 ? em__worker_devid(w) : -1;
+        node[k] = w >= 0 ? em__worker_memory_node(w) : -1;
         if (w < 0) {
             snprintf(why, sizeof why, "replica %d has no CUDA worker", k);
             ok = false;
@@ -249,16 +250,9 @@ static bool setup_nccl(em_replicas *r)
                    "replicas: %s: gradients are averaged by ADD/COPY tasks through device 0 instead of NCCL", why);
         return false;
     }
-    r->nodes[0] = STARPU_SPECIFIC_NODE_CPU; /* the token (no data) */
+    r->nodes[0] = EM_NODE_CPU; /* the token (no data) */
     for (size_t i = 0; i < (size_t)r->n * (size_t)(r->np > 0 ? r->np : 1); i++) r->nodes[1 + i] = node[i % (size_t)r->n];
-    starpu_codelet_init(&r->cl);
-    r->cl.where = STARPU_CPU;
-    r->cl.cpu_funcs[0] = group_allreduce_cpu;
-    r->cl.nbuffers = STARPU_VARIABLE_NBUFFERS;
-    r->cl.specific_nodes = 1;
-    r->cl.dyn_nodes = r->nodes;
-    r->cl.name = "replicas_nccl_allreduce_mean";
-    starpu_void_data_register(&r->token);
+    r->token = em__sync_handle_new();
     return true;
 }
 
@@ -391,7 +385,7 @@ void em_replicas_free(em_replicas *r)
     if (em_is_initialized()) em_sync();
     if (r->nccl) {
         em__dist_nccl_local_destroy(r->comms, r->streams, r->n);
-        if (em_is_initialized()) starpu_data_unregister(r->token);
+        em__sync_handle_free(&r->token);
     }
     free(r->models);
     free(r->opts);
@@ -581,27 +575,38 @@ static em_status nccl_bucket(em_replicas *r, em_grads *const *g, const em_tensor
     /* one NCCL group for all GPUs: the token, then every gradient RW on its own GPU */
     size_t total = (size_t)cnt * (size_t)n, asz = sizeof(group_args) + (sizeof(em__nccl_piece) + sizeof(int64_t)) * total;
     group_args *a = calloc(1, asz);
-    starpu_data_handle_t *H;
-    enum starpu_data_access_mode *M;
-    struct starpu_task *task = em__dist_task_new(a, asz, 1 + (int)total, &H, &M);
-    if (!task) return em_last_status();
+    em_tensor **v = malloc(sizeof *v * total);
+    if (!a || !v) {
+        free(a);
+        free(v);
+        return em__set_error(EM_ERR_NOMEM, "replicas: out of memory");
+    }
     a->r = r;
     a->f64 = em_tensor_dtype(gs[lo]) == EM_F64;
     a->m = cnt;
     a->offset = (int64_t *)(void *)&a->pieces[total];
-    H[0] = r->token;
-    M[0] = STARPU_RW;
     for (int j = 0; j < cnt; j++)
         for (int k = 0; k < n; k++) {
-            const em_tensor *t = gs[(size_t)k * (size_t)stride + (size_t)(lo + j)];
+            em_tensor *t = gs[(size_t)k * (size_t)stride + (size_t)(lo + j)];
             size_t e = (size_t)j * (size_t)n + (size_t)k;
-            H[1 + e] = t->storage->handle;
-            M[1 + e] = STARPU_RW;
+            v[e] = t;
             a->offset[e] = t->offset;
             a->pieces[e].count = em_tensor_numel(t);
         }
-    task->cl = &r->cl;
-    return em__dist_task_submit(task, "replicas: NCCL group");
+    em_placement pl = em__placement_cpu(); /* one thread launches every GPU's part */
+    em_op op = {.kind = EM_OP_REPLICAS_ALLREDUCE_MEAN,
+                .flags = EM_OPF_NO_RECORD,
+                .priority = EM_PRIO_MAX,
+                .token = r->token,
+                .place = &pl,
+                .nodes = r->nodes,
+                .n_var = (int)total,
+                .var = v,
+                .args = a,
+                .args_size = asz};
+    st = em__submit(&op); /* owns a */
+    free(v);
+    return st;
 }
 
 /* [nccl] Buckets of consecutive (reverse-order) gradients by DDP's rule

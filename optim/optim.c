@@ -268,9 +268,6 @@ em_status em_optim_step(em_optim *o, const em_grads *grads)
      * reduced; those updates then overlap the last all-reduce instead of
      * delaying it. Without a fence, nothing changes. */
     void *fence = em__grads_fence(grads);
-    void *prev_after = em__submit_after(fence);
-    int prev_prio = em__submit_priority(0);
-    em__submit_priority(fence ? -1 : prev_prio);
     for (int i = 0; i < o->n && st == EM_OK; i++) {
         if (!gs[i]) continue;
         pstate *ps = &o->ps[i];
@@ -329,11 +326,11 @@ em_status em_optim_step(em_optim *o, const em_grads *grads)
             break;
         }
         op.p.optim.flags = fl;
+        op.after = fence;
+        op.priority = fence ? -1 : 0;
         st = em__submit(&op);
         if (st == EM_OK) ps->step = step;
     }
-    em__submit_after(prev_after);
-    em__submit_priority(prev_prio);
     em_scope_end();
     em_no_grad_end();
     free(gs);

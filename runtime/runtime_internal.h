@@ -121,6 +121,19 @@ typedef struct em_placement {
 } em_placement;
 em_placement em__placement(void);
 int em__ncpu_workers(void);
+/* For layers that do not include <starpu.h> (dist/), runtime/workers.c: */
+em_placement em__placement_cpu(void);          /* any CPU worker */
+em_placement em__placement_worker(int worker); /* exactly that worker */
+int em__worker_total(void);                    /* workers of every kind */
+em_device_kind em__worker_kind(int worker);    /* EM_DEVICE_AUTO when unknown */
+int em__worker_devid(int worker);
+int em__worker_memory_node(int worker);
+/* Runs fn(arg) on @p worker and waits (starpu_execute_on_specific_workers). */
+void em__run_on_worker(int worker, void (*fn)(void *), void *arg, const char *name);
+/* In a kernel: the data pointer of buffer @p i (a byte vector). */
+void *em__buffer_ptr(void *buffers[], int i);
+/* In a CUDA kernel: the worker's stream (cudaStream_t); NULL without CUDA. */
+void *em__cuda_local_stream(void);
 /** "cpu (worker 2)", "cuda:0 (worker 3)", "opencl:1 (worker 4)": the Ember
  *  device a StarPU worker drives, for error messages. */
 const char *em__worker_str(int worker, char *buf, size_t n);

@@ -30,12 +30,6 @@ ORDER=(runtime tasks autodiff fusion nn optim data store train dist serve)
 DEVAPI="devices/kargs.h devices/devices.h"   # what devices/ offer the layers above
 STARPU_LAYERS=" runtime tasks devices "
 
-# TEMPORARY: dist/ still includes <starpu.h> (dist/dist_internal.h, dist/nccl.h,
-# dist/allreduce.c). The submission-door branch (wt-door) turns the dist
-# collectives into op kinds and removes it; the lead deletes this list when
-# merging that branch. Nothing else may be added here.
-STARPU_TEMP_ALLOW=" dist "
-
 # Calls allowed across layers that DESIGN.md §1's order does not give:
 #   train -> dist: the Learner drives data-parallel training through dist's
 #   public API (em_dist_*, em_replicas_*), while §1 lists dist/ above train/.
@@ -103,11 +97,7 @@ while IFS= read -r f; do
     elif [[ "$text" =~ \#[[:space:]]*include[[:space:]]*\<(starpu[a-z_0-9]*\.h)\> ]]; then
       inc="${BASH_REMATCH[1]}"
       if [[ "$STARPU_LAYERS" != *" $L "* ]]; then
-        if [[ "$STARPU_TEMP_ALLOW" == *" $L "* ]]; then
-          notes+=("$f:$line: #include <$inc> (temporarily allowed for $L/ until wt-door is merged)")
-        else
-          violations+=("$f:$line: #include <$inc>: only runtime/, tasks/ and devices/ include StarPU")
-        fi
+        violations+=("$f:$line: #include <$inc>: only runtime/, tasks/ and devices/ include StarPU")
       fi
     elif [[ "$text" =~ \#[[:space:]]*include[[:space:]]*\<(ember/[^\>]+)\> ]]; then
       inc="${BASH_REMATCH[1]}"

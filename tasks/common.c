@@ -59,8 +59,8 @@ em_tensor *em__as_dtype(const em_tensor *t, em_dtype dt)
     if (t->dtype == dt) return em_tensor_retain((em_tensor *)t);
     em_tensor *out = em__tensor_new(dt, t->shape, t->ndim);
     if (!out) return NULL;
-    em_op op = {.kind = EM_OP_COPY, .n_in = 1, .n_out = 1, .in = {(em_tensor *)t}, .out = {out}};
-    if (em__task_submit(&op, NULL, NULL) != EM_OK) {
+    em_op op = {.kind = EM_OP_COPY, .n_in = 1, .n_out = 1, .in = {(em_tensor *)t}, .out = {out}, .flags = EM_OPF_NO_RECORD};
+    if (em__submit(&op) != EM_OK) {
         em_tensor_release(out);
         return NULL;
     }

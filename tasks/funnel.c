@@ -1,27 +1,27 @@
-/* The single submission funnel and the op table.
+/* The one submission door and the op table.
  *
- * Every op function validates its inputs, allocates its outputs and builds an
- * em_op, then calls em__submit(). The funnel turns the op into StarPU task(s)
- * through codelets generated from the op table (tasks/ops.def) and lets
- * autodiff record it. */
+ * Every task Ember submits is an em_op handed to em__submit(): op front ends
+ * (they validate, allocate the outputs, build the op), their internal copies
+ * and fills (EM_OPF_NO_RECORD), matmul tiles (the table's custom submit,
+ * whose sub-tasks come back with EM_OPF_RAW), optimizer steps, step fences
+ * (FENCE) and the gradient all-reduces of dist/ (F_COLLECTIVE kinds). The
+ * scheduling facts travel with the op: priority, the fence it waits for
+ * (after), the token it chains on, its placement and buffer nodes. The door
+ * turns the op into StarPU task(s) through codelets generated from the op
+ * table (tasks/ops.def) and lets autodiff record it. This file is the only
+ * one that creates or submits StarPU tasks. */
 #include "tasks/tasks_internal.h"
 
+#include <pthread.h>
 #include <starpu.h>
 #include <stdlib.h>
 #include <string.h>
 
+_Static_assert(EM_NODE_CPU == STARPU_SPECIFIC_NODE_CPU, "EM_NODE_CPU must be StarPU's STARPU_SPECIFIC_NODE_CPU");
+
 /* CPU kernels (devices/cpu), one per kernel family of tasks/ops.def. */
-void em_cpu_unary(void *buffers[], void *cl_arg);
-void em_cpu_binary(void *buffers[], void *cl_arg);
-void em_cpu_where(void *buffers[], void *cl_arg);
-void em_cpu_reduce(void *buffers[], void *cl_arg);
-void em_cpu_softmax(void *buffers[], void *cl_arg);
-void em_cpu_matmul(void *buffers[], void *cl_arg);
-void em_cpu_copy(void *buffers[], void *cl_arg);
-void em_cpu_index(void *buffers[], void *cl_arg);
-void em_cpu_fill(void *buffers[], void *cl_arg);
-void em_cpu_optim(void *buffers[], void *cl_arg);
-#define em_cpu_NONE NULL /* views: no task */
+#define em_cpu_NONE NULL       /* views and fences: no kernel */
+#define em_cpu_collective NULL /* collectives: em__dist_cpu_kernels */
 
 em_status em__matmul_submit(em_op *op); /* tasks/matmul.c: tiling */
 
@@ -37,6 +37,8 @@ em_status (*em__autodiff_check)(void);
 /* Weak defaults: a build without a device backend has no kernels for it. */
 __attribute__((weak)) em_kernel_fn em__cuda_kernels[EM_OP_COUNT];
 __attribute__((weak)) em_kernel_fn em__opencl_kernels[EM_OP_COUNT];
+__attribute__((weak)) em_kernel_fn em__dist_cpu_kernels[EM_OP_COUNT];
+__attribute__((weak)) em_kernel_fn em__dist_cuda_kernels[EM_OP_COUNT];
 __attribute__((weak)) bool em__cuda_compiled(void) { return false; }
 __attribute__((weak)) bool em__opencl_compiled(void) { return false; }
 __attribute__((weak)) em_status em__cuda_init(void) { return EM_OK; }
@@ -70,9 +72,30 @@ em_status em__codelets_init(void)
         if (st != EM_OK) return st;
     }
     for (int k = 0; k < EM_OP_COUNT; k++) {
-        const em_optab_entry *e = &em__optab[k];
+        em_optab_entry *e = &em__optab[k];
         if (!e->name) return em__set_error(EM_ERR_RUNTIME, "op table entry %d is empty", k);
         if (e->flags & F_VIEW) continue;
+        struct starpu_codelet *cl = &g_cl[k];
+        memset(cl, 0, sizeof *cl);
+        cl->nbuffers = STARPU_VARIABLE_NBUFFERS;
+        cl->name = e->name;
+        if (e->flags & F_NOWHERE) { /* StarPU completes it once its dependencies are met, moving no data */
+            cl->where = STARPU_NOWHERE;
+            continue;
+        }
+        if (e->flags & F_COLLECTIVE) {
+            /* dist/'s kernels (their own arguments, no em_kargs: no dispatcher,
+             * no footprint, no model); CUDA only with NCCL */
+            e->cpu = em__dist_cpu_kernels[k];
+            if (!e->cpu) return em__set_error(EM_ERR_RUNTIME, "collective %s has no CPU kernel (dist/)", e->name);
+            cl->cpu_funcs[0] = e->cpu;
+            cl->cpu_funcs_name[0] = e->name;
+            if (em__dist_cuda_kernels[k]) {
+                cl->cuda_funcs[0] = em__dist_cuda_kernels[k];
+                cl->cuda_flags[0] = STARPU_CUDA_ASYNC;
+            }
+            continue;
+        }
         /* Every backend compiled in has a kernel for every task op: a missing
          * entry is a start-up error, never a silent fallback. */
         if (!e->cpu) return em__set_error(EM_ERR_RUNTIME, "op %s has no CPU kernel", e->name);
@@ -80,8 +103,6 @@ em_status em__codelets_init(void)
             return em__set_error(EM_ERR_RUNTIME, "op %s (family %s) has no CUDA kernel", e->name, e->family);
         if (em__opencl_compiled() && !em__opencl_kernels[k])
             return em__set_error(EM_ERR_RUNTIME, "op %s (family %s) has no OpenCL kernel", e->name, e->family);
-        struct starpu_codelet *cl = &g_cl[k];
-        memset(cl, 0, sizeof *cl);
         cl->cpu_funcs[0] = em__cpu_dispatch; /* runs e->cpu (tasks/dispatch.c) */
         cl->cpu_funcs_name[0] = e->name;
         if (em__cuda_kernels[k]) {
@@ -92,8 +113,6 @@ em_status em__codelets_init(void)
             cl->opencl_funcs[0] = em__opencl_dispatch;
             cl->opencl_flags[0] = STARPU_OPENCL_ASYNC;
         }
-        cl->nbuffers = STARPU_VARIABLE_NBUFFERS;
-        cl->name = e->name;
         snprintf(g_symbol[k], sizeof g_symbol[k], "ember_%s", e->name);
         memset(&g_model[k], 0, sizeof g_model[k]);
         g_model[k].type = STARPU_HISTORY_BASED;
@@ -104,7 +123,48 @@ em_status em__codelets_init(void)
     return EM_OK;
 }
 
-void em__codelets_shutdown(void) {}
+/* Codelets with per-buffer memory nodes (em_op.nodes): StarPU keeps the
+ * nodes in the codelet, so the door keeps one codelet per (kind, nodes
+ * array), made on first use, freed at shutdown (after every task). */
+typedef struct node_codelet {
+    struct node_codelet *next;
+    enum em_op_kind kind;
+    const int *nodes;
+    struct starpu_codelet cl;
+} node_codelet;
+static node_codelet *g_node_cls;
+static pthread_mutex_t g_node_mu = PTHREAD_MUTEX_INITIALIZER;
+
+static struct starpu_codelet *codelet_with_nodes(enum em_op_kind kind, const int *nodes)
+{
+    pthread_mutex_lock(&g_node_mu);
+    node_codelet *c = g_node_cls;
+    while (c && !(c->kind == kind && c->nodes == nodes)) c = c->next;
+    if (!c && (c = calloc(1, sizeof *c))) {
+        c->kind = kind;
+        c->nodes = nodes;
+        c->cl = g_cl[kind];
+        c->cl.model = NULL;
+        c->cl.specific_nodes = 1;
+        c->cl.dyn_nodes = (int *)nodes;
+        c->next = g_node_cls;
+        g_node_cls = c;
+    }
+    pthread_mutex_unlock(&g_node_mu);
+    return c ? &c->cl : NULL;
+}
+
+void em__codelets_shutdown(void)
+{
+    /* em_shutdown calls this after starpu_task_wait_for_all */
+    pthread_mutex_lock(&g_node_mu);
+    while (g_node_cls) {
+        node_codelet *c = g_node_cls;
+        g_node_cls = c->next;
+        free(c);
+    }
+    pthread_mutex_unlock(&g_node_mu);
+}
 
 void em__kargs_from_op(const em_op *op, em_kargs *k)
 {
@@ -117,129 +177,80 @@ void em__kargs_from_op(const em_op *op, em_kargs *k)
     k->p = op->p;
 }
 
-static _Thread_local starpu_data_handle_t tl_after; /* em__submit_after */
-static _Thread_local int tl_priority;                /* em__submit_priority */
-
-void *em__submit_after(void *fence)
-{
-    void *prev = tl_after;
-    tl_after = fence;
-    return prev;
-}
-
-int em__submit_priority(int prio)
-{
-    int prev = tl_priority;
-    tl_priority = prio;
-    return prev;
-}
-
-/* The fence task has nothing to run: StarPU completes a STARPU_NOWHERE task
- * as soon as its dependencies are met, without moving its data. */
-static struct starpu_codelet g_cl_fence = {
-    .where = STARPU_NOWHERE,
-    .nbuffers = STARPU_VARIABLE_NBUFFERS,
-    .name = "fence",
-};
-
 bool em__fences_on(void)
 {
     const char *v = getenv("EMBER_DIST_FENCE");
     return !(v && !strcmp(v, "0"));
 }
 
+void *em__sync_handle_new(void)
+{
+    starpu_data_handle_t h = NULL;
+    starpu_void_data_register(&h);
+    return h;
+}
+
+void em__sync_handle_free(void **h)
+{
+    if (*h && em_is_initialized()) starpu_data_unregister((starpu_data_handle_t)*h);
+    *h = NULL;
+}
+
 em_status em__fence_signal(void **fence, em_tensor *const *after, int n)
 {
-    if (!*fence) starpu_void_data_register((starpu_data_handle_t *)fence);
-    int nb = 0;
-    starpu_data_handle_t *h = malloc(sizeof *h * (size_t)(n + 1));
-    enum starpu_data_access_mode *m = malloc(sizeof *m * (size_t)(n + 1));
-    struct starpu_task *task = h && m ? starpu_task_create() : NULL;
-    if (!task) {
-        free(h);
-        free(m);
-        return em__set_error(EM_ERR_NOMEM, "out of memory creating a task");
-    }
+    em_tensor **v = malloc(sizeof *v * (size_t)(n > 0 ? n : 1));
+    if (!v) return em__set_error(EM_ERR_NOMEM, "out of memory creating a task");
+    int nv = 0;
     for (int i = 0; i < n; i++) { /* each storage once */
         if (!after[i]) continue;
-        starpu_data_handle_t x = after[i]->storage->handle;
         int j = 0;
-        while (j < nb && h[j] != x) j++;
-        if (j == nb) {
-            h[nb] = x;
-            m[nb++] = STARPU_R;
-        }
+        while (j < nv && v[j]->storage != after[i]->storage) j++;
+        if (j == nv) v[nv++] = after[i];
     }
-    h[nb] = *fence;
-    m[nb++] = STARPU_W;
-    task->cl = &g_cl_fence;
-    task->dyn_handles = h; /* StarPU frees them with the task */
-    task->dyn_modes = m;
-    task->nbuffers = nb;
-    task->detach = 1;
-    int ret = starpu_task_submit(task);
-    if (ret != 0) {
+    if (!*fence) *fence = em__sync_handle_new();
+    em_op op = {.kind = EM_OP_FENCE, .flags = EM_OPF_NO_RECORD, .token = *fence, .n_var = nv, .var = v};
+    em_status st = em__submit(&op);
+    free(v);
+    return st;
+}
+
+void em__fence_free(void **fence) { em__sync_handle_free(fence); }
+
+static em_status task_nomem(struct starpu_task *task)
+{
+    if (task) {
         task->destroy = 0;
-        starpu_task_destroy(task);
-        return em__set_error(EM_ERR_RUNTIME, "fence: task submission failed (%d)", ret);
+        starpu_task_destroy(task); /* frees cl_arg and the dyn arrays */
     }
-    return EM_OK;
+    return em__set_error(EM_ERR_NOMEM, "out of memory creating a task");
 }
 
-void em__fence_free(void **fence)
+/* Placement, trace, submission (with the CPU fallback when the chosen
+ * device has no kernel) of a task whose buffers and arguments are set. */
+static inline em_status task_finish(struct starpu_task *task, const em_op *op, unsigned fl)
 {
-    if (*fence && em_is_initialized()) starpu_data_unregister((starpu_data_handle_t)*fence);
-    *fence = NULL;
-}
-
-em_status em__task_submit(const em_op *op, const em_kargs *kin, void *const *handles_override)
-{
-    struct starpu_task *task = starpu_task_create();
-    em_kargs *k = malloc(sizeof *k);
-    if (!task || !k) {
-        free(k);
-        return em__set_error(EM_ERR_NOMEM, "out of memory creating a task");
-    }
-    if (kin)
-        *k = *kin;
-    else
-        em__kargs_from_op(op, k);
-    task->cl = &g_cl[op->kind];
-    task->cl_arg = k;
-    task->cl_arg_size = sizeof *k;
-    task->cl_arg_free = 1;
-    int nb = 0;
-    for (int i = 0; i < op->n_in; i++, nb++) {
-        task->handles[nb] = handles_override ? handles_override[nb] : op->in[i]->storage->handle;
-        task->modes[nb] = STARPU_R;
-    }
-    for (int i = 0; i < op->n_out; i++, nb++) {
-        task->handles[nb] = handles_override ? handles_override[nb] : op->out[i]->storage->handle;
-        /* An output that does not cover its whole storage keeps the rest: RW. */
-        task->modes[nb] = (!handles_override && !(em__optab[op->kind].flags & F_INPLACE) && em__covers_storage(op->out[i])) ? STARPU_W : STARPU_RW;
-    }
-    if (tl_after && nb < STARPU_NMAXBUFS) { /* em__submit_after; a task without room just keeps its data order */
-        task->handles[nb] = tl_after;
-        task->modes[nb++] = STARPU_R;
-    }
-    task->nbuffers = nb;
-    task->priority = tl_priority;
-    em_placement pl = em__placement();
-    if (pl.where) task->where = (int32_t)pl.where;
-    if (pl.worker >= 0) {
-        task->execute_on_a_specific_worker = 1;
-        task->workerid = (unsigned)pl.worker;
-        em_status fit = em__task_fits(op, (void *const *)task->handles, nb, pl.worker);
-        if (fit != EM_OK) {
-            task->destroy = 0;
-            starpu_task_destroy(task);
-            return fit;
+    task->priority = op->priority == EM_PRIO_MAX ? STARPU_MAX_PRIO : op->priority;
+    em_placement pl = {0, -1};
+    if (!(fl & F_NOWHERE)) { /* a fence runs nowhere: no placement, not traced, not counted */
+        pl = op->place ? *op->place : em__placement();
+        if (pl.where) task->where = (int32_t)pl.where;
+        if (pl.worker >= 0) {
+            task->execute_on_a_specific_worker = 1;
+            task->workerid = (unsigned)pl.worker;
+            /* operands that can never fit the device: fail now, StarPU would wait forever */
+            em_status fit = em__task_fits(op, (void *const *)(task->dyn_handles ? task->dyn_handles : task->handles),
+                                          (int)task->nbuffers, pl.worker);
+            if (fit != EM_OK) {
+                task->destroy = 0;
+                starpu_task_destroy(task); /* frees cl_arg and the dyn arrays */
+                return fit;
+            }
         }
+        em__trace_attach(task);
     }
     task->detach = 1;
-    em__trace_attach(task);
     int ret = starpu_task_submit(task);
-    if (ret == -ENODEV && pl.where != STARPU_CPU) {
+    if (ret == -ENODEV && !op->place && pl.where != STARPU_CPU && !(fl & F_NOWHERE)) {
         /* No kernel for this op on the chosen device: run it on the CPU, explicitly. */
         em_log_msg(EM_LOG_DEBUG, "op %s has no kernel for the current device: running on CPU", em__optab[op->kind].name);
         task->where = STARPU_CPU;
@@ -248,22 +259,131 @@ em_status em__task_submit(const em_op *op, const em_kargs *kin, void *const *han
     }
     if (ret != 0) {
         task->destroy = 0;
-        starpu_task_destroy(task);
+        starpu_task_destroy(task); /* frees cl_arg and the dyn arrays */
         return em__set_error(ret == -ENODEV ? EM_ERR_DEVICE : EM_ERR_RUNTIME, "op %s: task submission failed (%d)",
                              em__optab[op->kind].name, ret);
     }
-    __atomic_add_fetch(&em__tasks, 1, __ATOMIC_RELAXED);
+    if (!(fl & F_NOWHERE)) __atomic_add_fetch(&em__tasks, 1, __ATOMIC_RELAXED);
     return EM_OK;
+}
+
+/* The mode of output i: one that does not cover its whole storage keeps the rest (RW). */
+static inline enum starpu_data_access_mode out_mode(const em_op *op, int i, unsigned fl)
+{
+    return (!(fl & F_INPLACE) && em__covers_storage(op->out[i])) ? STARPU_W : STARPU_RW;
+}
+
+/* Any op: buffers token, in[], out[], var[], after (dynamic arrays beyond
+ * STARPU_NMAXBUFS), the kind's codelet or one with op->nodes, kernel
+ * arguments from op->args (F_COLLECTIVE, F_NOWHERE) or em_kargs. */
+static __attribute__((noinline)) em_status task_submit_any(const em_op *op, unsigned fl)
+{
+    const bool own_args = fl & (F_COLLECTIVE | F_NOWHERE);
+    struct starpu_task *task = starpu_task_create();
+    void *arg = op->args;
+    size_t arg_size = op->args_size;
+    if (!own_args) {
+        em_kargs *k = malloc(sizeof *k);
+        if (k) {
+            if (op->kargs)
+                *k = *op->kargs;
+            else
+                em__kargs_from_op(op, k);
+        }
+        arg = k;
+        arg_size = sizeof *k;
+    }
+    if (!task || (!own_args && !arg)) {
+        free(arg);
+        return task_nomem(task);
+    }
+    task->cl_arg = arg;
+    task->cl_arg_size = arg_size;
+    task->cl_arg_free = arg != NULL;
+    const int nb = (op->token != NULL) + op->n_in + op->n_out + op->n_var + (op->after != NULL);
+    starpu_data_handle_t *H = task->handles;
+    enum starpu_data_access_mode *M = task->modes;
+    if (nb > STARPU_NMAXBUFS) { /* StarPU frees dyn_handles / dyn_modes with the task */
+        H = task->dyn_handles = malloc(sizeof *H * (size_t)nb);
+        M = task->dyn_modes = malloc(sizeof *M * (size_t)nb);
+    }
+    task->cl = op->nodes ? codelet_with_nodes(op->kind, op->nodes) : &g_cl[op->kind];
+    if (!H || !M || !task->cl) return task_nomem(task);
+    int b = 0;
+    if (op->token) {
+        H[b] = op->token;
+        M[b++] = (fl & F_NOWHERE) ? STARPU_W : STARPU_RW;
+    }
+    for (int i = 0; i < op->n_in; i++, b++) {
+        H[b] = op->in[i]->storage->handle;
+        M[b] = STARPU_R;
+    }
+    for (int i = 0; i < op->n_out; i++, b++) {
+        H[b] = op->out[i]->storage->handle;
+        M[b] = out_mode(op, i, fl);
+    }
+    for (int i = 0; i < op->n_var; i++, b++) {
+        H[b] = op->var[i]->storage->handle;
+        M[b] = (fl & F_COLLECTIVE) ? STARPU_RW : STARPU_R;
+    }
+    if (op->after) {
+        H[b] = op->after;
+        M[b++] = STARPU_R;
+    }
+    task->nbuffers = nb;
+    return task_finish(task, op, fl);
+}
+
+/* One task for @p op: the door's only path to StarPU. An ordinary op (its
+ * kind's codelet and em_kargs, in[] and out[] and maybe a fence, within
+ * STARPU_NMAXBUFS) takes the short path, the per-op cost of every tensor
+ * op; the rest task_submit_any. */
+static em_status task_submit(const em_op *op)
+{
+    const unsigned fl = em__optab[op->kind].flags;
+    const int nb = op->n_in + op->n_out;
+    if (__builtin_expect((fl & (F_COLLECTIVE | F_NOWHERE)) || op->token || op->n_var || op->nodes ||
+                             nb + (op->after != NULL) > STARPU_NMAXBUFS, 0))
+        return task_submit_any(op, fl);
+    struct starpu_task *task = starpu_task_create();
+    em_kargs *k = malloc(sizeof *k);
+    if (!task || !k) {
+        free(k);
+        return task_nomem(task);
+    }
+    if (op->kargs)
+        *k = *op->kargs;
+    else
+        em__kargs_from_op(op, k);
+    task->cl = &g_cl[op->kind];
+    task->cl_arg = k;
+    task->cl_arg_size = sizeof *k;
+    task->cl_arg_free = 1;
+    for (int i = 0; i < op->n_in; i++) {
+        task->handles[i] = op->in[i]->storage->handle;
+        task->modes[i] = STARPU_R;
+    }
+    for (int i = 0; i < op->n_out; i++) {
+        task->handles[op->n_in + i] = op->out[i]->storage->handle;
+        task->modes[op->n_in + i] = out_mode(op, i, fl);
+    }
+    task->nbuffers = nb;
+    if (op->after) {
+        task->handles[nb] = op->after;
+        task->modes[nb] = STARPU_R;
+        task->nbuffers = nb + 1;
+    }
+    return task_finish(task, op, fl);
 }
 
 em_status em__submit(em_op *op)
 {
     const em_optab_entry *e = &em__optab[op->kind];
     if (!(e->flags & F_VIEW)) {
-        em_status st = e->submit ? e->submit(op) : em__task_submit(op, NULL, NULL);
+        em_status st = (e->submit && !(op->flags & EM_OPF_ONE_TASK)) ? e->submit(op) : task_submit(op);
         if (st != EM_OK) return st;
     }
-    if (em__autodiff_record && (e->flags & F_DIFF)) return em__autodiff_record(op);
+    if (em__autodiff_record && (e->flags & F_DIFF) && !(op->flags & EM_OPF_NO_RECORD)) return em__autodiff_record(op);
     return EM_OK;
 }
 

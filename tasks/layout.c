@@ -12,8 +12,8 @@
  *       COPY          contiguous (when a copy is made), cast
  *       VIEW_CAT      cat (recorded by em__autodiff_record_cat after the copies; the
  *                     copies are plain COPY tasks into strided views of the
- *                     output, submitted with em__task_submit so the tape does
- *                     not see them)
+ *                     output, submitted with EM_OPF_NO_RECORD so the tape
+ *                     does not see them)
  *   - composites of recorded ops: reshape of a non-viewable tensor (COPY then
  *     VIEW_RESHAPE), split / chunk (VIEW_SLICE per piece), stack (VIEW_RESHAPE
  *     unsqueezes then VIEW_CAT), pad of an input that requires grad (VIEW_SLICE
@@ -58,8 +58,9 @@ static em_tensor *copy_new(const em_tensor *a, em_dtype dt, bool record)
 {
     em_tensor *out = em__tensor_new(dt, a->shape, a->ndim);
     if (!out) return NULL;
-    em_op op = {.kind = EM_OP_COPY, .n_in = 1, .n_out = 1, .in = {(em_tensor *)a}, .out = {out}};
-    em_status st = record ? em__submit(&op) : em__task_submit(&op, NULL, NULL);
+    em_op op = {.kind = EM_OP_COPY, .n_in = 1, .n_out = 1, .in = {(em_tensor *)a}, .out = {out},
+                .flags = record ? 0 : EM_OPF_NO_RECORD};
+    em_status st = em__submit(&op);
     if (st != EM_OK) {
         em_tensor_release(out);
         return NULL;
@@ -525,8 +526,8 @@ em_tensor *em__cat_impl(em_tensor *const *ts, int n, int dim)
     int nonempty = 0;
     for (int i = 0; i < n; i++) nonempty += em__numel(ts[i]->shape, ts[i]->ndim) > 0;
     if (nonempty != 1) {
-        em_op op = {.kind = EM_OP_FILL, .n_in = 0, .n_out = 1, .out = {out}};
-        if (em__task_submit(&op, NULL, NULL) != EM_OK) {
+        em_op op = {.kind = EM_OP_FILL, .n_in = 0, .n_out = 1, .out = {out}, .flags = EM_OPF_NO_RECORD};
+        if (em__submit(&op) != EM_OK) {
             em_tensor_release(out);
             return NULL;
         }
@@ -544,8 +545,8 @@ em_tensor *em__cat_impl(em_tensor *const *ts, int n, int dim)
                 em_tensor_release(out);
                 return NULL;
             }
-            em_op op = {.kind = EM_OP_COPY, .n_in = 1, .n_out = 1, .in = {(em_tensor *)t}, .out = {v}};
-            em_status st = em__task_submit(&op, NULL, NULL);
+            em_op op = {.kind = EM_OP_COPY, .n_in = 1, .n_out = 1, .in = {(em_tensor *)t}, .out = {v}, .flags = EM_OPF_NO_RECORD};
+            em_status st = em__submit(&op);
             em_tensor_release(v);
             if (st != EM_OK) {
                 em_tensor_release(out);
@@ -650,8 +651,8 @@ em_tensor *em__pad_impl(const em_tensor *a, const int64_t *pads, int npads, doub
     union em_op_params p;
     memset(&p, 0, sizeof p);
     p.s.a = value;
-    em_op fill = {.kind = EM_OP_FILL, .n_in = 0, .n_out = 1, .out = {out}, .p = p};
-    if (em__task_submit(&fill, NULL, NULL) != EM_OK) {
+    em_op fill = {.kind = EM_OP_FILL, .n_in = 0, .n_out = 1, .out = {out}, .p = p, .flags = EM_OPF_NO_RECORD};
+    if (em__submit(&fill) != EM_OK) {
         em_tensor_release(out);
         return NULL;
     }
@@ -662,8 +663,8 @@ em_tensor *em__pad_impl(const em_tensor *a, const int64_t *pads, int npads, doub
         em_tensor *dst = src ? em__tensor_view(out, cs, out->strides, out->ndim, ooff) : NULL;
         em_status st = EM_ERR_NOMEM;
         if (src && dst) {
-            em_op op = {.kind = EM_OP_COPY, .n_in = 1, .n_out = 1, .in = {src}, .out = {dst}};
-            st = em__task_submit(&op, NULL, NULL);
+            em_op op = {.kind = EM_OP_COPY, .n_in = 1, .n_out = 1, .in = {src}, .out = {dst}, .flags = EM_OPF_NO_RECORD};
+            st = em__submit(&op);
         }
         em_tensor_release(src);
         em_tensor_release(dst);
@@ -710,9 +711,9 @@ static em_tensor *pad_recorded(const em_tensor *a, const int64_t *pads, int npad
         bool ok = (l <= 0 || fl) && (r <= 0 || fr);
         for (int i = 0; i < 2 && ok; i++) {
             if (!fills[i]) continue;
-            em_op op = {.kind = EM_OP_FILL, .n_in = 0, .n_out = 1, .out = {fills[i]}};
+            em_op op = {.kind = EM_OP_FILL, .n_in = 0, .n_out = 1, .out = {fills[i]}, .flags = EM_OPF_NO_RECORD};
             op.p.s.a = value;
-            if (em__task_submit(&op, NULL, NULL) != EM_OK) ok = false;
+            if (em__submit(&op) != EM_OK) ok = false;
         }
         if (fl) parts[np++] = fl;
         parts[np++] = cur;
@@ -758,8 +759,8 @@ em_status em_copy_(em_tensor *dst, const em_tensor *src)
     em_tensor *b = em__broadcast_view(s, dst->shape, dst->ndim);
     em_tensor_release(s);
     if (!b) return em_last_status();
-    em_op op = {.kind = EM_OP_COPY, .n_in = 1, .n_out = 1, .in = {b}, .out = {dst}};
-    em_status st = em__task_submit(&op, NULL, NULL);
+    em_op op = {.kind = EM_OP_COPY, .n_in = 1, .n_out = 1, .in = {b}, .out = {dst}, .flags = EM_OPF_NO_RECORD};
+    em_status st = em__submit(&op);
     em_tensor_release(b);
     return st;
 }

@@ -58,8 +58,8 @@ static em_tensor *contiguous_copy(em_tensor *t)
 {
     em_tensor *out = em__tensor_new(t->dtype, t->shape, t->ndim);
     if (!out) return NULL;
-    em_op op = {.kind = EM_OP_COPY, .n_in = 1, .n_out = 1, .in = {t}, .out = {out}};
-    if (em__task_submit(&op, NULL, NULL) != EM_OK) {
+    em_op op = {.kind = EM_OP_COPY, .n_in = 1, .n_out = 1, .in = {t}, .out = {out}, .flags = EM_OPF_NO_RECORD};
+    if (em__submit(&op) != EM_OK) {
         em_tensor_release(out);
         return NULL;
     }
@@ -246,18 +246,29 @@ static int tile_count(const em_op *op)
  *     and a COPY task then places it in the output (RW: ordered after tile 0,
  *     runs as soon as tile t is done). The extra traffic is (T-1)/T of the
  *     output, against 2*K flops per output element. */
+/* Sub-tasks go back through the door with EM_OPF_RAW (one task each, not
+ * recorded: em__submit records the whole product once this returns), with
+ * the product's priority and fence. */
+static em_status submit_raw(const em_op *op, const em_kargs *k)
+{
+    em_op sub = *op;
+    sub.flags |= EM_OPF_RAW;
+    sub.kargs = k;
+    return em__submit(&sub);
+}
+
 em_status em__matmul_submit(em_op *op)
 {
-    em_kargs k;
-    em__kargs_from_op(op, &k);
     const em_tensor *out = op->out[0];
     const int nd = out->ndim;
     int T = tile_count(op);
-    if (T <= 1) return em__task_submit(op, &k, NULL);
+    if (T <= 1) return submit_raw(op, NULL);
     /* Split along the first batch dim when it has >= T entries, else along M. */
     int dim = (nd > 2 && out->shape[0] >= T) ? 0 : nd - 2;
     if (T > out->shape[dim]) T = (int)out->shape[dim];
-    if (T <= 1) return em__task_submit(op, &k, NULL);
+    if (T <= 1) return submit_raw(op, NULL);
+    em_kargs k;
+    em__kargs_from_op(op, &k);
 
     const int64_t len = out->shape[dim];
     /* All temporaries stay alive until every task is submitted: a released
@@ -276,7 +287,7 @@ em_status em__matmul_submit(em_op *op)
         if (dim != nd - 2) tdesc_narrow(&tk.in[1], dim, s0, rows);
         if (t == 0) { /* straight into the output */
             tdesc_narrow(&tk.out[0], dim, s0, rows);
-            st = em__task_submit(op, &tk, NULL);
+            st = submit_raw(op, &tk);
             continue;
         }
         int64_t tshape[EM_MAX_DIMS];
@@ -290,7 +301,7 @@ em_status em__matmul_submit(em_op *op)
         em__tdesc(tmp[t], &tk.out[0]);
         em_op top = *op;
         top.out[0] = tmp[t];
-        st = em__task_submit(&top, &tk, NULL);
+        st = submit_raw(&top, &tk);
     }
     for (int t = 1; t < T && st == EM_OK; t++) {
         if (!tmp[t]) continue;
@@ -299,8 +310,9 @@ em_status em__matmul_submit(em_op *op)
             st = em_last_status();
             break;
         }
-        em_op cop = {.kind = EM_OP_COPY, .n_in = 1, .n_out = 1, .in = {tmp[t]}, .out = {view}};
-        st = em__task_submit(&cop, NULL, NULL);
+        em_op cop = {.kind = EM_OP_COPY, .n_in = 1, .n_out = 1, .in = {tmp[t]}, .out = {view},
+                     .flags = EM_OPF_RAW, .priority = op->priority, .after = op->after};
+        st = em__submit(&cop);
         em_tensor_release(view);
     }
     for (int t = 0; t < T; t++) em_tensor_release(tmp[t]);

@@ -23,6 +23,17 @@ uint64_t em__rng_thread_end(void);
 #define EM_OP_MAX_IN EM_KARGS_MAX_IN
 #define EM_OP_MAX_OUT EM_KARGS_MAX_OUT
 
+/* em_op.flags: how the door treats the op. */
+enum {
+    EM_OPF_NO_RECORD = 1u << 0, /* autodiff does not record it (internal copies, fills, tiles) */
+    EM_OPF_ONE_TASK = 1u << 1,  /* exactly one task: the table's custom submit (tiling) is skipped */
+    EM_OPF_RAW = EM_OPF_NO_RECORD | EM_OPF_ONE_TASK, /* a custom submitter's sub-task */
+};
+/* em_op.priority: StarPU's default is 0; EM_PRIO_MAX is the scheduler's highest. */
+#define EM_PRIO_MAX 0x7fffffff
+/* em_op.nodes entry: main memory (StarPU's STARPU_SPECIFIC_NODE_CPU; checked in tasks/funnel.c). */
+#define EM_NODE_CPU (-2)
+
 typedef struct em_op {
     enum em_op_kind kind;
     int n_in, n_out;
@@ -32,6 +43,26 @@ typedef struct em_op {
     /* For autodiff: the user-facing inputs when the front end replaced them
      * (casts/broadcast views); NULL = same as in[]. */
     const em_tensor *orig_in[EM_OP_MAX_IN];
+    /* ---- scheduling facts, read by the door (all zero: recorded, the
+     * table's submit, default priority, no fence, the current device) ---- */
+    unsigned flags;          /* EM_OPF_* */
+    int priority;            /* of its task(s); 0 = StarPU's default, EM_PRIO_MAX = highest */
+    void *after;             /* a fence (em__fence_signal) its task(s) wait for, or NULL */
+    void *token;             /* a sync handle (em__sync_handle_new) its task writes: ops on one token
+                              * run in submission order; a FENCE op signals it */
+    const em_kargs *kargs;   /* EM_OPF_ONE_TASK: kernel arguments instead of em__kargs_from_op's
+                              * (tiles; copied), or NULL */
+    const em_placement *place; /* where it runs instead of the current device (em__placement), or NULL */
+    /* variadic operands (F_COLLECTIVE: read-write; FENCE: read), any number */
+    int n_var;
+    em_tensor *const *var;   /* borrowed; the door copies the handles */
+    /* F_COLLECTIVE: the kernel's arguments instead of em_kargs: malloc'd,
+     * owned by the door from the call on (freed with the task, or on failure) */
+    void *args;
+    size_t args_size;
+    /* memory node (>= 0, or EM_NODE_CPU) of each buffer of the task, in the
+     * door's order; the array must outlive the tasks; NULL = the worker's */
+    const int *nodes;
 } em_op;
 
 typedef em_status (*em_submit_fn)(em_op *op);
@@ -47,30 +78,42 @@ typedef struct em_optab_entry {
 
 extern em_optab_entry em__optab[EM_OP_COUNT];
 
-/** THE funnel: every op goes through here. Submits the task(s) (unless the op
- *  is a view), then lets autodiff record the op. */
+/** THE door: every task Ember submits goes through here, as an em_op: ops,
+ *  internal copies and fills (EM_OPF_NO_RECORD), matmul tiles, optimizer
+ *  steps, fences (FENCE), gradient all-reduces (F_COLLECTIVE). Nothing else
+ *  calls StarPU's task API. Submits the task(s): none for a view, the
+ *  table's custom submit (tiling) when there is one and the op is not
+ *  EM_OPF_ONE_TASK, else one task; then lets autodiff record the op (F_DIFF
+ *  kinds, unless EM_OPF_NO_RECORD) and returns the recorder's status. A
+ *  custom submit hands its sub-tasks back to em__submit with EM_OPF_RAW (one
+ *  task, not recorded), carrying the op's priority and fence. The task's
+ *  buffers, in order: op->token (RW, or W for a FENCE), in[] (R), out[] (W,
+ *  or RW when it does not cover its storage or the kind is F_INPLACE),
+ *  var[] (RW for F_COLLECTIVE, else R), op->after (R). Kernels of ordinary
+ *  ops thus see in[] then out[] from buffer 0. */
 em_status em__submit(em_op *op);
-/** Submits one task for @p op (used by the funnel and by tiling submitters).
- *  @p k may be NULL (built from op); when given it is copied. handles[] may
- *  override the tensors' handles (partition children). */
-em_status em__task_submit(const em_op *op, const em_kargs *k, void *const *handles_override);
 /* Step fences: order the optimizer after the end of backward in
- * data-parallel training (dist/). A fence is a data-less StarPU handle
- * (starpu_void_data_register). em__fence_signal submits a task that runs
- * nowhere once every tensor of @p after has been produced, and writes the
- * fence (registered on first use into *fence). While a thread has a fence
- * set with em__submit_after, every task it submits through em__task_submit
- * also reads the fence, so it waits for that signal; it also gets the
- * thread's priority (em__submit_priority, default 0: StarPU's default).
- * Both return the previous value. em__fence_free unregisters a fence
- * (after the tasks using it: starpu_data_unregister waits). Not exported:
- * tests/test_core.c links the library's objects (ember_objs). */
+ * data-parallel training (dist/). A fence is a data-less StarPU handle.
+ * em__fence_signal submits a FENCE op (runs nowhere) that reads every
+ * tensor of @p after (each storage once) and writes the fence, registered
+ * on first use into *fence. An op whose `after` is the fence waits for that
+ * signal (the optimizer's updates: optim/optim.c). em__fence_free
+ * unregisters a fence (after the tasks using it: starpu_data_unregister
+ * waits). Not exported: tests/test_core.c links the library's objects
+ * (ember_objs). */
 em_status em__fence_signal(void **fence, em_tensor *const *after, int n);
 /* false when EMBER_DIST_FENCE=0 (a diagnostic switch: no step fences). */
 bool em__fences_on(void);
-void *em__submit_after(void *fence);
-int em__submit_priority(int prio);
 void em__fence_free(void **fence);
+/* A data-less handle for em_op.token (chains ops in submission order), and
+ * its release (waits for the tasks using it; no-op on NULL or after
+ * em_shutdown). */
+void *em__sync_handle_new(void);
+void em__sync_handle_free(void **h);
+/* Kernels of collectives (dist/: MPI on the host, the NCCL all-reduce on
+ * CUDA), indexed by op; weak all-NULL defaults in tasks/funnel.c. */
+extern em_kernel_fn em__dist_cpu_kernels[EM_OP_COUNT];
+extern em_kernel_fn em__dist_cuda_kernels[EM_OP_COUNT];
 /** Builds the kernel arguments of @p op. */
 void em__kargs_from_op(const em_op *op, em_kargs *k);
 

@@ -1030,39 +1030,46 @@ static void leak_iteration(int i)
     em_scope_end();
 }
 
-/* A step fence (tasks/tasks_internal.h, used by dist/): a task submitted under
- * em__submit_after(fence) waits for every tensor the fence was signalled
- * after. The test holds x (starpu_data_acquire), so the fence cannot be
- * signalled, and y's FILL, which reads the fence, cannot have run, whatever
- * the timing; once x is released, y gets its value. */
+/* A step fence (tasks/tasks_internal.h, used by dist/): an op whose `after` is
+ * the fence waits for every tensor the fence was signalled after. The
+ * optimizer sets it on its updates when the gradients carry a fence (as the
+ * all-reduce leaves them). The test holds x (starpu_data_acquire), so the
+ * fence cannot be signalled, and the SGD update of w, which reads the fence,
+ * cannot have run, whatever the timing; once x is released, w gets its
+ * value. */
 static void test_step_fence_orders_tasks(void **state)
 {
     (void)state;
     em_scope_begin();
     em_tensor *x = em_zeros(SHAPE(4), 1, EM_F32);
+    em_tensor *w = em_full(SHAPE(4), 1, EM_F32, 8.0);
+    em_tensor *gw = em_full(SHAPE(4), 1, EM_F32, 1.0);
+    em_grads *g = em_grads_new();
+    assert_non_null(g);
+    assert_int_equal(em_grads_set(g, w, gw), EM_OK);
+    em_optim *opt = em_sgd_new(&w, 1, 1.0, 0.0, 0.0);
+    assert_non_null(opt);
     assert_int_equal(em_sync(), EM_OK);
     starpu_data_handle_t hx = x->storage->handle;
     assert_int_equal(starpu_data_acquire(hx, STARPU_RW), 0);
     void *fence = NULL;
     assert_int_equal(em__fence_signal(&fence, &x, 1), EM_OK);
     assert_non_null(fence);
-    void *prev = em__submit_after(fence);
-    int prev_prio = em__submit_priority(-1);
-    em_tensor *y = em_full(SHAPE(4), 1, EM_F32, 7.0);
-    assert_int_equal(em__submit_priority(prev_prio), -1);
-    assert_ptr_equal(em__submit_after(prev), fence);
-    assert_non_null(y);
+    em__grads_set_fence(g, &fence);
+    assert_int_equal(em_optim_step(opt, g), EM_OK); /* w -= 1 * gw, after the fence, priority -1 */
     em_tensor *z = em_full(SHAPE(4), 1, EM_F32, 1.0); /* submitted after, without the fence: not held back */
     double v = 0;
     assert_int_equal(em_item(em_sum_all(z), &v), EM_OK);
     assert_true(v == 4.0);
-    usleep(20000); /* time enough for an unfenced FILL to run: a broken fence fails below */
-    int held = starpu_data_acquire_try(y->storage->handle, STARPU_R); /* -EAGAIN: y still waits for the fence */
-    if (held == 0) starpu_data_release(y->storage->handle);
+    usleep(20000); /* time enough for an unfenced update to run: a broken fence fails below */
+    int held = starpu_data_acquire_try(w->storage->handle, STARPU_R); /* -EAGAIN: w's update still waits for the fence */
+    if (held == 0) starpu_data_release(w->storage->handle);
     starpu_data_release(hx); /* before any assertion: a failed one must not leave x held at shutdown */
     assert_int_equal(held, -EAGAIN);
-    assert_int_equal(em_item(em_sum_all(y), &v), EM_OK);
+    assert_int_equal(em_item(em_sum_all(w), &v), EM_OK);
     assert_true(v == 28.0);
+    em_optim_free(opt);
+    em_grads_free(g);
     em_scope_end();
     em__fence_free(&fence);
     assert_null(fence);

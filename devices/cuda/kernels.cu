@@ -75,6 +75,7 @@ extern "C" {
 /* [op] -> em_cuda_<family> (tasks/ops.def): a family without a CUDA
  * kernel function is a build error. */
 #define em_cuda_NONE nullptr
+#define em_cuda_collective nullptr /* dist/ kernels (em__dist_cuda_kernels) */
 em_kernel_fn em__cuda_kernels[EM_OP_COUNT] = {
 #define OP(E, nm, nin, nout, fl, fam, bw) [EM_OP_##E] = em_cuda_##fam,
 #include "tasks/ops.def"

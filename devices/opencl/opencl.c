@@ -30,6 +30,7 @@ extern const char em_cl_source[];
 /* [op] -> em_ocl_<family> (tasks/ops.def): a family without an OpenCL
  * kernel function is a build error. */
 #define em_ocl_NONE NULL
+#define em_ocl_collective NULL /* collectives run on the CPU or CUDA (dist/) */
 em_kernel_fn em__opencl_kernels[EM_OP_COUNT] = {
 #define OP(E, nm, nin, nout, fl, fam, bw) [EM_OP_##E] = em_ocl_##fam,
 #include "tasks/ops.def"
