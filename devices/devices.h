@@ -11,6 +11,7 @@
 #define EMBER_DEVICES_H
 
 #include "devices/kargs.h"
+#include <stdarg.h>
 #include "ember/core.h"
 
 #ifdef __cplusplus
@@ -97,6 +98,8 @@ void em__opencl_shutdown(void);
  *  failed ("CUDA error in copy (memcpy): out of memory"). Only the first
  *  error until the next report is kept; later ones are counted. */
 void em__kernel_error(const em_kargs *k, em_status st, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+/** The same with a va_list. */
+void em__kernel_verror(const em_kargs *k, em_status st, const char *fmt, va_list ap);
 /** The calling worker starts / ends running the kernel of @p k. */
 void em__kernel_enter(const em_kargs *k);
 void em__kernel_leave(void);

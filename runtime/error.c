@@ -17,14 +17,6 @@ static void vset(em_status st, const char *fmt, va_list ap)
     em_log_msg(EM_LOG_DEBUG, "error %s: %s", em_status_str(st), tl_msg);
 }
 
-em_status em__set_error(em_status st, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    vset(st, fmt, ap);
-    va_end(ap);
-    return st;
-}
 
 em_status em_set_error(em_status st, const char *fmt, ...)
 {

@@ -16,7 +16,7 @@
 /* ---- errors (runtime/error.c) ------------------------------------------- */
 
 /** Records status + message for em_last_error(); returns @p st. */
-em_status em__set_error(em_status st, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+#define em__set_error em_set_error /* the public em_set_error (ember/core.h): one definition */
 /** Same, returns NULL (for tensor-returning functions). */
 void *em__fail(em_status st, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 

@@ -26,12 +26,10 @@ __attribute__((constructor)) static void install_sink(void) { em__kernel_set_err
 
 void em__task_kernel_error(em_status st, const char *fmt, ...)
 {
-    char what[512];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(what, sizeof what, fmt, ap);
+    em__kernel_verror(NULL, st, fmt, ap);
     va_end(ap);
-    em__kernel_error(NULL, st, "%s", what);
 }
 
 /* StarPU never fails a task whose data cannot fit on its device: it waits

@@ -27,12 +27,17 @@ void em__kernel_operands(char *buf, size_t n, const em_tdesc *d, int count)
 
 void em__kernel_error(const em_kargs *k, em_status st, const char *fmt, ...)
 {
-    if (!k) k = tl_kargs;
-    char what[512], ins[400] = "", outs[400] = "";
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(what, sizeof what, fmt, ap);
+    em__kernel_verror(k, st, fmt, ap);
     va_end(ap);
+}
+
+void em__kernel_verror(const em_kargs *k, em_status st, const char *fmt, va_list ap)
+{
+    if (!k) k = tl_kargs;
+    char what[512], ins[400] = "", outs[400] = "";
+    vsnprintf(what, sizeof what, fmt, ap);
     const char *op = NULL;
     if (k) {
         em__kernel_operands(ins, sizeof ins, k->in, k->n_in);

@@ -57,12 +57,12 @@ static bool needs_fp64(int id)
 
 void em_ocl_error(const char *fmt, ...)
 {
-    char buf[512];
+    char f[256];
+    snprintf(f, sizeof f, "opencl: %s", fmt);
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(buf, sizeof buf, fmt, ap);
+    em__kernel_verror(NULL, EM_ERR_DEVICE, f, ap);
     va_end(ap);
-    em__kernel_error(NULL, EM_ERR_DEVICE, "opencl: %s", buf);
 }
 
 int64_t em_ocl_numel(const em_tdesc *t)
