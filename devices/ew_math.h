@@ -59,7 +59,7 @@ EW_FN em_i64 em_ifloordiv(em_i64 a, em_i64 b)
     return q;
 }
 
-#define EM_EW_FLOAT_HELPER_LIST(X) X(pymod, 2) X(floordiv, 2) X(erfinv, 1)
+#define EM_EW_FLOAT_HELPER_LIST(X) X(pymod, 2) X(floordiv, 2) X(erfinv, 1) X(tanhsat, 1)
 
 /* em_pymod: Python's a % b, the sign of the divisor (torch.remainder).
  * em_floordiv: Python's a // b for floats (torch.floor_divide), as CPython's
@@ -67,6 +67,11 @@ EW_FN em_i64 em_ifloordiv(em_i64 a, em_i64 b)
  *   one when the remainder's sign differs from b's, then rounded to the
  *   nearest integer; b == 0 gives a / b (inf or nan); a zero result keeps the
  *   sign of a / b.
+ * em_tanhsat: tanh(x), exactly +-1 where the correctly rounded tanh is
+ *   (|x| > 9.02 in float, 19.07 in double): PoCL's float tanh stops one ulp
+ *   short of 1 for every x (0.99999994 at x = 100), which expressions such as
+ *   1 + tanh(u) (gelu_tanh) and 1 - tanh^2 (the backward of tanh, gelu_tanh,
+ *   mish) turn into large errors, and the CPU and CUDA disagree with it.
  * em_erfinv: the inverse error function on [-1, 1] (+-inf at +-1, nan
  *   outside): M. Giles, "Approximating the erfinv function" (GPU Computing
  *   Gems, 2011), single-precision polynomials in w = -log((1 - x)(1 + x)),
@@ -88,6 +93,10 @@ EW_FN em_i64 em_ifloordiv(em_i64 a, em_i64 b)
         T f = floor(d);                                                                           \
         if (d - f > (T)0.5) f += (T)1;                                                            \
         return f;                                                                                 \
+    }                                                                                             \
+    EW_FN T em_tanhsat_##S(T x)                                                                   \
+    {                                                                                             \
+        return fabs(x) > (sizeof(T) == 4 ? (T)9.02 : (T)19.07) ? copysign((T)1, x) : tanh(x);     \
     }                                                                                             \
     EW_FN T em_erfinv_##S(T x)                                                                    \
     {                                                                                             \

@@ -104,9 +104,16 @@ while IFS= read -r f; do
       if ! allowed "${INC[$L]}" "include/$inc"; then
         violations+=("$f:$line: #include <$inc>: $L/ may include only: $(rules "${INC[$L]}")")
       fi
+    elif [[ "$text" =~ \#[[:space:]]*include[[:space:]]*\<([^\>]+)\> ]] && [ -f "${BASH_REMATCH[1]}" ]; then
+      # <tasks/x.h>: the source root is on the include path, so a project
+      # header in angle brackets is an include like "tasks/x.h"
+      inc="${BASH_REMATCH[1]}"
+      if ! allowed "${INC[$L]}" "$inc"; then
+        violations+=("$f:$line: #include <$inc>: $L/ may include only: $(rules "${INC[$L]}")")
+      fi
     fi
   done < <(grep -n -E '^[[:space:]]*#[[:space:]]*include' "$f")
-done < <(find "${dirs[@]}" -type f \( -name '*.c' -o -name '*.h' -o -name '*.cu' -o -name '*.cuh' -o -name '*.cpp' -o -name '*.def' \) 2>/dev/null | sort)
+done < <(find "${dirs[@]}" -type f \( -name '*.c' -o -name '*.h' -o -name '*.cu' -o -name '*.cuh' -o -name '*.cpp' -o -name '*.def' -o -name '*.inc' \) 2>/dev/null | sort)
 
 # ---- calls, from the objects ------------------------------------------------
 ncalls=0

@@ -11,8 +11,21 @@ static bool supported(em_dtype dt)
     return dt == EM_F32 || dt == EM_F64 || dt == EM_I32 || dt == EM_I64 || dt == EM_U8 || dt == EM_BOOL;
 }
 
-/* Computes `kind` on a (with scalar params p). Scalar ops with a non-integral
- * scalar promote integer inputs to f32. */
+/* Can an integer kernel of dtype dt take v as its scalar? The kernels
+ * convert it with (T)v (the CPU's cast, OpenCL's int_cast, CUDA's host
+ * cast), which is only defined, and only the same on every backend, for an
+ * integral v in T's range (u8 / bool: in int32's, where every backend wraps
+ * alike). Comparisons compare as doubles and take any value. */
+static bool int_scalar_ok(em_dtype dt, double v)
+{
+    if (!isfinite(v) || v != floor(v)) return false;
+    if (dt == EM_I64) return v >= -9223372036854775808.0 && v < 9223372036854775808.0;
+    return v >= -2147483648.0 && v <= 2147483647.0;
+}
+
+/* Computes `kind` on a (with scalar params p). Scalar ops whose scalar is not
+ * an integer of a's dtype's range (non-integral, +-inf, nan, too large)
+ * promote integer inputs to f32; so do clamp's finite bounds. */
 static em_tensor *unary(enum em_op_kind kind, const em_tensor *a, double sa, double sb, const char *name)
 {
     if (!a) return em__fail(EM_ERR_INVALID, "%s: input is NULL", name);
@@ -20,13 +33,19 @@ static em_tensor *unary(enum em_op_kind kind, const em_tensor *a, double sa, dou
     em_dtype cdt = a->dtype;
     bool is_float = em_dtype_is_float(cdt);
     bool scalar_op = (em__optab[kind].flags & F_SCALAR) != 0;
-    if (!is_float && (float_math(kind) || (scalar_op && sa != floor(sa)) ||
-                      ((kind == EM_OP_POW_SCALAR) && (sa != floor(sa) || sa < 0)) ||
-                      (kind == EM_OP_CLAMP && ((isfinite(sa) && sa != floor(sa)) || (isfinite(sb) && sb != floor(sb))))))
+    bool cmp = (em__optab[kind].flags & F_CMP) != 0;
+    if (!is_float && (float_math(kind) || (scalar_op && cmp && sa != floor(sa)) ||
+                      (scalar_op && !cmp && !int_scalar_ok(cdt, sa)) ||
+                      ((kind == EM_OP_POW_SCALAR) && (!int_scalar_ok(cdt, sa) || sa < 0)) ||
+                      (kind == EM_OP_CLAMP && ((isfinite(sa) && !int_scalar_ok(cdt, sa)) ||
+                                               (isfinite(sb) && !int_scalar_ok(cdt, sb))))))
         cdt = EM_F32;
+    /* bool arithmetic computes in int64 (as PyTorch's bool with an integer
+     * scalar): a bool result could hold other values than 0 and 1 */
     if (cdt == EM_BOOL && (kind == EM_OP_NEG || kind == EM_OP_ADD_SCALAR || kind == EM_OP_SUB_SCALAR ||
                            kind == EM_OP_RSUB_SCALAR || kind == EM_OP_MUL_SCALAR || kind == EM_OP_SQUARE ||
-                           kind == EM_OP_POW_SCALAR || kind == EM_OP_REMAINDER_SCALAR))
+                           kind == EM_OP_POW_SCALAR || kind == EM_OP_REMAINDER_SCALAR ||
+                           kind == EM_OP_MAXIMUM_SCALAR || kind == EM_OP_MINIMUM_SCALAR || kind == EM_OP_CLAMP))
         cdt = kind == EM_OP_NEG ? EM_BOOL : EM_I64;
     if (cdt == EM_BOOL && kind == EM_OP_NEG)
         return em__fail(EM_ERR_DTYPE, "%s: negation of a bool tensor is not supported, use em_logical_not", name);

@@ -223,6 +223,17 @@ static void test_unary_int_inputs(void **state)
     EXPECT(em_pow_scalar(l, 0.5), EM_F32, "pow(i64, 0.5)", 0, 1, 2);
     EXPECT(em_logical_not(i), EM_BOOL, "logical_not(i32)", 0, 1, 0, 0);
     EXPECT(em_logical_not(b), EM_BOOL, "logical_not(bool)", 1, 0);
+    /* a scalar an integer kernel cannot take ((T)s undefined: +-inf, out of
+     * range) promotes to f32, as a non-integral one does */
+    EXPECT(em_add_scalar(i, INFINITY), EM_F32, "add_scalar(i32, inf)", INFINITY, INFINITY, INFINITY, INFINITY);
+    EXPECT(em_add_scalar(i, 1e10), EM_F32, "add_scalar(i32, 1e10)", 1e10, 1e10, 1e10, 1e10);
+    EXPECT(em_maximum_scalar(i, 1e10), EM_F32, "maximum_scalar(i32, 1e10)", 1e10, 1e10, 1e10, 1e10);
+    EXPECT(em_clamp(i, 1e10, 1e11), EM_F32, "clamp(i32, 1e10, 1e11)", 1e10, 1e10, 1e10, 1e10);
+    EXPECT(em_pow_scalar(i, INFINITY), EM_F32, "pow(i32, inf)", INFINITY, 0, 1, INFINITY);
+    EXPECT(em_add_scalar(l, 1e18), EM_I64, "add_scalar(i64, 1e18)", 1e18, 1e18 + 1, 1e18 + 4);
+    /* bool with an integer scalar computes in i64 (a bool holds only 0 and 1) */
+    EXPECT(em_maximum_scalar(b, 5), EM_I64, "maximum_scalar(bool, 5)", 5, 5);
+    EXPECT(em_clamp(b, 3, 7), EM_I64, "clamp(bool, 3, 7)", 3, 3);
     em_tensor_release(i);
     em_tensor_release(l);
     em_tensor_release(u);
