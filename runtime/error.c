@@ -18,6 +18,17 @@ static void vset(em_status st, const char *fmt, va_list ap)
 }
 
 
+void *em__fail_null(const char *fmt, ...)
+{
+    const em_status pending = em_last_status();
+    if (pending == EM_ERR_NOMEM || pending == EM_ERR_DEVICE || pending == EM_ERR_RUNTIME) return NULL;
+    va_list ap;
+    va_start(ap, fmt);
+    vset(EM_ERR_INVALID, fmt, ap);
+    va_end(ap);
+    return NULL;
+}
+
 em_status em_set_error(em_status st, const char *fmt, ...)
 {
     va_list ap;

@@ -19,6 +19,13 @@
 #define em__set_error em_set_error /* the public em_set_error (ember/core.h): one definition */
 /** Same, returns NULL (for tensor-returning functions). */
 void *em__fail(em_status st, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/** A tensor op given a NULL input: returns NULL, keeping the calling
+ *  thread's pending error when it is an out-of-memory, device or runtime
+ *  failure (the failure of the op that produced the NULL: a chain of ops, a
+ *  backward rule, reports that cause, not "input is NULL"), else records
+ *  EM_ERR_INVALID with the message (an argument error of an earlier call is
+ *  not taken for the cause). */
+void *em__fail_null(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
 /* The sticky error of kernels (runtime/error.c): kernels record their
  * failure with em__kernel_error (devices/devices.h, devices/cpu/kerror.c, the sink in tasks/dispatch.c), which

@@ -28,7 +28,7 @@ em_tensor *em_ones(const int64_t *shape, int ndim, em_dtype dt) { return em_full
 
 em_tensor *em_full_like(const em_tensor *t, double value)
 {
-    if (!t) return em__fail(EM_ERR_INVALID, "em_full_like: input is NULL");
+    if (!t) return em__fail_null("em_full_like: input is NULL");
     return em_full(t->shape, t->ndim, t->dtype, value);
 }
 em_tensor *em_zeros_like(const em_tensor *t) { return em_full_like(t, 0.0); }
@@ -114,7 +114,7 @@ static em_tensor *rand_op(enum em_op_kind kind, const int64_t *shape, int ndim, 
         return em__fail(EM_ERR_DTYPE, "%s: dtype must be float32 or float64, got %s", name, em_dtype_name(dt));
     if (ndim < 0 || ndim > EM_MAX_DIMS)
         return em__fail(EM_ERR_SHAPE, "%s: rank %d is out of range (0..%d)", name, ndim, EM_MAX_DIMS);
-    if (ndim > 0 && !shape) return em__fail(EM_ERR_INVALID, "%s: shape is NULL", name);
+    if (ndim > 0 && !shape) return em__fail_null("%s: shape is NULL", name);
     int64_t n = em__numel(shape, ndim);
     union em_op_params p;
     memset(&p, 0, sizeof p);

@@ -28,7 +28,7 @@ static bool int_scalar_ok(em_dtype dt, double v)
  * promote integer inputs to f32; so do clamp's finite bounds. */
 static em_tensor *unary(enum em_op_kind kind, const em_tensor *a, double sa, double sb, const char *name)
 {
-    if (!a) return em__fail(EM_ERR_INVALID, "%s: input is NULL", name);
+    if (!a) return em__fail_null("%s: input is NULL", name);
     if (!supported(a->dtype)) return em__fail(EM_ERR_DTYPE, "%s: dtype %s is not supported", name, em_dtype_name(a->dtype));
     em_dtype cdt = a->dtype;
     bool is_float = em_dtype_is_float(cdt);
@@ -123,7 +123,7 @@ done:
 
 static em_tensor *binary(enum em_op_kind kind, const em_tensor *a, const em_tensor *b, const char *name)
 {
-    if (!a || !b) return em__fail(EM_ERR_INVALID, "%s: input %s is NULL", name, !a ? "a" : "b");
+    if (!a || !b) return em__fail_null("%s: input %s is NULL", name, !a ? "a" : "b");
     if (!supported(a->dtype) || !supported(b->dtype))
         return em__fail(EM_ERR_DTYPE, "%s: dtype %s is not supported", name, em_dtype_name(supported(a->dtype) ? b->dtype : a->dtype));
     em_dtype cdt = em__promote(a->dtype, b->dtype);
@@ -143,7 +143,7 @@ static em_tensor *binary(enum em_op_kind kind, const em_tensor *a, const em_tens
 
 em_tensor *em_where(const em_tensor *mask, const em_tensor *a, const em_tensor *b)
 {
-    if (!mask || !a || !b) return em__fail(EM_ERR_INVALID, "em_where: input %s is NULL", !mask ? "mask" : !a ? "a" : "b");
+    if (!mask || !a || !b) return em__fail_null("em_where: input %s is NULL", !mask ? "mask" : !a ? "a" : "b");
     em_dtype cdt = em__promote(a->dtype, b->dtype);
     const em_tensor *ins[3] = {mask, a, b};
     return nary(EM_OP_WHERE, ins, 3, cdt, cdt, "em_where", NULL);
@@ -151,7 +151,7 @@ em_tensor *em_where(const em_tensor *mask, const em_tensor *a, const em_tensor *
 
 em_tensor *em_masked_fill(const em_tensor *a, const em_tensor *mask, double value)
 {
-    if (!a || !mask) return em__fail(EM_ERR_INVALID, "em_masked_fill: input %s is NULL", !a ? "a" : "mask");
+    if (!a || !mask) return em__fail_null("em_masked_fill: input %s is NULL", !a ? "a" : "mask");
     if (mask->dtype != EM_BOOL) return em__fail(EM_ERR_DTYPE, "em_masked_fill: mask must be bool, got %s", em_dtype_name(mask->dtype));
     int64_t shape[EM_MAX_DIMS];
     int nd;

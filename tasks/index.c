@@ -51,7 +51,7 @@ static bool supported(em_dtype dt)
 
 em_tensor *em_gather(const em_tensor *a, int dim, const em_tensor *index)
 {
-    if (!a || !index) return em__fail(EM_ERR_INVALID, "em_gather: input %s is NULL", !a ? "a" : "index");
+    if (!a || !index) return em__fail_null("em_gather: input %s is NULL", !a ? "a" : "index");
     if (!supported(a->dtype)) return em__fail(EM_ERR_DTYPE, "em_gather: dtype %s is not supported", em_dtype_name(a->dtype));
     int d = em__norm_dim(a, dim, 0, "em_gather");
     if (d < 0) return NULL;
@@ -83,7 +83,7 @@ em_tensor *em_gather(const em_tensor *a, int dim, const em_tensor *index)
 static em_tensor *scatter(enum em_op_kind kind, const em_tensor *a, int dim, const em_tensor *index, const em_tensor *src,
                           const char *op)
 {
-    if (!a || !index || !src) return em__fail(EM_ERR_INVALID, "%s: input %s is NULL", op, !a ? "a" : !index ? "index" : "src");
+    if (!a || !index || !src) return em__fail_null("%s: input %s is NULL", op, !a ? "a" : !index ? "index" : "src");
     if (!supported(a->dtype)) return em__fail(EM_ERR_DTYPE, "%s: dtype %s is not supported", op, em_dtype_name(a->dtype));
     if (!supported(src->dtype)) return em__fail(EM_ERR_DTYPE, "%s: src dtype %s is not supported", op, em_dtype_name(src->dtype));
     int d = em__norm_dim(a, dim, 0, op);
@@ -130,7 +130,7 @@ em_tensor *em_scatter_add(const em_tensor *a, int dim, const em_tensor *index, c
 
 em_tensor *em_index_select(const em_tensor *a, int dim, const em_tensor *index)
 {
-    if (!a || !index) return em__fail(EM_ERR_INVALID, "em_index_select: input %s is NULL", !a ? "a" : "index");
+    if (!a || !index) return em__fail_null("em_index_select: input %s is NULL", !a ? "a" : "index");
     if (!supported(a->dtype)) return em__fail(EM_ERR_DTYPE, "em_index_select: dtype %s is not supported", em_dtype_name(a->dtype));
     int d = em__norm_dim(a, dim, 0, "em_index_select");
     if (d < 0) return NULL;
@@ -166,7 +166,7 @@ em_tensor *em_index_select(const em_tensor *a, int dim, const em_tensor *index)
 
 em_tensor *em_one_hot(const em_tensor *index, int64_t num_classes)
 {
-    if (!index) return em__fail(EM_ERR_INVALID, "em_one_hot: index is NULL");
+    if (!index) return em__fail_null("em_one_hot: index is NULL");
     if (num_classes < 1)
         return em__fail(EM_ERR_INVALID, "em_one_hot: num_classes must be >= 1, got %lld (it is not inferred from the data)",
                         (long long)num_classes);

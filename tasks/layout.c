@@ -149,9 +149,9 @@ static em_tensor *reshape_known(const em_tensor *a, const int64_t *shape, int nd
 
 em_tensor *em_reshape(const em_tensor *a, const int64_t *shape, int ndim)
 {
-    if (!a) return em__fail(EM_ERR_INVALID, "em_reshape: input is NULL");
+    if (!a) return em__fail_null("em_reshape: input is NULL");
     if (check_rank(ndim, "em_reshape") != EM_OK) return NULL;
-    if (ndim > 0 && !shape) return em__fail(EM_ERR_INVALID, "em_reshape: shape is NULL");
+    if (ndim > 0 && !shape) return em__fail_null("em_reshape: shape is NULL");
     int64_t ns[EM_MAX_DIMS];
     int infer = -1;
     int64_t known = 1;
@@ -185,7 +185,7 @@ em_tensor *em_reshape(const em_tensor *a, const int64_t *shape, int ndim)
 
 em_tensor *em_flatten(const em_tensor *a, int start_dim, int end_dim)
 {
-    if (!a) return em__fail(EM_ERR_INVALID, "em_flatten: input is NULL");
+    if (!a) return em__fail_null("em_flatten: input is NULL");
     if (a->ndim == 0) {
         if ((start_dim != 0 && start_dim != -1) || (end_dim != 0 && end_dim != -1))
             return em__fail(EM_ERR_INVALID, "em_flatten: dims %d..%d are out of range for a 0-d tensor", start_dim, end_dim);
@@ -216,7 +216,7 @@ static em_tensor *alias(const em_tensor *a)
 
 em_tensor *em_squeeze(const em_tensor *a, int dim)
 {
-    if (!a) return em__fail(EM_ERR_INVALID, "em_squeeze: input is NULL");
+    if (!a) return em__fail_null("em_squeeze: input is NULL");
     if (a->ndim == 0 && (dim == 0 || dim == -1)) return em__publish(alias(a));
     int d = em__norm_dim(a, dim, 0, "em_squeeze");
     if (d < 0) return NULL;
@@ -233,7 +233,7 @@ em_tensor *em_squeeze(const em_tensor *a, int dim)
 
 em_tensor *em_squeeze_all(const em_tensor *a)
 {
-    if (!a) return em__fail(EM_ERR_INVALID, "em_squeeze_all: input is NULL");
+    if (!a) return em__fail_null("em_squeeze_all: input is NULL");
     int64_t ns[EM_MAX_DIMS], st[EM_MAX_DIMS];
     int nd = 0;
     for (int i = 0; i < a->ndim; i++)
@@ -270,7 +270,7 @@ static em_tensor *unsqueeze_unscoped(const em_tensor *a, int dim, const char *op
 
 em_tensor *em_unsqueeze(const em_tensor *a, int dim)
 {
-    if (!a) return em__fail(EM_ERR_INVALID, "em_unsqueeze: input is NULL");
+    if (!a) return em__fail_null("em_unsqueeze: input is NULL");
     return em__publish(unsqueeze_unscoped(a, dim, "em_unsqueeze"));
 }
 
@@ -291,7 +291,7 @@ static em_tensor *permute_view(const em_tensor *a, const int *perm)
 
 em_tensor *em_transpose(const em_tensor *a, int dim0, int dim1)
 {
-    if (!a) return em__fail(EM_ERR_INVALID, "em_transpose: input is NULL");
+    if (!a) return em__fail_null("em_transpose: input is NULL");
     int perm[EM_MAX_DIMS];
     if (a->ndim == 0) {
         if ((dim0 != 0 && dim0 != -1) || (dim1 != 0 && dim1 != -1))
@@ -310,11 +310,11 @@ em_tensor *em_transpose(const em_tensor *a, int dim0, int dim1)
 
 em_tensor *em_permute(const em_tensor *a, const int *perm, int ndim)
 {
-    if (!a) return em__fail(EM_ERR_INVALID, "em_permute: input is NULL");
+    if (!a) return em__fail_null("em_permute: input is NULL");
     char sa[200], sp[200];
     if (ndim != a->ndim)
         return em__fail(EM_ERR_INVALID, "em_permute: got %d dims for a tensor of shape %s (rank %d)", ndim, SHAPE_STR(a, sa), a->ndim);
-    if (ndim > 0 && !perm) return em__fail(EM_ERR_INVALID, "em_permute: perm is NULL");
+    if (ndim > 0 && !perm) return em__fail_null("em_permute: perm is NULL");
     int np[EM_MAX_DIMS];
     bool seen[EM_MAX_DIMS] = {false};
     for (int i = 0; i < ndim; i++) {
@@ -335,9 +335,9 @@ em_tensor *em_permute(const em_tensor *a, const int *perm, int ndim)
 
 em_tensor *em_expand(const em_tensor *a, const int64_t *shape, int ndim)
 {
-    if (!a) return em__fail(EM_ERR_INVALID, "em_expand: input is NULL");
+    if (!a) return em__fail_null("em_expand: input is NULL");
     if (check_rank(ndim, "em_expand") != EM_OK) return NULL;
-    if (ndim > 0 && !shape) return em__fail(EM_ERR_INVALID, "em_expand: shape is NULL");
+    if (ndim > 0 && !shape) return em__fail_null("em_expand: shape is NULL");
     char sa[200], sb[200];
     if (ndim < a->ndim)
         return em__fail(EM_ERR_SHAPE, "em_expand: target shape %s has fewer dims than the input shape %s",
@@ -366,7 +366,7 @@ em_tensor *em_expand(const em_tensor *a, const int64_t *shape, int ndim)
 
 em_tensor *em_contiguous(const em_tensor *a)
 {
-    if (!a) return em__fail(EM_ERR_INVALID, "em_contiguous: input is NULL");
+    if (!a) return em__fail_null("em_contiguous: input is NULL");
     /* Already contiguous: a new header over the same storage (an alias view,
      * recorded for autodiff), never the same object published twice. */
     if (em_tensor_is_contiguous(a))
@@ -393,7 +393,7 @@ static em_tensor *slice_view(const em_tensor *a, int d, int64_t start, int64_t l
 
 em_tensor *em_slice(const em_tensor *a, int dim, int64_t start, int64_t end, int64_t step)
 {
-    if (!a) return em__fail(EM_ERR_INVALID, "em_slice: input is NULL");
+    if (!a) return em__fail_null("em_slice: input is NULL");
     int d = em__norm_dim(a, dim, 0, "em_slice");
     if (d < 0) return NULL;
     if (step < 1) return em__fail(EM_ERR_INVALID, "em_slice: step must be >= 1, got %lld", (long long)step);
@@ -424,7 +424,7 @@ static em_tensor *narrow_unscoped(const em_tensor *a, int dim, int64_t start, in
 
 em_tensor *em_narrow(const em_tensor *a, int dim, int64_t start, int64_t length)
 {
-    if (!a) return em__fail(EM_ERR_INVALID, "em_narrow: input is NULL");
+    if (!a) return em__fail_null("em_narrow: input is NULL");
     return em__publish(narrow_unscoped(a, dim, start, length, "em_narrow"));
 }
 
@@ -495,10 +495,10 @@ int em_chunk(const em_tensor *a, int chunks, int dim, em_tensor **out, int max_o
 /* Not recorded by autodiff (see the top of this file). Unscoped result. */
 em_tensor *em__cat_impl(em_tensor *const *ts, int n, int dim)
 {
-    if (!ts) return em__fail(EM_ERR_INVALID, "em_cat: tensor list is NULL");
+    if (!ts) return em__fail_null("em_cat: tensor list is NULL");
     if (n < 1) return em__fail(EM_ERR_INVALID, "em_cat: needs at least one tensor, got %d", n);
     for (int i = 0; i < n; i++)
-        if (!ts[i]) return em__fail(EM_ERR_INVALID, "em_cat: tensor %d is NULL", i);
+        if (!ts[i]) return em__fail_null("em_cat: tensor %d is NULL", i);
     const em_tensor *t0 = ts[0];
     char s0[200], si[200], sx[200];
     if (t0->ndim == 0) return em__fail(EM_ERR_SHAPE, "em_cat: tensor 0 is 0-d and cannot be concatenated");
@@ -576,10 +576,10 @@ em_tensor *em_cat(em_tensor *const *ts, int n, int dim)
 
 em_tensor *em_stack(em_tensor *const *ts, int n, int dim)
 {
-    if (!ts) return em__fail(EM_ERR_INVALID, "em_stack: tensor list is NULL");
+    if (!ts) return em__fail_null("em_stack: tensor list is NULL");
     if (n < 1) return em__fail(EM_ERR_INVALID, "em_stack: needs at least one tensor, got %d", n);
     for (int i = 0; i < n; i++)
-        if (!ts[i]) return em__fail(EM_ERR_INVALID, "em_stack: tensor %d is NULL", i);
+        if (!ts[i]) return em__fail_null("em_stack: tensor %d is NULL", i);
     char s0[200], si[200];
     for (int i = 1; i < n; i++)
         if (ts[i]->ndim != ts[0]->ndim ||
@@ -604,7 +604,7 @@ em_tensor *em_stack(em_tensor *const *ts, int n, int dim)
 
 em_tensor *em_cast(const em_tensor *a, em_dtype dt)
 {
-    if (!a) return em__fail(EM_ERR_INVALID, "em_cast: input is NULL");
+    if (!a) return em__fail_null("em_cast: input is NULL");
     if ((int)dt < 0 || dt >= EM_DTYPE_COUNT) return em__fail(EM_ERR_DTYPE, "em_cast: invalid dtype %d", (int)dt);
     if (dt == EM_F16 || dt == EM_BF16)
         return em__fail(EM_ERR_DTYPE, "em_cast: dtype %s is declared but not supported yet", em_dtype_name(dt));

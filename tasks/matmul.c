@@ -96,7 +96,7 @@ static em_tensor *operand_view(const em_tensor *t, bool is_lhs, const int64_t *b
 
 em_tensor *em_matmul(const em_tensor *a, const em_tensor *b)
 {
-    if (!a || !b) return em__fail(EM_ERR_INVALID, "em_matmul: input %s is NULL", !a ? "a" : "b");
+    if (!a || !b) return em__fail_null("em_matmul: input %s is NULL", !a ? "a" : "b");
     char sa[160], sb[160];
     if (a->ndim == 0 || b->ndim == 0)
         return em__fail(EM_ERR_SHAPE, "em_matmul: both arguments need at least 1 dimension, got shapes %s and %s",

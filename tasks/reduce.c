@@ -31,7 +31,7 @@ static em_status dims_mask(const em_tensor *a, const int *dims, int ndims, bool 
 static em_tensor *reduce(enum em_op_kind kind, const em_tensor *a, const int *dims, int ndims, bool keepdim, double correction,
                          const char *op)
 {
-    if (!a) return em__fail(EM_ERR_INVALID, "%s: input is NULL", op);
+    if (!a) return em__fail_null("%s: input is NULL", op);
     bool mask[EM_MAX_DIMS];
     if (a->ndim == 0 && ndims == 1 && dims && (dims[0] == 0 || dims[0] == -1)) ndims = 0; /* 0-d: dim 0 ok */
     if (dims_mask(a, dims, ndims, mask, op) != EM_OK) return NULL;
@@ -144,7 +144,7 @@ em_tensor *em_sum_all(const em_tensor *a) { return em_sum(a, NULL, 0, false); }
 
 em_tensor *em_mean(const em_tensor *a, const int *dims, int ndims, bool keepdim)
 {
-    if (!a) return em__fail(EM_ERR_INVALID, "em_mean: input is NULL");
+    if (!a) return em__fail_null("em_mean: input is NULL");
     if (!em_dtype_is_float(a->dtype))
         return em__fail(EM_ERR_DTYPE, "em_mean: input dtype %s is not a float dtype (cast it first, as in PyTorch)",
                         em_dtype_name(a->dtype));
@@ -174,7 +174,7 @@ em_tensor *em_std(const em_tensor *a, const int *dims, int ndims, double correct
 /* softmax family: the kernel gets input and output views with `dim` moved last. */
 static em_tensor *softmax(enum em_op_kind kind, const em_tensor *a, int dim, const char *op)
 {
-    if (!a) return em__fail(EM_ERR_INVALID, "%s: input is NULL", op);
+    if (!a) return em__fail_null("%s: input is NULL", op);
     int d = a->ndim == 0 && (dim == 0 || dim == -1) ? 0 : em__norm_dim(a, dim, 0, op);
     if (d < 0) return NULL;
     em_tensor *c = em__as_dtype(a, em_dtype_is_float(a->dtype) ? a->dtype : EM_F32);

@@ -245,11 +245,13 @@ static void test_alloc_sweep(void **state)
         em_tensor *p = em_mul(t, w);
         em_tensor *loss = em_mean(p, NULL, 0, false);
         em_grads *g = NULL;
+        /* an injected allocation failure is reported as such, also through
+         * the later ops of the chain that got its NULL */
         if (!loss) {
-            assert_int_not_equal(em_last_status(), EM_OK);
+            if (em_last_status() != EM_ERR_NOMEM) fail_msg("alloc:%d: forward failed with %s", n, em_last_error());
             failed_forward++;
         } else if (!(g = em_backward(loss))) {
-            assert_int_not_equal(em_last_status(), EM_OK);
+            if (em_last_status() != EM_ERR_NOMEM) fail_msg("alloc:%d: em_backward failed with %s", n, em_last_error());
             failed_backward++;
         } else {
             em_tensor *gx = em_grad(g, x);

@@ -161,6 +161,7 @@ EM_API void em_print_devices(FILE *f);
 EM_API const char *em_last_error(void);
 /** Last error status of the calling thread (EM_OK when none). */
 EM_API em_status em_last_status(void);
+/** Clears the calling thread's last error (em_last_status() is then EM_OK). */
 EM_API void em_clear_error(void);
 /** Records @p st and a printf-style message as the calling thread's last
  *  error (what em_last_error / em_last_status return) and returns @p st.

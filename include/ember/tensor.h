@@ -6,7 +6,10 @@
  * calls em_tensor_release(). Input tensors are borrowed, never consumed.
  *
  * Errors: ops return NULL and set em_last_error(); a NULL input makes an op
- * return NULL (so a chain of ops fails once, cleanly).
+ * return NULL (so a chain of ops fails once, cleanly); when the pending
+ * error is an out-of-memory, device or runtime failure (EM_ERR_NOMEM,
+ * EM_ERR_DEVICE, EM_ERR_RUNTIME) it is kept, so em_last_error names the cause
+ * of the chain's failure, else the op reports EM_ERR_INVALID "input is NULL".
  *
  * Dims: a negative dim counts from the end (-1 = last), as in PyTorch.
  * Broadcasting: NumPy/PyTorch rules (align trailing dims, size 1 stretches).
