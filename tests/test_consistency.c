@@ -1325,6 +1325,20 @@ static void test_case_table_complete(void **state)
         }
     }
     if (missing) fail_msg("%d op kind(s) of tasks/ops.def have no consistency case", missing);
+    /* An element-wise kind without an integer expression (EW_NA) must be float
+     * math (F_FLOAT: the front end promotes integers), else its integer kernels
+     * would compute the placeholder. */
+    int bad = 0;
+#define EW_ROW_CHECK(nm, fl, ix)                                                                   \
+    if (!strcmp(#ix, "EW_NA") && !((fl) & F_FLOAT)) {                                              \
+        fprintf(stderr, "consistency: op '%s' has no integer expression but is not F_FLOAT\n", #nm); \
+        bad++;                                                                                     \
+    }
+#define EW1(E, nm, fl, fx, ix, bw) EW_ROW_CHECK(nm, fl, ix)
+#define EW2(E, nm, fl, fx, ix, bw) EW_ROW_CHECK(nm, fl, ix)
+#include "tasks/ops.def"
+#undef EW_ROW_CHECK
+    if (bad) fail_msg("%d element-wise op kind(s) lack an integer expression without F_FLOAT", bad);
 }
 
 enum { ST_NONE, ST_OK, ST_OK_UNKNOWN, ST_UNSUPPORTED, ST_FAIL };

@@ -359,7 +359,7 @@ void em_cuda_unary(void *buffers[], void *cl_arg)
     case EM_I64: unary_t<int64_t>(k, buffers); break;
     case EM_U8:
     case EM_BOOL: unary_t<uint8_t>(k, buffers); break;
-    default: break;
+    default: unsupported("unary dtype", k->in[0].dtype);
     }
 }
 
@@ -377,7 +377,7 @@ void em_cuda_binary(void *buffers[], void *cl_arg)
     case EM_I64: binary_t<int64_t>(k, buffers); break;
     case EM_U8:
     case EM_BOOL: binary_t<uint8_t>(k, buffers); break;
-    default: break;
+    default: unsupported("binary dtype", k->in[0].dtype);
     }
 }
 
@@ -406,7 +406,7 @@ void em_cuda_where(void *buffers[], void *cl_arg)
     case 2: WHERE_LAUNCH(uint16_t); break;
     case 4: WHERE_LAUNCH(uint32_t); break;
     case 8: WHERE_LAUNCH(uint64_t); break;
-    default: return;
+    default: unsupported("where element size", out.dtype); return;
     }
 #undef WHERE_LAUNCH
     check_launch("where");
@@ -422,6 +422,12 @@ void em_cuda_copy(void *buffers[], void *cl_arg)
     const char *x = base(buffers, 0, in);
     char *y = base(buffers, 1, out);
     const int idt = in.dtype, odt = out.dtype;
+    /* the conversions cast_one knows (its device-side default is unreachable) */
+    auto known = [](int dt) { return dt == EM_F32 || dt == EM_F64 || dt == EM_I32 || dt == EM_I64 || dt == EM_U8 || dt == EM_BOOL; };
+    if (idt != odt && (!known(idt) || !known(odt))) {
+        unsupported("copy (cast) dtype", known(idt) ? odt : idt);
+        return;
+    }
     const int64_t is = dtype_size(idt), os = dtype_size(odt);
     cudaStream_t s = stream();
     if (idt == odt) {
@@ -434,7 +440,7 @@ void em_cuda_copy(void *buffers[], void *cl_arg)
         case 2: copy_same<uint16_t>(g, x, y); break;
         case 4: copy_same<uint32_t>(g, x, y); break;
         case 8: copy_same<uint64_t>(g, x, y); break;
-        default: break;
+        default: unsupported("copy element size", idt);
         }
         return;
     }
