@@ -46,6 +46,7 @@ static void die(const char *what)
     char msg[1024];
     snprintf(msg, sizeof msg, "bench_scaling: %s: %s", what, em_last_error());
     em_dist_abort(1, msg);
+    exit(1); /* without mpirun */
 }
 
 static int parse_list(const char *s, int64_t *out, int max)

@@ -78,8 +78,7 @@ static void *watchdog_main(void *arg)
                         "(EMBER_DIST_TIMEOUT): another rank died, hung or is running different code; aborting the job\n",
                         em__dist_rank, em__dist_world, what ? what : "?", g_timeout_s);
                 fflush(stderr);
-                MPI_Abort(MPI_COMM_WORLD, 3);
-                _exit(3); /* not reached */
+                MPI_Abort(MPI_COMM_WORLD, 3); /* ends every rank of the job */
             }
         }
     }
@@ -252,8 +251,7 @@ void em_dist_abort(int code, const char *msg)
     if (msg) fprintf(stderr, "ember dist: rank %d of %d: %s\n", em_dist_rank(), em_dist_world_size(), msg);
     fflush(stderr);
     fflush(stdout);
-    if (g_init) MPI_Abort(MPI_COMM_WORLD, code);
-    exit(code);
+    if (g_init) MPI_Abort(MPI_COMM_WORLD, code); /* MPI ends the job; the library itself never exits */
 }
 
 /* ---- host collectives -------------------------------------------------------- */
@@ -507,6 +505,17 @@ static void nth_line(const char *text, int64_t idx, char *out, size_t n)
     out[k] = 0;
 }
 
+/* true on every rank when @p ok is true on every rank; else EM_ERR_NOMEM
+ * (naming the configuration check) on all of them. */
+static em_status all_ok(bool ok)
+{
+    int v = ok ? 1 : 0;
+    em_status st = ctl_allreduce(&v, 1, MPI_INT, sizeof v, MPI_MIN, "configuration check");
+    if (st != EM_OK) return st;
+    return v ? EM_OK : em__set_error(EM_ERR_NOMEM, "em_dist_check_config: out of memory on %s rank",
+                                     ok ? "another" : "this");
+}
+
 em_status em_dist_check_config(const em_module *m, const char *hparams)
 {
     em__dist_tlist l;
@@ -521,7 +530,14 @@ em_status em_dist_check_config(const em_module *m, const char *hparams)
     char *text = describe(&l, &me.nscalars);
     me.ntensors = l.n;
     em__dist_tlist_free(&l);
-    if (!text) return em__set_error(EM_ERR_NOMEM, "em_dist_check_config: out of memory");
+    /* Every rank takes part in every collective below: an allocation that
+     * fails on one rank is agreed on by all, which then return the error
+     * together (a rank leaving the protocol alone would hang the others). */
+    st = all_ok(text != NULL);
+    if (st != EM_OK) {
+        free(text);
+        return st;
+    }
     me.model_hash = fnv1a(0xcbf29ce484222325ULL, text, strlen(text));
     me.hp_hash = fnv1a(0xcbf29ce484222325ULL, hparams ? hparams : "", hparams ? strlen(hparams) : 0);
     snprintf(me.hp, sizeof me.hp, "%s", hparams ? hparams : "");
@@ -530,11 +546,8 @@ em_status em_dist_check_config(const em_module *m, const char *hparams)
     int64_t len0 = (int64_t)strlen(text) + 1;
     st = ctl_bcast(&len0, sizeof len0, "configuration check");
     char *text0 = st == EM_OK ? malloc((size_t)len0) : NULL;
-    if (st == EM_OK && !text0) {
-        /* Cannot continue the protocol safely without the buffer. */
-        free(text);
-        em_dist_abort(4, "em_dist_check_config: out of memory");
-    }
+    cfg_record *all = st == EM_OK ? malloc(sizeof *all * (size_t)em__dist_world) : NULL;
+    if (st == EM_OK) st = all_ok(text0 && all);
     if (st == EM_OK) {
         if (em__dist_rank == 0) memcpy(text0, text, (size_t)len0);
         st = ctl_bcast(text0, (size_t)len0, "configuration check");
@@ -554,10 +567,10 @@ em_status em_dist_check_config(const em_module *m, const char *hparams)
     }
     free(text);
     free(text0);
-    if (st != EM_OK) return st;
-
-    cfg_record *all = malloc(sizeof *all * (size_t)em__dist_world);
-    if (!all) em_dist_abort(4, "em_dist_check_config: out of memory");
+    if (st != EM_OK) {
+        free(all);
+        return st;
+    }
     em__dist_watch_begin(EM_DIST_SLOT_CTL, "configuration check");
     int rc = MPI_Allgather(&me, (int)sizeof me, MPI_BYTE, all, (int)sizeof me, MPI_BYTE, em__dist_comm_ctl);
     em__dist_watch_end(EM_DIST_SLOT_CTL);

@@ -66,9 +66,11 @@ EM_API em_status em_dist_init(int *argc, char ***argv, const em_config *cfg);
 /** Waits for all tasks, stops the runtime (em_shutdown) and finalises MPI.
  *  No-op without em_dist_init. */
 EM_API void em_dist_shutdown(void);
-/** Ends the whole job now (MPI_Abort with @p code) after printing @p msg
- *  (may be NULL) with the rank. Without em_dist_init: exit(code). */
-EM_API void em_dist_abort(int code, const char *msg) __attribute__((noreturn));
+/** Ends the whole job now (MPI_Abort with @p code, which stops every rank)
+ *  after printing @p msg (may be NULL) with the rank. Without em_dist_init
+ *  there is no job to end: it prints and returns, and the caller decides
+ *  (the library never calls exit). */
+EM_API void em_dist_abort(int code, const char *msg);
 EM_API bool em_dist_is_initialized(void);
 /** This process's rank (0 without em_dist_init). */
 EM_API int em_dist_rank(void);
