@@ -13,6 +13,7 @@ typedef struct em_node {
     int n_in;
     em_tensor **in;          /* user-facing inputs (retained) */
     em_tensor *out_alias;    /* output saved for rules that need it (shares storage) */
+    em_tensor *aux;          /* F_SAVE_AUX: the op's out[1] (retained), e.g. max_pool2d's indices */
     int out_ndim;
     int64_t out_shape[EM_MAX_DIMS];
     em_dtype out_dtype;

@@ -378,6 +378,40 @@ BW(bw_index_select)
     return EM_OK;
 }
 
+/* ---- convolution and pooling (tasks/conv.c, tasks/pool.c) ----
+ * conv2d: dx = conv2d_bwd_data(g, w), dw = conv2d_bwd_weight(x, g) (the
+ * weight's first, as matmul's: its all-reduce can start sooner).
+ * conv2d_bwd_data is conv_transpose2d's forward y = T(x, w): dx = conv2d(g,
+ * w) onto x's shape, dw = conv2d_bwd_weight(g, x) (g plays the image). */
+BW(bw_conv2d)
+{
+    BW_ARGS;
+    em_tensor *w = n->in[1];
+    if (w->requires_grad && !(gin[1] = em__conv2d_bwd_weight(x, g, &n->p, w->shape))) return em_last_status();
+    if (x->requires_grad && !(gin[0] = em__conv2d_bwd_data(g, w, &n->p, x->shape))) return em_last_status();
+    return EM_OK;
+}
+BW(bw_conv2d_bwd_data)
+{
+    BW_ARGS;
+    em_tensor *w = n->in[1];
+    if (w->requires_grad && !(gin[1] = em__conv2d_bwd_weight(g, x, &n->p, w->shape))) return em_last_status();
+    if (x->requires_grad && !(gin[0] = em__conv2d_raw(g, w, &n->p, x->shape))) return em_last_status();
+    return EM_OK;
+}
+/* max_pool2d: g scattered (added) to the argmax of each window, saved as the
+ * op's second output (F_SAVE_AUX); windows may overlap, so scatter_add. */
+BW(bw_max_pool2d)
+{
+    BW_ARGS;
+    const int64_t N = x->shape[0], C = x->shape[1];
+    int64_t flat_x[3] = {N, C, x->shape[2] * x->shape[3]}, flat_g[3] = {N, C, g->shape[2] * g->shape[3]};
+    em_tensor *gi = em_scatter_add(em_zeros(flat_x, 3, dt), 2, em_reshape(n->aux, flat_g, 3), em_reshape(g, flat_g, 3));
+    gin[0] = em_reshape(gi, x->shape, 4);
+    return EM_OK;
+}
+BW1(bw_avg_pool2d, em__avg_pool2d_bwd(g, &n->p, x->shape))
+
 /* ---- views ---- */
 BW1(bw_reshape, em_reshape(em_contiguous(g), x->shape, x->ndim))
 BW(bw_permute)

@@ -67,6 +67,8 @@ static void node_clear(em_node *n)
     }
     em_tensor_release(n->out_alias);
     n->out_alias = NULL;
+    em_tensor_release(n->aux);
+    n->aux = NULL;
     n->cleared = true;
 }
 
@@ -115,6 +117,7 @@ static em_status record(const em_op *op)
     n->p = op->p;
     for (int i = 0; i < op->n_in; i++)
         n->in[i] = em_tensor_retain((em_tensor *)(op->orig_in[i] ? op->orig_in[i] : op->in[i]));
+    if ((em__optab[op->kind].flags & F_SAVE_AUX) && op->n_out > 1 && op->out[1]) n->aux = em_tensor_retain(op->out[1]);
     return attach(n, out);
 }
 

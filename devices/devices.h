@@ -37,6 +37,7 @@ enum {
     F_COLLECTIVE = 1u << 8, /* a collective (dist/): operands in em_op.var (RW), kernel arguments in
                              * em_op.args, placed by em_op.place; no consistency case, no performance model */
     F_NOWHERE = 1u << 9,    /* runs nowhere (a fence): only orders other tasks */
+    F_SAVE_AUX = 1u << 10,  /* the backward function reads the op's out[1] (max_pool2d's indices) */
 };
 
 /** A StarPU kernel function: buffers (inputs, then outputs), cl_arg an em_kargs. */
@@ -54,6 +55,8 @@ void em_cpu_copy(void *buffers[], void *cl_arg);
 void em_cpu_index(void *buffers[], void *cl_arg);
 void em_cpu_fill(void *buffers[], void *cl_arg);
 void em_cpu_optim(void *buffers[], void *cl_arg);
+void em_cpu_conv(void *buffers[], void *cl_arg);
+void em_cpu_pool(void *buffers[], void *cl_arg);
 
 /** What a kernel may know of an op kind: its name (messages), its flags, its
  *  number of inputs and its CPU kernel (host fallbacks). Built from

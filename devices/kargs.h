@@ -31,6 +31,13 @@ union em_op_params {
     struct { uint64_t seed, offset; double a, b; } rng; /* a,b: low/high, mean/std, p */
     struct { int64_t num_classes; } onehot;
     struct { int64_t perm[EM_KARGS_MAX_DIMS]; } perm;
+    /* CONV2D, CONV2D_BWD_DATA, CONV2D_BWD_WEIGHT: (h, w) pairs; padding is
+     * symmetric (asymmetric padding is an explicit pad by the front end) */
+    struct { int32_t stride[2], pad[2], dilation[2]; int32_t groups; } conv;
+    /* MAX_POOL2D, AVG_POOL2D, AVG_POOL2D_BWD: (h, w) pairs; adaptive: windows
+     * [floor(o*I/O), ceil((o+1)*I/O)) and the other fields unused;
+     * divisor 0 = none (avg only) */
+    struct { int32_t kernel[2], stride[2], pad[2], dilation[2]; int32_t adaptive, count_include_pad; int64_t divisor; } pool;
     struct { double lr, beta1, beta2, eps, weight_decay, momentum, dampening, alpha;
              int64_t step; int32_t flags; } optim;
 };

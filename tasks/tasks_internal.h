@@ -156,4 +156,14 @@ em_tensor *em__as_dtype(const em_tensor *t, em_dtype dt);
 em_tensor *em__run1(enum em_op_kind kind, em_tensor *const *in, int n_in, em_tensor *out,
                     const union em_op_params *p, const em_tensor *const *orig_in);
 
+
+/* Convolution and pooling ops with explicit output shapes (tasks/conv.c,
+ * tasks/pool.c; contracts there): used by the front ends and the backward
+ * rules. Inputs are made contiguous (unrecorded copies); scoped results. */
+em_tensor *em__contiguous_operand(const em_tensor *t); /* unscoped: t retained, or a contiguous copy */
+em_tensor *em__conv2d_raw(const em_tensor *x, const em_tensor *w, const union em_op_params *p, const int64_t *out_shape);
+em_tensor *em__conv2d_bwd_data(const em_tensor *dy, const em_tensor *w, const union em_op_params *p, const int64_t *x_shape);
+em_tensor *em__conv2d_bwd_weight(const em_tensor *x, const em_tensor *dy, const union em_op_params *p, const int64_t *w_shape);
+em_tensor *em__avg_pool2d_bwd(const em_tensor *dy, const union em_op_params *p, const int64_t *x_shape);
+
 #endif

@@ -192,5 +192,7 @@ void em_cuda_matmul(void *buffers[], void *cl_arg);
 void em_cuda_index(void *buffers[], void *cl_arg);
 void em_cuda_fill(void *buffers[], void *cl_arg);
 void em_cuda_optim(void *buffers[], void *cl_arg);
+void em_cuda_conv(void *buffers[], void *cl_arg);
+void em_cuda_pool(void *buffers[], void *cl_arg);
 
 #endif

@@ -146,6 +146,8 @@ void em_ocl_matmul(void *buffers[], void *cl_arg);
 void em_ocl_fill(void *buffers[], void *cl_arg);
 void em_ocl_index(void *buffers[], void *cl_arg);
 void em_ocl_optim(void *buffers[], void *cl_arg);
+void em_ocl_conv(void *buffers[], void *cl_arg);
+void em_ocl_pool(void *buffers[], void *cl_arg);
 
 /* Enqueues a same-dtype/any-dtype strided copy in -> out (used by COPY and by
  * SCATTER's first step). Lock must NOT be held. */

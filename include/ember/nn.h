@@ -52,6 +52,12 @@ extern "C" {
 
 typedef struct em_module em_module;
 
+/** Resampling modes of em_interpolate. */
+typedef enum em_interp_mode {
+    EM_INTERP_NEAREST = 0,  /**< PyTorch mode='nearest': source index floor(dst * in / out) */
+    EM_INTERP_BILINEAR = 1, /**< mode='bilinear' */
+} em_interp_mode;
+
 /** What makes a module kind. forward returns a new reference (see above) or
  *  NULL with an error set; free_impl releases the private data passed to
  *  em_module_new (NULL = nothing to free / free()). */
@@ -209,6 +215,37 @@ EM_API em_module *em_softplus_new(double beta, double threshold);
 /** alpha: PyTorch default 1.0. */
 EM_API em_module *em_elu_new(double alpha);
 
+/* vision layers (NCHW; see the functional forms below for shapes, settings
+ * and errors). Keys and initialisation as PyTorch: conv weight
+ * [out, in/groups, k...] and bias [out] ~ kaiming_uniform(a = sqrt(5)), i.e.
+ * U(-1/sqrt(fan_in), 1/sqrt(fan_in)) with fan_in = in/groups * prod(k);
+ * ConvTranspose2d weight [in, out/groups, kH, kW], fan_in computed from that
+ * shape as PyTorch does. o NULL = defaults. */
+EM_API em_module *em_conv1d_new(int64_t in_channels, int64_t out_channels, int64_t kernel_size, const em_conv_opts *o, bool bias);
+EM_API em_module *em_conv2d_new(int64_t in_channels, int64_t out_channels, int64_t kh, int64_t kw, const em_conv_opts *o, bool bias);
+EM_API em_module *em_conv_transpose2d_new(int64_t in_channels, int64_t out_channels, int64_t kh, int64_t kw, const em_conv_opts *o,
+                                          bool bias);
+EM_API em_module *em_max_pool2d_new(const em_pool_opts *o);
+EM_API em_module *em_avg_pool2d_new(const em_pool_opts *o);
+EM_API em_module *em_adaptive_avg_pool2d_new(int64_t oh, int64_t ow);
+/** torch.nn.BatchNorm1d ([N, C] or [N, C, L]) / BatchNorm2d ([N, C, H, W]):
+ *  keys "weight" (ones), "bias" (zeros) when affine; buffers "running_mean"
+ *  (zeros), "running_var" (ones), "num_batches_tracked" (i64 0-d) when
+ *  track_running_stats. Training mode uses batch statistics and updates the
+ *  buffers; em_module_train(m, false) switches to the running statistics.
+ *  PyTorch defaults: eps 1e-5, momentum 0.1, affine, track_running_stats. */
+EM_API em_module *em_batch_norm1d_new(int64_t num_features, double eps, double momentum, bool affine, bool track_running_stats);
+EM_API em_module *em_batch_norm2d_new(int64_t num_features, double eps, double momentum, bool affine, bool track_running_stats);
+/** torch.nn.GroupNorm(num_groups, num_channels, eps=1e-5, affine=True). */
+EM_API em_module *em_group_norm_new(int64_t num_groups, int64_t num_channels, double eps, bool affine);
+/** torch.nn.Flatten(start_dim=1, end_dim=-1). */
+EM_API em_module *em_flatten_new(int start_dim, int end_dim);
+/** torch.nn.Dropout2d(p): zeroes whole channels (x [N, C, H, W]) with
+ *  probability p in training, scaling the rest by 1/(1-p). */
+EM_API em_module *em_dropout2d_new(double p);
+/** torch.nn.Upsample(size=(oh, ow), mode, align_corners). */
+EM_API em_module *em_upsample_new(int64_t oh, int64_t ow, em_interp_mode mode, bool align_corners);
+
 /* ---- functional forms ----------------------------------------------------- */
 
 /** y = x W^T + b; x [..., in], weight [out, in], bias [out] or NULL. */
@@ -219,6 +256,32 @@ EM_API em_tensor *em_dropout(const em_tensor *x, double p, bool training);
 EM_API em_tensor *em_layer_norm(const em_tensor *x, int ndim, const em_tensor *weight, const em_tensor *bias, double eps);
 /** RMS norm over the last dim; weight [D] or NULL; eps < 0: dtype epsilon. */
 EM_API em_tensor *em_rms_norm(const em_tensor *x, const em_tensor *weight, double eps);
+
+/* ---- normalization and resampling (NCHW; convolution and pooling are tensor
+ * ops: include/ember/tensor.h) ------------------------------------------ */
+
+/** torch.nn.functional.batch_norm on x [N, C, ...] (rank 2 to 5) with
+ *  per-channel statistics over every dim but 1. Training: normalises with
+ *  the batch mean and biased variance, and (when running_mean/running_var
+ *  are given) updates them in place, running = (1 - momentum) * running +
+ *  momentum * batch, the variance unbiased (n / (n - 1)), as PyTorch. Eval
+ *  (training false): normalises with running_mean/running_var (required).
+ *  weight/bias [C] or NULL. PyTorch defaults: momentum 0.1, eps 1e-5.
+ *  Training with one value per channel is an EM_ERR_SHAPE error, as PyTorch. */
+EM_API em_tensor *em_batch_norm(const em_tensor *x, em_tensor *running_mean, em_tensor *running_var, const em_tensor *weight,
+                                const em_tensor *bias, bool training, double momentum, double eps);
+/** torch.nn.functional.group_norm: x [N, C, ...], C divisible by num_groups;
+ *  mean and biased variance over each group's channels and spatial dims;
+ *  weight/bias [C] or NULL. */
+EM_API em_tensor *em_group_norm(const em_tensor *x, int64_t num_groups, const em_tensor *weight, const em_tensor *bias, double eps);
+/** torch.nn.functional.instance_norm without running statistics: group_norm
+ *  with one group per channel. */
+EM_API em_tensor *em_instance_norm(const em_tensor *x, const em_tensor *weight, const em_tensor *bias, double eps);
+
+/** torch.nn.functional.interpolate on x [N, C, H, W] to [N, C, oh, ow]
+ *  (size=(oh, ow)); align_corners as PyTorch (bilinear only; false is the
+ *  default). Differentiable (gathers and weighted sums). */
+EM_API em_tensor *em_interpolate(const em_tensor *x, int64_t oh, int64_t ow, em_interp_mode mode, bool align_corners);
 
 /* ---- losses ----------------------------------------------------------------
  * Written with ordinary differentiable ops, so em_backward covers them.

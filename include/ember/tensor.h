@@ -320,6 +320,91 @@ EM_API em_tensor *em_cast(const em_tensor *a, em_dtype dt);
  *  negative pads crop. */
 EM_API em_tensor *em_pad(const em_tensor *a, const int64_t *pads, int npads, double value);
 
+/** Padding modes of em_pad_mode (torch.nn.functional.pad's mode). */
+typedef enum em_pad_mode_kind {
+    EM_PAD_CONSTANT = 0,  /**< value outside the input (em_pad) */
+    EM_PAD_REFLECT = 1,   /**< mirror without repeating the edge: pad < size of the dim */
+    EM_PAD_REPLICATE = 2, /**< repeat the edge element: the dim must be non-empty */
+    EM_PAD_CIRCULAR = 3,  /**< wrap around: pad <= size of the dim */
+} em_pad_mode_kind;
+/** torch.nn.functional.pad(a, pads, mode, value): pads as em_pad (last dim
+ *  first, pairs of left/right). Non-constant modes take non-negative pads and
+ *  pad at most the last 3 dims (PyTorch: 1-D to 3-D spatial padding); they
+ *  are index_select gathers, so gradients flow on every device. Errors
+ *  (EM_ERR_SHAPE / EM_ERR_INVALID) name the shape, the pads and the mode. */
+EM_API em_tensor *em_pad_mode(const em_tensor *a, const int64_t *pads, int npads, em_pad_mode_kind mode, double value);
+
+/* ---- convolution and pooling (NCHW) ----------------------------------------
+ * Float tensors (f32/f64) in NCHW: x [N, C, H, W] (conv1d: [N, C, L]);
+ * a batch dim is required (PyTorch also takes unbatched input: here it is
+ * an EM_ERR_SHAPE error naming the shape). Output sizes follow PyTorch:
+ *   out = floor((in + pad_begin + pad_end - dilation * (k - 1) - 1) / stride) + 1
+ * (pooling with ceil_mode rounds up, and drops a last window that would
+ * start in the end padding). Bad input — wrong rank, channels not divisible
+ * by groups, a kernel larger than the padded input, a zero-size output,
+ * mismatched weight or bias shapes — is EM_ERR_SHAPE / EM_ERR_INVALID with
+ * a message naming the shapes and settings. Everything is differentiable
+ * (em_backward) with respect to x, weight and bias. Modules: ember/nn.h. */
+
+/** Settings of a convolution; (h, w) pairs (conv1d uses index 0 only).
+ *  em_conv_opts_default() gives PyTorch's defaults. */
+typedef struct em_conv_opts {
+    int64_t stride[2];         /**< {1, 1}; > 0 */
+    int64_t padding[2];        /**< {0, 0}: zeros added at both ends (top/bottom, left/right) */
+    int64_t padding_end[2];    /**< {-1, -1} = same as padding; >= 0: the bottom/right padding
+                                    instead (asymmetric padding, done as an explicit zero pad) */
+    bool padding_same;         /**< padding='same' (stride must be 1): total d*(k-1), the odd one
+                                    at the end, as PyTorch; overrides padding */
+    int64_t dilation[2];       /**< {1, 1}; > 0 */
+    int64_t groups;            /**< 1; in and out channels divisible by it (depthwise: groups = C) */
+    int64_t output_padding[2]; /**< {0, 0}; conv_transpose only; < stride or < dilation */
+} em_conv_opts;
+EM_API em_conv_opts em_conv_opts_default(void);
+
+/** torch.nn.functional.conv2d (cross-correlation): x [N, C, H, W], weight
+ *  [O, C/groups, kH, kW], bias [O] or NULL -> [N, O, oH, oW]. o NULL = defaults. */
+EM_API em_tensor *em_conv2d(const em_tensor *x, const em_tensor *weight, const em_tensor *bias, const em_conv_opts *o);
+/** torch.nn.functional.conv1d: x [N, C, L], weight [O, C/groups, k], bias [O] or
+ *  NULL -> [N, O, oL] (a conv2d of height 1; o's index 0 entries apply). */
+EM_API em_tensor *em_conv1d(const em_tensor *x, const em_tensor *weight, const em_tensor *bias, const em_conv_opts *o);
+/** torch.nn.functional.conv_transpose2d (the gradient of conv2d with respect
+ *  to its input): x [N, Cin, H, W], weight [Cin, Cout/groups, kH, kW], bias
+ *  [Cout] or NULL -> [N, Cout, oH, oW], oH = (H - 1) * stride - 2 * padding +
+ *  dilation * (kH - 1) + output_padding + 1. padding_end and padding_same are
+ *  not allowed here. */
+EM_API em_tensor *em_conv_transpose2d(const em_tensor *x, const em_tensor *weight, const em_tensor *bias, const em_conv_opts *o);
+
+/** Settings of a 2-D pooling; (h, w) pairs. em_pool_opts_default(kh, kw)
+ *  gives PyTorch's defaults for that kernel size (stride = kernel size). */
+typedef struct em_pool_opts {
+    int64_t kernel_size[2];   /**< > 0 */
+    int64_t stride[2];        /**< kernel_size; > 0 */
+    int64_t padding[2];       /**< {0, 0}; <= kernel_size / 2 (PyTorch's rule) */
+    int64_t dilation[2];      /**< {1, 1}; max pooling only */
+    bool ceil_mode;           /**< false */
+    bool count_include_pad;   /**< true; avg pooling: padded zeros count in the divisor */
+    int64_t divisor_override; /**< 0 = none; avg pooling: divide every window by it */
+} em_pool_opts;
+EM_API em_pool_opts em_pool_opts_default(int64_t kh, int64_t kw);
+
+/** torch.nn.functional.max_pool2d: x [N, C, H, W] -> [N, C, oH, oW]. When
+ *  @p indices is non-NULL it receives a new i64 tensor of the output's shape
+ *  holding the flat index h * W + w of each maximum in its input plane
+ *  (return_indices=True; owned like the result). NaN is a maximum (the
+ *  last NaN of a window wins), as in PyTorch; ties keep the first element in
+ *  row-major window order. */
+EM_API em_tensor *em_max_pool2d(const em_tensor *x, const em_pool_opts *o, em_tensor **indices);
+/** torch.nn.functional.avg_pool2d: mean over each window; the divisor is
+ *  divisor_override, else the window's size clipped to the padded input
+ *  (count_include_pad) or to the input. */
+EM_API em_tensor *em_avg_pool2d(const em_tensor *x, const em_pool_opts *o);
+/** torch.nn.functional.adaptive_avg_pool2d: output [N, C, oh, ow]; window i
+ *  of a dim of size I covers [floor(i*I/o), ceil((i+1)*I/o)). */
+EM_API em_tensor *em_adaptive_avg_pool2d(const em_tensor *x, int64_t oh, int64_t ow);
+/** torch.nn.functional.adaptive_max_pool2d (windows as above; indices as
+ *  em_max_pool2d). */
+EM_API em_tensor *em_adaptive_max_pool2d(const em_tensor *x, int64_t oh, int64_t ow, em_tensor **indices);
+
 /** Writes @p src (broadcast) into the view @p dst in place: the storage of
  *  dst changes, as torch.Tensor.copy_. Not differentiable. */
 EM_API em_status em_copy_(em_tensor *dst, const em_tensor *src);
