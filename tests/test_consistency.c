@@ -716,6 +716,126 @@ static bool case_one_hot(ctx *c)
     return true;
 }
 
+/* ---- convolution and pooling ---- */
+
+/* The gradient of sum(y * w) with respect to @p x (w a fixed random tensor of
+ * y's shape), computed inside the case: the kernels of the non-differentiable
+ * backward kinds (CONV2D_BWD_WEIGHT, AVG_POOL2D_BWD) only run there. */
+static bool out_grad(ctx *c, em_tensor *y, em_tensor *x, const char *what)
+{
+    if (!y) return fail_case(c, what);
+    em_tensor *w = input(c, em_tensor_dtype(y), em_tensor_shape(y), em_tensor_ndim(y), -1, 1, IN_CONTIG);
+    em_tensor *loss = w ? em_sum_all(em_mul(y, w)) : NULL;
+    em_grads *g = loss ? em_backward(loss) : NULL;
+    if (!g) return fail_case(c, what);
+    bool ok = out(c, em_grad(g, x), what);
+    em_grads_free(g);
+    return ok;
+}
+
+static bool case_conv(ctx *c)
+{
+    const int fl = grad_flag(c->dt);
+    em_tensor *x = IN(c, c->dt, (2, 4, 7, 6), -2, 2, fl);
+    em_tensor *w = IN(c, c->dt, (6, 2, 3, 3), -1, 1, fl);
+    em_tensor *b = IN(c, c->dt, (6), -1, 1, fl);
+    em_tensor *x1 = IN(c, c->dt, (1, 3, 5, 5), -2, 2, fl);
+    em_tensor *w1 = IN(c, c->dt, (4, 3, 1, 1), -1, 1, fl);
+    REQ(c, x);
+    REQ(c, w);
+    REQ(c, b);
+    REQ(c, x1);
+    REQ(c, w1);
+    em_conv_opts o = em_conv_opts_default(), d = em_conv_opts_default();
+    o.groups = 2, o.stride[0] = 2, o.padding[0] = 1, o.padding[1] = 2, o.dilation[1] = 2;
+    if (c->kind == EM_OP_CONV2D) {
+        em_tensor *xd = IN(c, c->dt, (2, 3, 6, 5), -2, 2, fl);
+        em_tensor *wd = IN(c, c->dt, (3, 1, 2, 2), -1, 1, fl);
+        em_tensor *xl = IN(c, c->dt, (2, 3, 9), -2, 2, fl);
+        em_tensor *wl = IN(c, c->dt, (4, 3, 3), -1, 1, fl);
+        REQ(c, xd);
+        REQ(c, wd);
+        REQ(c, xl);
+        REQ(c, wl);
+        OUT(c, em_conv2d(x, w, b, &o));
+        OUT(c, em_conv2d(x1, w1, NULL, &d)); /* 1x1: no im2col on the CPU */
+        em_conv_opts s = em_conv_opts_default();
+        s.groups = 3, s.padding_same = true; /* depthwise, even kernel: asymmetric padding */
+        OUT(c, em_conv2d(xd, wd, NULL, &s));
+        em_conv_opts a = em_conv_opts_default();
+        a.stride[1] = 2, a.padding[0] = 2, a.padding_end[0] = 0, a.padding[1] = 1;
+        OUT(c, em_conv2d(x1, w1, NULL, &a));
+        em_conv_opts l = em_conv_opts_default();
+        l.stride[0] = 2, l.padding[0] = 1, l.dilation[0] = 2;
+        OUT(c, em_conv1d(xl, wl, NULL, &l));
+        return true;
+    }
+    if (c->kind == EM_OP_CONV2D_BWD_DATA) { /* conv_transpose2d's forward */
+        em_tensor *xt = IN(c, c->dt, (2, 4, 3, 4), -2, 2, fl);
+        em_tensor *wt = IN(c, c->dt, (4, 3, 3, 3), -1, 1, fl);
+        em_tensor *bt = IN(c, c->dt, (3), -1, 1, fl);
+        em_tensor *wg = IN(c, c->dt, (4, 2, 3, 3), -1, 1, fl);
+        REQ(c, xt);
+        REQ(c, wt);
+        REQ(c, bt);
+        REQ(c, wg);
+        em_conv_opts t = em_conv_opts_default();
+        t.stride[0] = t.stride[1] = 2, t.padding[0] = t.padding[1] = 1, t.output_padding[0] = t.output_padding[1] = 1;
+        OUT(c, em_conv_transpose2d(xt, wt, bt, &t));
+        em_conv_opts tg = em_conv_opts_default();
+        tg.groups = 2, tg.stride[0] = 2, tg.padding[1] = 1, tg.output_padding[0] = 1, tg.dilation[1] = 2;
+        OUT(c, em_conv_transpose2d(xt, wg, NULL, &tg));
+        return true;
+    }
+    /* CONV2D_BWD_WEIGHT: weight gradients */
+    c->no_backward = true;
+    if (!out_grad(c, em_conv2d(x, w, b, &o), w, "weight gradient (groups, stride, dilation)")) return false;
+    return out_grad(c, em_conv2d(x1, w1, NULL, &d), w1, "weight gradient (1x1)");
+}
+
+static bool case_pool(ctx *c)
+{
+    const int fl = grad_flag(c->dt);
+    em_tensor *x = IN(c, c->dt, (2, 3, 9, 8), -2, 2, fl);
+    em_tensor *t = IN(c, c->dt, (1, 2, 7, 7), -1, 1, fl | IN_DISCRETE); /* ties */
+    REQ(c, x);
+    REQ(c, t);
+    em_pool_opts o = em_pool_opts_default(3, 3);
+    o.stride[0] = o.stride[1] = 2, o.padding[0] = o.padding[1] = 1;
+    em_pool_opts ceil2 = em_pool_opts_default(2, 3);
+    ceil2.ceil_mode = true, ceil2.stride[1] = 2, ceil2.padding[1] = 1;
+    if (c->kind == EM_OP_MAX_POOL2D) {
+        em_tensor *idx = NULL;
+        OUT(c, em_max_pool2d(x, &o, &idx));
+        OUT(c, idx);
+        OUT(c, em_max_pool2d(t, &ceil2, &idx));
+        OUT(c, idx);
+        em_pool_opts dl = em_pool_opts_default(3, 2);
+        dl.stride[0] = dl.stride[1] = 1, dl.padding[0] = 1, dl.dilation[0] = 2, dl.dilation[1] = 3;
+        OUT(c, em_max_pool2d(x, &dl, NULL));
+        OUT(c, em_adaptive_max_pool2d(x, 4, 3, &idx));
+        OUT(c, idx);
+        return true;
+    }
+    em_pool_opts ex = o, dv = ceil2;
+    ex.count_include_pad = false;
+    dv.divisor_override = 5;
+    if (c->kind == EM_OP_AVG_POOL2D) {
+        OUT(c, em_avg_pool2d(x, &o));
+        OUT(c, em_avg_pool2d(x, &ex));
+        OUT(c, em_avg_pool2d(t, &ceil2));
+        OUT(c, em_avg_pool2d(t, &dv));
+        OUT(c, em_adaptive_avg_pool2d(x, 4, 3));
+        OUT(c, em_adaptive_avg_pool2d(t, 9, 10)); /* more outputs than inputs: overlapping windows */
+        return true;
+    }
+    /* AVG_POOL2D_BWD: input gradients */
+    c->no_backward = true;
+    if (!out_grad(c, em_avg_pool2d(x, &ex), x, "avg_pool2d gradient (count_include_pad false)")) return false;
+    if (!out_grad(c, em_avg_pool2d(t, &dv), t, "avg_pool2d gradient (ceil, divisor)")) return false;
+    return out_grad(c, em_adaptive_avg_pool2d(t, 9, 10), t, "adaptive_avg_pool2d gradient");
+}
+
 static bool case_fill(ctx *c)
 {
     OUT(c, em_full(S(5, 7), 2, (em_dtype)c->dt, 2.5));
@@ -1033,6 +1153,12 @@ static op_case g_cases[EM_OP_COUNT] = {
     [EM_OP_SCATTER_ADD] = {case_scatter, {D_F32, D_F64, D_I32, END}, 1},
     [EM_OP_INDEX_SELECT] = {case_index_select, {D_F32, D_F64, D_I64, D_U8, END}, 1},
     [EM_OP_ONE_HOT] = {case_one_hot, {D_I64, END}, 1},
+    [EM_OP_CONV2D] = {case_conv, {D_F32, D_F64, END}, 1},
+    [EM_OP_CONV2D_BWD_DATA] = {case_conv, {D_F32, D_F64, END}, 1},
+    [EM_OP_CONV2D_BWD_WEIGHT] = {case_conv, {D_F32, D_F64, END}, 1},
+    [EM_OP_MAX_POOL2D] = {case_pool, {D_F32, D_F64, END}, 1},
+    [EM_OP_AVG_POOL2D] = {case_pool, {D_F32, D_F64, END}, 1},
+    [EM_OP_AVG_POOL2D_BWD] = {case_pool, {D_F32, D_F64, END}, 1},
     [EM_OP_FILL] = {case_fill, {D_F32, D_F64, D_I32, D_I64, D_U8, D_BOOL, END}, 1},
     [EM_OP_ARANGE] = {case_arange, {D_F32, D_F64, D_I32, D_I64, END}, 1},
     [EM_OP_EYE] = {case_eye, {D_F32, D_F64, D_I64, D_BOOL, END}, 1},

@@ -51,6 +51,45 @@ static em_reduction kw_reduction(const fx_block *b)
     return EM_REDUCTION_MEAN;
 }
 
+/* A pair keyword ("stride 2,1") into out[0..1]; a single value is used for
+ * both; absent: def. */
+static void kw_pair(const fx_block *b, const char *key, int64_t *out, int64_t def)
+{
+    int64_t v[2];
+    int n = fx_kw_list(b, key, v, 2);
+    out[0] = n >= 1 ? v[0] : def;
+    out[1] = n == 2 ? v[1] : out[0];
+}
+
+/* em_conv_opts from a conv fixture (gen_grad_fixtures.py: _conv2d, _conv_t). */
+static em_conv_opts kw_conv(const fx_block *b)
+{
+    em_conv_opts o = em_conv_opts_default();
+    kw_pair(b, "stride", o.stride, 1);
+    kw_pair(b, "padding", o.padding, 0);
+    kw_pair(b, "dilation", o.dilation, 1);
+    kw_pair(b, "output_padding", o.output_padding, 0);
+    char buf[64];
+    if (fx_kw_str(b, "pad_end", buf, sizeof buf)) kw_pair(b, "pad_end", o.padding_end, 0);
+    o.groups = (int64_t)fx_kw(b, "groups", 1);
+    o.padding_same = fx_kw(b, "same", 0) != 0;
+    return o;
+}
+
+static em_pool_opts kw_pool(const fx_block *b)
+{
+    int64_t k[2];
+    kw_pair(b, "kernel", k, 1);
+    em_pool_opts o = em_pool_opts_default(k[0], k[1]);
+    if (fx_kw_list(b, "stride", k, 2) > 0) kw_pair(b, "stride", o.stride, 1);
+    kw_pair(b, "padding", o.padding, 0);
+    kw_pair(b, "dilation", o.dilation, 1);
+    o.ceil_mode = fx_kw(b, "ceil_mode", 0) != 0;
+    o.count_include_pad = fx_kw(b, "count_include_pad", 1) != 0;
+    o.divisor_override = (int64_t)fx_kw(b, "divisor", 0);
+    return o;
+}
+
 /* Optional non-differentiable argument "name" (NULL when absent). */
 static em_tensor *aux(const fx_block *b, const char *name, em_dtype dt)
 {
@@ -243,6 +282,22 @@ static em_tensor *forward(const fx_block *b, em_tensor **x, int nin)
         o.weight = aux(b, "weight", EM_F64);
         o.pos_weight = aux(b, "pos_weight", EM_F64);
         return em_binary_cross_entropy_with_logits(x[0], x[1], &o);
+    }
+    if (!strcmp(op, "conv2d") || !strcmp(op, "conv1d") || !strcmp(op, "conv2d_bwd_data")) {
+        em_conv_opts o = kw_conv(b);
+        const em_tensor *bias = nin > 2 ? x[2] : NULL;
+        if (!strcmp(op, "conv1d")) return em_conv1d(x[0], x[1], bias, &o);
+        return !strcmp(op, "conv2d") ? em_conv2d(x[0], x[1], bias, &o) : em_conv_transpose2d(x[0], x[1], bias, &o);
+    }
+    if (!strcmp(op, "max_pool2d") || !strcmp(op, "avg_pool2d")) {
+        em_pool_opts o = kw_pool(b);
+        return !strcmp(op, "max_pool2d") ? em_max_pool2d(x[0], &o, NULL) : em_avg_pool2d(x[0], &o);
+    }
+    if (!strcmp(op, "adaptive_avg_pool2d") || !strcmp(op, "adaptive_max_pool2d")) {
+        int64_t sz[2];
+        kw_pair(b, "size", sz, 1);
+        return !strcmp(op, "adaptive_avg_pool2d") ? em_adaptive_avg_pool2d(x[0], sz[0], sz[1])
+                                                  : em_adaptive_max_pool2d(x[0], sz[0], sz[1], NULL);
     }
     fail_msg("fixture %s: unknown op '%s'", b->config, op);
     return NULL;

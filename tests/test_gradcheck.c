@@ -230,6 +230,38 @@ U(f_reuse, em_mul(em_add(x[0], em_exp(x[0])), em_sin(x[0])))
 #define S1(a, b) .nin = 1, .ndim = {2}, .shape = {{a, b}}
 #define R(l, h) .lo = l, .hi = h
 
+/* convolution and pooling: the same settings as gen_grad_fixtures.py's cases of these names */
+static em_tensor *f_conv2d(em_tensor **x)
+{
+    em_conv_opts o = em_conv_opts_default();
+    o.stride[0] = 2, o.padding[0] = 1, o.dilation[1] = 2;
+    return em_conv2d(x[0], x[1], x[2], &o);
+}
+static em_tensor *f_conv2d_groups(em_tensor **x)
+{
+    em_conv_opts o = em_conv_opts_default();
+    o.padding[0] = o.padding[1] = 1, o.groups = 2;
+    return em_conv2d(x[0], x[1], NULL, &o);
+}
+static em_tensor *f_conv_t(em_tensor **x)
+{
+    em_conv_opts o = em_conv_opts_default();
+    o.stride[0] = o.stride[1] = 2, o.padding[0] = o.padding[1] = 1, o.output_padding[0] = o.output_padding[1] = 1;
+    return em_conv_transpose2d(x[0], x[1], x[2], &o);
+}
+static em_tensor *f_max_pool(em_tensor **x)
+{
+    em_pool_opts o = em_pool_opts_default(3, 3);
+    o.stride[0] = o.stride[1] = 2, o.padding[0] = o.padding[1] = 1;
+    return em_max_pool2d(x[0], &o, NULL);
+}
+static em_tensor *f_avg_pool(em_tensor **x)
+{
+    em_pool_opts o = em_pool_opts_default(3, 3);
+    o.stride[0] = o.stride[1] = 2, o.padding[0] = o.padding[1] = 1, o.ceil_mode = true, o.count_include_pad = false;
+    return em_avg_pool2d(x[0], &o);
+}
+
 static const gcase cases[] = {
     {"neg", NULL, f_neg, S1(2, 3), R(-2, 2)},       {"abs", NULL, f_abs, S1(2, 3), R(0.1, 2)},
     {"sign", NULL, f_sign, S1(2, 3), R(0.1, 2)},    {"exp", NULL, f_exp, S1(2, 3), R(-2, 2)},
@@ -287,6 +319,12 @@ static const gcase cases[] = {
     {"scatter", NULL, f_scatter, .nin = 2, .ndim = {2, 2}, .shape = {{3, 3}, {1, 3}}, R(-2, 2)},
     {"scatter_add", NULL, f_scatter_add, .nin = 2, .ndim = {2, 2}, .shape = {{3, 3}, {1, 3}}, R(-2, 2)},
     {"reuse_accumulates", NULL, f_reuse, S1(2, 3), R(-2, 2)},
+    {"conv2d", NULL, f_conv2d, .nin = 3, .ndim = {4, 4, 1}, .shape = {{1, 2, 4, 5}, {3, 2, 3, 2}, {3}}, R(-2, 2)},
+    {"conv2d_groups", "conv2d", f_conv2d_groups, .nin = 2, .ndim = {4, 4}, .shape = {{1, 4, 4, 4}, {4, 2, 3, 3}}, R(-2, 2)},
+    {"conv_transpose2d", "conv2d_bwd_data", f_conv_t, .nin = 3, .ndim = {4, 4, 1}, .shape = {{1, 2, 3, 3}, {2, 3, 3, 3}, {3}},
+     R(-2, 2)},
+    {"max_pool2d", NULL, f_max_pool, .nin = 1, .ndim = {4}, .shape = {{1, 2, 5, 5}}, R(-2, 2)},
+    {"avg_pool2d", NULL, f_avg_pool, .nin = 1, .ndim = {4}, .shape = {{1, 2, 5, 5}}, R(-2, 2)},
     {"alias", NULL, f_alias, S1(2, 3), R(-2, 2)},
     /* a + 3 in (3.1, 3.9) over b in (1.1, 1.9): floor(a / b) is 1, 2 or 3, away from its jumps at these seeds */
     {"remainder", NULL, f_remainder, .nin = 2, .ndim = {2, 2}, .shape = {{2, 3}, {2, 3}}, R(1.1, 1.9)},

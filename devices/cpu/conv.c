@@ -168,10 +168,12 @@ void em_cpu_conv(void *buffers[], void *cl_arg)
             return;
         }
     }
+    void *bufs[EM_KARGS_MAX_IN + EM_KARGS_MAX_OUT];
+    for (int i = 0; i < k->n_in + k->n_out; i++) bufs[i] = em_cpu_ptr(buffers[i]);
     if (dt == EM_F32)
-        conv_float(k, buffers, (float *)col);
+        conv_float(k, bufs, (float *)col);
     else
-        conv_double(k, buffers, (double *)col);
+        conv_double(k, bufs, (double *)col);
     free(col);
 }
 
@@ -292,6 +294,9 @@ void em_cpu_pool(void *buffers[], void *cl_arg)
         em_cpu_bad_kind("pool dtype", dt);
         return;
     }
+    void *buffers_[EM_KARGS_MAX_IN + EM_KARGS_MAX_OUT];
+    for (int i = 0; i < k->n_in + k->n_out; i++) buffers_[i] = em_cpu_ptr(buffers[i]);
+    buffers = buffers_;
     switch (k->kind) {
     case EM_OP_MAX_POOL2D:
         if (dt == EM_F32)
