@@ -276,3 +276,109 @@ em_tensor *em_conv_transpose2d(const em_tensor *x, const em_tensor *weight, cons
     em_scope_end();
     return y;
 }
+
+/* ---- tiling over CPU workers ----------------------------------------------
+ * A conv op on a CPU-only placement with >= 2 CPU workers and more than
+ * EMBER_CONV_TILE_MIN_FLOPS (default 2e7) is cut along the batch dim N into
+ * T tasks (EMBER_CONV_TILES, default one per CPU worker, at most N) that run
+ * concurrently (em__cpu_tiles). As for matmul (tasks/matmul.c explains why
+ * tiles are not StarPU partition children): CONV2D and CONV2D_BWD_DATA write
+ * tile 0 straight into the output and tiles t >= 1 into temporaries that a
+ * COPY then places; CONV2D_BWD_WEIGHT sums over N, so every tile writes a
+ * partial weight gradient into a temporary and ADD tasks sum them into the
+ * output (the extra traffic is T weight-sized tensors). */
+
+static void narrow_n(em_tdesc *d, int64_t start, int64_t len)
+{
+    d->offset += start * d->strides[0];
+    d->shape[0] = len;
+}
+
+static em_status submit_tile(const em_op *op, em_tensor *out, const em_kargs *k)
+{
+    em_op sub = *op;
+    sub.flags |= EM_OPF_RAW;
+    sub.out[0] = out;
+    sub.kargs = k;
+    return em__submit(&sub);
+}
+
+static em_status submit_add(const em_op *op, em_tensor *a, em_tensor *b, em_tensor *out)
+{
+    em_op add = {.kind = EM_OP_ADD, .n_in = 2, .n_out = 1, .in = {a, b}, .out = {out},
+                 .flags = EM_OPF_RAW, .priority = op->priority, .after = op->after};
+    return em__submit(&add);
+}
+
+em_status em__conv_submit(em_op *op)
+{
+    const em_tensor *a = op->in[0], *b = op->in[1], *o = op->out[0];
+    /* flops = 2 * (elements of the per-sample-summed side) * (the reduction length) */
+    double flops = 2.0;
+    if (op->kind == EM_OP_CONV2D)
+        flops *= (double)em__numel(o->shape, 4) * (double)(b->shape[1] * b->shape[2] * b->shape[3]);
+    else if (op->kind == EM_OP_CONV2D_BWD_DATA)
+        flops *= (double)em__numel(a->shape, 4) * (double)(b->shape[1] * b->shape[2] * b->shape[3]);
+    else
+        flops *= (double)em__numel(b->shape, 4) * (double)(o->shape[1] * o->shape[2] * o->shape[3]);
+    const int64_t N = a->shape[0];
+    int T = em__cpu_tiles(op, flops, "EMBER_CONV_TILE_MIN_FLOPS", 2e7, "EMBER_CONV_TILES");
+    if (T > N) T = (int)N;
+    em_kargs k;
+    if (T <= 1) return submit_tile(op, op->out[0], NULL);
+    em__kargs_from_op(op, &k);
+    const bool weight = op->kind == EM_OP_CONV2D_BWD_WEIGHT;
+    /* temporaries stay alive until every task is submitted (see matmul) */
+    em_tensor *tmp[EM_MAX_TILES] = {0};
+    int64_t s0s[EM_MAX_TILES + 1];
+    for (int t = 0; t <= T; t++) s0s[t] = N * t / T;
+    em_status st = EM_OK;
+    for (int t = 0; t < T && st == EM_OK; t++) {
+        const int64_t s0 = s0s[t], rows = s0s[t + 1] - s0;
+        em_kargs tk = k;
+        narrow_n(&tk.in[0], s0, rows);
+        if (weight) narrow_n(&tk.in[1], s0, rows);
+        if (t == 0 && !weight) {
+            narrow_n(&tk.out[0], s0, rows);
+            st = submit_tile(op, op->out[0], &tk);
+            continue;
+        }
+        int64_t shape[4];
+        memcpy(shape, o->shape, sizeof shape);
+        if (!weight) shape[0] = rows;
+        if (!(tmp[t] = em__tensor_new(o->dtype, shape, 4))) {
+            st = em_last_status();
+            break;
+        }
+        em__tdesc(tmp[t], &tk.out[0]);
+        st = submit_tile(op, tmp[t], &tk);
+    }
+    if (weight) { /* out = tmp[0] + tmp[1] + ... (left to right) */
+        em_tensor *acc = tmp[0];
+        for (int t = 1; t < T && st == EM_OK; t++) {
+            em_tensor *dst = t == T - 1 ? op->out[0] : em__tensor_new(o->dtype, o->shape, 4);
+            if (!dst) {
+                st = em_last_status();
+                break;
+            }
+            st = submit_add(op, acc, tmp[t], dst);
+            if (acc != tmp[0]) em_tensor_release(acc);
+            acc = dst;
+        }
+        if (acc != tmp[0] && acc != op->out[0]) em_tensor_release(acc);
+    } else {
+        for (int t = 1; t < T && st == EM_OK; t++) {
+            em_tensor *view = em__tensor_view(o, tmp[t]->shape, o->strides, 4, o->offset + s0s[t] * o->strides[0]);
+            if (!view) {
+                st = em_last_status();
+                break;
+            }
+            em_op cop = {.kind = EM_OP_COPY, .n_in = 1, .n_out = 1, .in = {tmp[t]}, .out = {view},
+                         .flags = EM_OPF_RAW, .priority = op->priority, .after = op->after};
+            st = em__submit(&cop);
+            em_tensor_release(view);
+        }
+    }
+    for (int t = 0; t < T; t++) em_tensor_release(tmp[t]);
+    return st;
+}

@@ -24,6 +24,7 @@ _Static_assert(EM_NODE_CPU == STARPU_SPECIFIC_NODE_CPU, "EM_NODE_CPU must be Sta
 #define em_cpu_collective NULL /* collectives: em__dist_cpu_kernels */
 
 em_status em__matmul_submit(em_op *op); /* tasks/matmul.c: tiling */
+em_status em__conv_submit(em_op *op);   /* tasks/conv.c: tiling over CPU workers */
 
 em_optab_entry em__optab[EM_OP_COUNT] = {
 #define OP(E, nm, nin, nout, fl, fam, bw) \
@@ -67,6 +68,9 @@ static uint32_t footprint(struct starpu_task *task)
 em_status em__codelets_init(void)
 {
     em__optab[EM_OP_MATMUL].submit = em__matmul_submit;
+    em__optab[EM_OP_CONV2D].submit = em__conv_submit;
+    em__optab[EM_OP_CONV2D_BWD_DATA].submit = em__conv_submit;
+    em__optab[EM_OP_CONV2D_BWD_WEIGHT].submit = em__conv_submit;
     if (em__autodiff_check) {
         em_status st = em__autodiff_check();
         if (st != EM_OK) return st;

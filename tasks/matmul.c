@@ -31,7 +31,7 @@
 #include <string.h>
 
 #define SHAPE_STR(t, buf) em_shape_str((t)->shape, (t)->ndim, buf, sizeof buf)
-#define MAX_TILES 256
+#define MAX_TILES EM_MAX_TILES
 
 /* ---- front end -------------------------------------------------------------- */
 
@@ -207,10 +207,8 @@ static void tdesc_narrow(em_tdesc *d, int dim, int64_t start, int64_t len)
     d->shape[dim] = len;
 }
 
-/* Number of tiles wanted for this product: 1 (one task) unless the placement
- * is CPU-only, there are >= 2 CPU workers, the output is a fresh contiguous
- * tensor and the product is large. */
-static int tile_count(const em_op *op)
+/* Number of CPU tiles for an op of @p flops (tasks_internal.h). */
+int em__cpu_tiles(const em_op *op, double flops, const char *min_env, double min_dflt, const char *tiles_env)
 {
     em_placement pl = em__placement();
     if (pl.worker >= 0) return 1;
@@ -220,14 +218,20 @@ static int tile_count(const em_op *op)
         return 1;
     int nw = em__ncpu_workers();
     if (nw < 2) return 1;
+    if (!em__covers_storage(op->out[0])) return 1;
+    if (flops <= env_double(min_env, min_dflt)) return 1;
+    double t = env_double(tiles_env, (double)nw);
+    return t < 1 ? 1 : t > EM_MAX_TILES ? EM_MAX_TILES : (int)t;
+}
+
+/* Number of tiles wanted for this product (em__cpu_tiles). */
+static int tile_count(const em_op *op)
+{
     const em_tensor *c = op->out[0];
-    if (!em__covers_storage(c)) return 1;
     int nd = c->ndim;
     double flops = 2.0 * (double)op->in[0]->shape[nd - 1];
     for (int i = 0; i < nd; i++) flops *= (double)c->shape[i];
-    if (flops <= env_double("EMBER_MATMUL_TILE_MIN_FLOPS", 2e7)) return 1;
-    double t = env_double("EMBER_MATMUL_TILES", (double)nw);
-    return t < 1 ? 1 : t > MAX_TILES ? MAX_TILES : (int)t;
+    return em__cpu_tiles(op, flops, "EMBER_MATMUL_TILE_MIN_FLOPS", 2e7, "EMBER_MATMUL_TILES");
 }
 
 /* Why tiles are not StarPU partition children of the output handle:

@@ -157,6 +157,14 @@ em_tensor *em__run1(enum em_op_kind kind, em_tensor *const *in, int n_in, em_ten
                     const union em_op_params *p, const em_tensor *const *orig_in);
 
 
+/** Tiling over CPU workers (tasks/matmul.c): how many tasks an op of @p
+ *  flops should be cut into — 1 unless the placement is CPU-only, there are
+ *  >= 2 CPU workers, out[0] covers its storage and flops exceeds the
+ *  environment variable @p min_env (default @p min_dflt); then the variable
+ *  @p tiles_env or the number of CPU workers, at most EM_MAX_TILES. */
+#define EM_MAX_TILES 256
+int em__cpu_tiles(const em_op *op, double flops, const char *min_env, double min_dflt, const char *tiles_env);
+
 /* Convolution and pooling ops with explicit output shapes (tasks/conv.c,
  * tasks/pool.c; contracts there): used by the front ends and the backward
  * rules. Inputs are made contiguous (unrecorded copies); scoped results. */
