@@ -9,11 +9,12 @@
  *                                            adds col back into dx[n, g]
  *   bwd weight:  dw[g] [Og, Cg*KH*KW]     += dy[n, g] @ col^T   (over n)
  * A 1x1 kernel with stride 1 and no padding uses x itself as col. The col
- * buffer is allocated per task (Cg*KH*KW*OH*OW elements); failing to get it
- * is an EM_ERR_NOMEM kernel error. */
+ * buffer (Cg*KH*KW*OH*OW elements) is the worker thread's, kept between
+ * tasks; failing to get it is an EM_ERR_NOMEM kernel error. */
 #include "devices/cpu/cpu.h"
 
 #include <cblas.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -40,7 +41,23 @@ static bool direct_col(const geom *g)
     return g->KH == 1 && g->KW == 1 && g->sh == 1 && g->sw == 1 && g->ph == 0 && g->pw == 0 && g->OH == g->H && g->OW == g->W;
 }
 
-/* The im2col / col2im loops and the GEMM calls, for T = float / double. */
+/* floor(a / b) and ceil(a / b) for b > 0 and any sign of a. */
+static inline int64_t floor_div(int64_t a, int64_t b) { return a >= 0 ? a / b : -((-a + b - 1) / b); }
+static inline int64_t ceil_div(int64_t a, int64_t b) { return a >= 0 ? (a + b - 1) / b : -((-a) / b); }
+
+/* The output columns [*lo, *hi) whose input column ow*sw - pw + j*dw is
+ * inside [0, W). */
+static inline void valid_cols(const geom *g, int64_t j, int64_t *lo, int64_t *hi)
+{
+    const int64_t off = j * g->dw - g->pw; /* input column of ow = 0 */
+    int64_t l = ceil_div(-off, g->sw), h = floor_div(g->W - 1 - off, g->sw) + 1;
+    *lo = l < 0 ? 0 : l > g->OW ? g->OW : l;
+    *hi = h > g->OW ? g->OW : h < *lo ? *lo : h;
+}
+
+/* The im2col / col2im loops and the GEMM calls, for T = float / double.
+ * Rows of col are filled by runs: zeros left and right of the valid
+ * columns, a memcpy (stride 1) or a strided gather in between. */
 #define CONV_IMPL(T, GEMM)                                                                                              \
     static void im2col_##T(const geom *g, const T *x, T *col)                                                          \
     {                                                                                                                   \
@@ -49,18 +66,23 @@ static bool direct_col(const geom *g)
                 for (int64_t j = 0; j < g->KW; j++) {                                                                   \
                     T *row = col + ((c * g->KH + i) * g->KW + j) * g->P;                                                \
                     const T *plane = x + c * g->H * g->W;                                                               \
+                    int64_t lo, hi;                                                                                     \
+                    valid_cols(g, j, &lo, &hi);                                                                         \
+                    const int64_t off = j * g->dw - g->pw;                                                              \
                     for (int64_t oh = 0; oh < g->OH; oh++) {                                                            \
                         const int64_t h = oh * g->sh - g->ph + i * g->dh;                                               \
                         T *r = row + oh * g->OW;                                                                        \
-                        if (h < 0 || h >= g->H) {                                                                       \
+                        if (h < 0 || h >= g->H || lo >= hi) {                                                           \
                             memset(r, 0, sizeof(T) * (size_t)g->OW);                                                    \
                             continue;                                                                                   \
                         }                                                                                               \
-                        const T *src = plane + h * g->W;                                                                \
-                        for (int64_t ow = 0; ow < g->OW; ow++) {                                                        \
-                            const int64_t w = ow * g->sw - g->pw + j * g->dw;                                           \
-                            r[ow] = (w >= 0 && w < g->W) ? src[w] : (T)0;                                               \
-                        }                                                                                               \
+                        const T *src = plane + h * g->W + off;                                                          \
+                        if (lo) memset(r, 0, sizeof(T) * (size_t)lo);                                                   \
+                        if (g->sw == 1)                                                                                 \
+                            memcpy(r + lo, src + lo, sizeof(T) * (size_t)(hi - lo));                                    \
+                        else                                                                                            \
+                            for (int64_t ow = lo; ow < hi; ow++) r[ow] = src[ow * g->sw];                               \
+                        if (hi < g->OW) memset(r + hi, 0, sizeof(T) * (size_t)(g->OW - hi));                            \
                     }                                                                                                   \
                 }                                                                                                       \
     }                                                                                                                   \
@@ -71,15 +93,15 @@ static bool direct_col(const geom *g)
                 for (int64_t j = 0; j < g->KW; j++) {                                                                   \
                     const T *row = col + ((c * g->KH + i) * g->KW + j) * g->P;                                          \
                     T *plane = x + c * g->H * g->W;                                                                     \
+                    int64_t lo, hi;                                                                                     \
+                    valid_cols(g, j, &lo, &hi);                                                                         \
+                    const int64_t off = j * g->dw - g->pw, sw = g->sw;                                                  \
                     for (int64_t oh = 0; oh < g->OH; oh++) {                                                            \
                         const int64_t h = oh * g->sh - g->ph + i * g->dh;                                               \
                         if (h < 0 || h >= g->H) continue;                                                               \
                         const T *r = row + oh * g->OW;                                                                  \
-                        T *dst = plane + h * g->W;                                                                      \
-                        for (int64_t ow = 0; ow < g->OW; ow++) {                                                        \
-                            const int64_t w = ow * g->sw - g->pw + j * g->dw;                                           \
-                            if (w >= 0 && w < g->W) dst[w] += r[ow];                                                    \
-                        }                                                                                               \
+                        T *dst = plane + h * g->W + off;                                                                \
+                        for (int64_t ow = lo; ow < hi; ow++) dst[ow * sw] += r[ow];                                     \
                     }                                                                                                   \
                 }                                                                                                       \
     }                                                                                                                   \
@@ -139,6 +161,42 @@ static bool direct_col(const geom *g)
 CONV_IMPL(float, cblas_sgemm)
 CONV_IMPL(double, cblas_dgemm)
 
+/* The im2col buffer of the calling worker thread: kept between tasks (no
+ * page faults on a fresh allocation per task), grown on demand, freed when
+ * the thread ends (a pthread key destructor). NULL when out of memory. */
+typedef struct col_buf {
+    void *p;
+    size_t bytes;
+} col_buf;
+static pthread_key_t g_col_key;
+static pthread_once_t g_col_once = PTHREAD_ONCE_INIT;
+static void col_free(void *v)
+{
+    col_buf *b = v;
+    if (b) free(b->p);
+    free(b);
+}
+static void col_key_init(void) { (void)pthread_key_create(&g_col_key, col_free); }
+static void *col_get(size_t bytes)
+{
+    (void)pthread_once(&g_col_once, col_key_init);
+    col_buf *b = pthread_getspecific(g_col_key);
+    if (!b) {
+        if (!(b = calloc(1, sizeof *b))) return NULL;
+        if (pthread_setspecific(g_col_key, b) != 0) {
+            free(b);
+            return NULL;
+        }
+    }
+    if (b->bytes < bytes) {
+        free(b->p);
+        b->bytes = 0;
+        if (!(b->p = malloc(bytes))) return NULL;
+        b->bytes = bytes;
+    }
+    return b->p;
+}
+
 void em_cpu_conv(void *buffers[], void *cl_arg)
 {
     const em_kargs *k = (const em_kargs *)cl_arg;
@@ -161,7 +219,7 @@ void em_cpu_conv(void *buffers[], void *cl_arg)
     }
     void *col = NULL;
     if (!direct_col(&g)) {
-        col = malloc(es * (size_t)(g.K * g.P > 0 ? g.K * g.P : 1));
+        col = col_get(es * (size_t)(g.K * g.P > 0 ? g.K * g.P : 1));
         if (!col) {
             em__kernel_error(k, EM_ERR_NOMEM, "out of memory for the im2col buffer (%lld x %lld elements)", (long long)g.K,
                              (long long)g.P);
@@ -174,7 +232,6 @@ void em_cpu_conv(void *buffers[], void *cl_arg)
         conv_float(k, bufs, (float *)col);
     else
         conv_double(k, bufs, (double *)col);
-    free(col);
 }
 
 /* ---- pooling (contracts at the top of tasks/pool.c) ---------------------- */
