@@ -13,6 +13,7 @@
 #                bit-exactness run (EMBER_CONSISTENCY_EXACT=1, not a failure)
 #   tests        the whole CTest suite (ctest), sequential
 #   bench        every build-gpu/bench/bench_* on the CPU and with EMBER_DEVICE=cuda:0
+#   vision       the CNN / conv / ResNet-18 anchors side by side (not in the default list)
 #   sanitizer    test_consistency under compute-sanitizer memcheck (out-of-bounds
 #                accesses in CUDA kernels), when compute-sanitizer exists
 # Time: the whole run stays within GPU_RUN_BUDGET_S seconds (default 560, the
@@ -165,6 +166,30 @@ run_gpubench() {
   status gpubench 0
 }
 
+# Vision anchors side by side (issue #14), alternating Ember and PyTorch
+# runs (VISION_PAIRS rounds, default 3): the MNIST CNN at batch 64 and 512
+# (bench_cnn vs bench/cnn_torch.py eager and CUDA graph), one conv layer
+# through Ember vs cuDNN direct (bench_conv_cuda), CIFAR ResNet-18 at batch
+# 256 (bench_resnet vs bench/resnet_torch.py).
+run_vision() {
+  mkdir -p "$OUT/bench"
+  local i have_torch=0
+  python3 -c 'import torch' 2>/dev/null && have_torch=1
+  for i in $(seq 1 "${VISION_PAIRS:-3}"); do
+    if [ -x "$BUILD/bench/bench_cnn" ]; then
+      timeout "$(tlimit 90)" "$BUILD/bench/bench_cnn" --device cuda:0 --steps 300 --warmup 20 64 512 >>"$OUT/bench/vision.log" 2>&1
+    fi
+    [ $have_torch = 1 ] && timeout "$(tlimit 120)" python3 "$ROOT/bench/cnn_torch.py" --device cuda --steps 300 --warmup 20 --runs 1 64 512 >>"$OUT/bench/vision.log" 2>&1
+    if [ -x "$BUILD/bench/bench_resnet" ]; then
+      timeout "$(tlimit 90)" "$BUILD/bench/bench_resnet" --device cuda:0 --steps 20 256 >>"$OUT/bench/vision.log" 2>&1
+    fi
+    [ $have_torch = 1 ] && timeout "$(tlimit 90)" python3 "$ROOT/bench/resnet_torch.py" --device cuda --steps 20 --runs 1 256 >>"$OUT/bench/vision.log" 2>&1
+  done
+  [ -x "$BUILD/bench/bench_conv_cuda" ] && timeout "$(tlimit 90)" "$BUILD/bench/bench_conv_cuda" >>"$OUT/bench/vision.log" 2>&1
+  grep -E "samples/s|ratio|conv " "$OUT/bench/vision.log" >>"$SUMMARY"
+  status vision 0
+}
+
 # The main job on the GPU: ember train --device cuda:0 on Fashion-MNIST carried in .deps/fashion-mnist.
 run_train() {
   local data="$DEPS/fashion-mnist"
@@ -204,6 +229,7 @@ for s in $STEPS; do
     tests) run_tests ;;
     bench) run_bench ;;
     gpubench) run_gpubench ;;
+    vision) run_vision ;;
     train) run_train ;;
     sanitizer) run_sanitizer ;;
     *) say "gpu-run: unknown step '$s'" ;;
