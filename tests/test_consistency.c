@@ -897,7 +897,14 @@ static bool case_conv_extra(ctx *c)
     REQ(c, w);
     em_conv_opts o = conv_opts_x(2, 1, 2, 1, 1, 2, 2);
     if (!out_grad(c, em_conv2d(xw, w, NULL, &o), w, "weight gradient (stride, padding, dilation per axis)")) return false;
-    return out_grad(c, em_conv2d(xw, w, NULL, &o), xw, "input gradient (stride, padding, dilation per axis)");
+    if (!out_grad(c, em_conv2d(xw, w, NULL, &o), xw, "input gradient (stride, padding, dilation per axis)")) return false;
+    /* few weights, long sums (N * OH * OW >= 4096): OpenCL's work-group reduction */
+    em_tensor *xl = IN(c, c->dt, (2, 2, 46, 46), -1, 1, fl);
+    em_tensor *wl = IN(c, c->dt, (4, 1, 3, 3), -1, 1, fl);
+    REQ(c, xl);
+    REQ(c, wl);
+    o = conv_opts_x(1, 1, 1, 2, 1, 2, 2);
+    return out_grad(c, em_conv2d(xl, wl, NULL, &o), wl, "weight gradient (long sums, groups, dilation)");
 }
 
 static em_pool_opts pool_opts_x(int64_t k0, int64_t k1, int64_t s0, int64_t s1, int64_t p0, int64_t p1)

@@ -1,6 +1,7 @@
 /* OpenCL host functions of the conv and pool families. Operand contracts:
  * tasks/conv.c and tasks/pool.c; kernel contracts: devices/opencl/conv.cl
  * and devices/opencl/pool.cl (direct kernels, one work-item per output
+ * element, or for bwd_weight with few weights one work-group per weight
  * element; the backward kernels gather, no atomics).
  *
  * Every operand is f32 or f64 (one dtype per op; max_pool2d's indices i64),
@@ -30,6 +31,10 @@ static void arg_tensor(em_ocl_args *a, void *iface, const em_tdesc *t)
 }
 
 /* ---- convolution -------------------------------------------------------------- */
+
+/* bwd_weight takes the work-group reduction below this many weight elements
+ * when every one sums at least RED_MIN_SUM products (N * OH * OW). */
+enum { RED_MAX_WEIGHTS = 4096, RED_MIN_SUM = 4096 };
 
 void em_ocl_conv(void *buffers[], void *cl_arg)
 {
@@ -85,6 +90,29 @@ void em_ocl_conv(void *buffers[], void *cl_arg)
     const int64_t g1[8] = {w->shape[3], G, st[0], st[1], pd[0], pd[1], dl[0], dl[1]};
     const em_tdesc *out = &k->out[0];
     const int64_t n = em_ocl_numel(out);
+    /* bwd_weight with few weights and long sums: one work-group per weight
+     * element, its (n, oh) rows split over the group, a tree sum in local
+     * memory (parallelism beyond n work-items) */
+    if (kind == EM_OP_CONV2D_BWD_WEIGHT && n > 0 && n < RED_MAX_WEIGHTS && N * y->shape[2] * y->shape[3] >= RED_MIN_SUM) {
+        const int rid = dt == EM_F32 ? EMK_conv2d_bwd_weight_red_f32 : EMK_conv2d_bwd_weight_red_f64;
+        if (c.d->k[rid]) {
+            /* a power-of-2 group of at most half the rows (N * OH) a weight sums over */
+            const int64_t rows = N * y->shape[2];
+            size_t l = c.d->kwg[rid] ? c.d->kwg[rid] : 64;
+            while (l > 16 && (int64_t)l * 2 > rows) l /= 2;
+            const size_t g = (size_t)(n < 65536 ? n : 65536) * l;
+            em_ocl_args a = em_ocl_args_begin(&c, rid);
+            arg_tensor(&a, buffers[0], &k->in[0]);
+            arg_tensor(&a, buffers[1], &k->in[1]);
+            arg_tensor(&a, buffers[2], out);
+            em_ocl_arg_long8(&a, g0, 8);
+            em_ocl_arg_long8(&a, g1, 8);
+            em_ocl_arg_i64(&a, n);
+            em_ocl_arg_local(&a, l * em_ocl_dtsize(dt));
+            em_ocl_launch(&a, 1, &g, &l, em__kernel_info[kind].name);
+            return;
+        }
+    }
     em_ocl_args a = em_ocl_args_begin(&c, kid);
     arg_tensor(&a, buffers[0], &k->in[0]);
     arg_tensor(&a, buffers[1], &k->in[1]);

@@ -50,8 +50,8 @@ char *em_ocl_ew_source(bool fp64, char *err, size_t errlen);
     X(fill_pattern) X(eye) X(arange) X(rand)                                                      \
     X(gather) X(scatter) X(one_hot)                                                \
     X(optim_f32) X(optim_f64)                                                                     \
-    X(conv2d_fwd_f32) X(conv2d_bwd_data_f32) X(conv2d_bwd_weight_f32)                             \
-    X(conv2d_fwd_f64) X(conv2d_bwd_data_f64) X(conv2d_bwd_weight_f64)                             \
+    X(conv2d_fwd_f32) X(conv2d_bwd_data_f32) X(conv2d_bwd_weight_f32) X(conv2d_bwd_weight_red_f32)  \
+    X(conv2d_fwd_f64) X(conv2d_bwd_data_f64) X(conv2d_bwd_weight_f64) X(conv2d_bwd_weight_red_f64)  \
     X(max_pool_f32) X(avg_pool_f32) X(avg_pool_bwd_f32)                                           \
     X(max_pool_f64) X(avg_pool_f64) X(avg_pool_bwd_f64)
 
