@@ -836,6 +836,140 @@ static bool case_pool(ctx *c)
     return out_grad(c, em_adaptive_avg_pool2d(t, 9, 10), t, "adaptive_avg_pool2d gradient");
 }
 
+/* More conv / pool variants, written with the OpenCL kernels (the table runs
+ * them after case_conv / case_pool): mixed strides, dilations and paddings
+ * per axis, 'same' padding with dilation, conv_transpose with dilation and
+ * output_padding on both axes, max pooling's NaN rule (a NaN is a maximum,
+ * the last NaN wins) and ceil_mode with dilation, avg pooling windows that
+ * overlap (stride < kernel) with each divisor rule. */
+static em_conv_opts conv_opts_x(int64_t s0, int64_t s1, int64_t p0, int64_t p1, int64_t d0, int64_t d1, int64_t g)
+{
+    em_conv_opts o = em_conv_opts_default();
+    o.stride[0] = s0, o.stride[1] = s1;
+    o.padding[0] = p0, o.padding[1] = p1;
+    o.dilation[0] = d0, o.dilation[1] = d1;
+    o.groups = g;
+    return o;
+}
+
+static bool case_conv_extra(ctx *c)
+{
+    const int fl = grad_flag(c->dt);
+    em_tensor *x = IN(c, c->dt, (2, 4, 9, 8), -1, 1, fl);
+    REQ(c, x);
+    if (c->kind == EM_OP_CONV2D) {
+        em_tensor *w = IN(c, c->dt, (6, 4, 3, 3), -1, 1, fl);
+        em_tensor *wg = IN(c, c->dt, (6, 2, 3, 2), -1, 1, fl);
+        em_tensor *wd = IN(c, c->dt, (8, 1, 2, 3), -1, 1, fl);
+        REQ(c, w);
+        REQ(c, wg);
+        REQ(c, wd);
+        em_conv_opts o = conv_opts_x(2, 3, 1, 2, 2, 1, 2);
+        OUT(c, em_conv2d(x, wg, NULL, &o));
+        o = conv_opts_x(2, 1, 1, 0, 1, 2, 4); /* 2 outputs per input channel */
+        OUT(c, em_conv2d(x, wd, NULL, &o));
+        o = conv_opts_x(1, 2, 0, 1, 1, 1, 1);
+        o.padding_end[0] = 2;
+        OUT(c, em_conv2d(x, w, NULL, &o));
+        o = conv_opts_x(1, 1, 0, 0, 2, 2, 1);
+        o.padding_same = true;
+        OUT(c, em_conv2d(x, w, NULL, &o));
+        return true;
+    }
+    if (c->kind == EM_OP_CONV2D_BWD_DATA) {
+        em_tensor *xt = IN(c, c->dt, (2, 4, 5, 6), -1, 1, fl);
+        em_tensor *w = IN(c, c->dt, (4, 3, 3, 3), -1, 1, fl);
+        em_tensor *wg = IN(c, c->dt, (4, 2, 2, 3), -1, 1, fl);
+        REQ(c, xt);
+        REQ(c, w);
+        REQ(c, wg);
+        em_conv_opts o = conv_opts_x(2, 3, 1, 1, 1, 1, 1);
+        o.output_padding[0] = 1, o.output_padding[1] = 2;
+        OUT(c, em_conv_transpose2d(xt, w, NULL, &o));
+        o = conv_opts_x(2, 2, 1, 0, 2, 1, 2);
+        o.output_padding[0] = 1;
+        OUT(c, em_conv_transpose2d(xt, wg, NULL, &o));
+        return true;
+    }
+    em_tensor *xw = IN(c, c->dt, (3, 4, 10, 7), -1, 1, fl);
+    em_tensor *w = IN(c, c->dt, (6, 2, 3, 3), -1, 1, fl);
+    REQ(c, xw);
+    REQ(c, w);
+    em_conv_opts o = conv_opts_x(2, 1, 2, 1, 1, 2, 2);
+    if (!out_grad(c, em_conv2d(xw, w, NULL, &o), w, "weight gradient (stride, padding, dilation per axis)")) return false;
+    if (!out_grad(c, em_conv2d(xw, w, NULL, &o), xw, "input gradient (stride, padding, dilation per axis)")) return false;
+    /* few weights, long sums (N * OH * OW >= 4096): OpenCL's work-group reduction */
+    em_tensor *xl = IN(c, c->dt, (2, 2, 46, 46), -1, 1, fl);
+    em_tensor *wl = IN(c, c->dt, (4, 1, 3, 3), -1, 1, fl);
+    REQ(c, xl);
+    REQ(c, wl);
+    o = conv_opts_x(1, 1, 1, 2, 1, 2, 2);
+    return out_grad(c, em_conv2d(xl, wl, NULL, &o), wl, "weight gradient (long sums, groups, dilation)");
+}
+
+static em_pool_opts pool_opts_x(int64_t k0, int64_t k1, int64_t s0, int64_t s1, int64_t p0, int64_t p1)
+{
+    em_pool_opts o = em_pool_opts_default(k0, k1);
+    o.stride[0] = s0, o.stride[1] = s1;
+    o.padding[0] = p0, o.padding[1] = p1;
+    return o;
+}
+
+static bool case_pool_extra(ctx *c)
+{
+    const int fl = grad_flag(c->dt);
+    if (c->kind == EM_OP_MAX_POOL2D) {
+        em_tensor *x = IN(c, c->dt, (2, 3, 9, 10), -2, 2, fl | IN_DISCRETE);
+        REQ(c, x);
+        em_tensor *idx = NULL;
+        em_pool_opts o = pool_opts_x(3, 2, 2, 1, 1, 1);
+        o.dilation[0] = 2, o.ceil_mode = true;
+        OUT(c, em_max_pool2d(x, &o, &idx));
+        OUT(c, idx);
+        o = pool_opts_x(3, 3, 2, 3, 1, 0);
+        o.ceil_mode = true; /* a last window in the end padding is dropped */
+        OUT(c, em_max_pool2d(x, &o, &idx));
+        OUT(c, idx);
+        OUT(c, em_adaptive_max_pool2d(x, 9, 10, &idx));
+        OUT(c, idx);
+        const double v[16] = {1, NAN, 3, 2, NAN, 0, 5, 5, -1, -1, -1, NAN, 7, NAN, 4, 4};
+        void *raw = malloc(16 * em_dtype_size((em_dtype)c->dt));
+        for (int i = 0; i < 16; i++) pack((em_dtype)c->dt, raw, i, v[i]);
+        em_tensor *xn = em_from_host(raw, S(1, 1, 4, 4), 4, (em_dtype)c->dt);
+        free(raw);
+        REQ(c, xn);
+        o = pool_opts_x(2, 2, 2, 2, 0, 0);
+        OUT(c, em_max_pool2d(xn, &o, &idx));
+        OUT(c, idx);
+        o = pool_opts_x(3, 3, 1, 1, 1, 1);
+        OUT(c, em_max_pool2d(xn, &o, &idx));
+        OUT(c, idx);
+        return true;
+    }
+    em_tensor *x = IN(c, c->dt, (2, 3, 11, 8), -1, 1, fl);
+    REQ(c, x);
+    em_pool_opts a = pool_opts_x(3, 2, 2, 1, 1, 1), b = pool_opts_x(4, 3, 3, 2, 2, 1), d = pool_opts_x(3, 2, 1, 2, 1, 1);
+    a.ceil_mode = true, a.count_include_pad = false;
+    b.ceil_mode = true;
+    d.divisor_override = 7;
+    if (c->kind == EM_OP_AVG_POOL2D) {
+        OUT(c, em_avg_pool2d(x, &a));
+        OUT(c, em_avg_pool2d(x, &b));
+        OUT(c, em_avg_pool2d(x, &d));
+        OUT(c, em_adaptive_avg_pool2d(x, 5, 7));
+        OUT(c, em_adaptive_avg_pool2d(x, 1, 1));
+        return true;
+    }
+    if (!out_grad(c, em_avg_pool2d(x, &a), x, "avg_pool2d gradient (overlap, ceil, count_include_pad false)")) return false;
+    if (!out_grad(c, em_avg_pool2d(x, &b), x, "avg_pool2d gradient (ceil, padding)")) return false;
+    if (!out_grad(c, em_avg_pool2d(x, &d), x, "avg_pool2d gradient (overlap, divisor)")) return false;
+    if (!out_grad(c, em_adaptive_avg_pool2d(x, 4, 5), x, "adaptive_avg_pool2d gradient")) return false;
+    return out_grad(c, em_adaptive_avg_pool2d(x, 13, 3), x, "adaptive_avg_pool2d gradient (more rows than the input)");
+}
+
+static bool case_conv_all(ctx *c) { return case_conv(c) && case_conv_extra(c); }
+static bool case_pool_all(ctx *c) { return case_pool(c) && case_pool_extra(c); }
+
 static bool case_fill(ctx *c)
 {
     OUT(c, em_full(S(5, 7), 2, (em_dtype)c->dt, 2.5));
@@ -1153,12 +1287,12 @@ static op_case g_cases[EM_OP_COUNT] = {
     [EM_OP_SCATTER_ADD] = {case_scatter, {D_F32, D_F64, D_I32, END}, 1},
     [EM_OP_INDEX_SELECT] = {case_index_select, {D_F32, D_F64, D_I64, D_U8, END}, 1},
     [EM_OP_ONE_HOT] = {case_one_hot, {D_I64, END}, 1},
-    [EM_OP_CONV2D] = {case_conv, {D_F32, D_F64, END}, 1},
-    [EM_OP_CONV2D_BWD_DATA] = {case_conv, {D_F32, D_F64, END}, 1},
-    [EM_OP_CONV2D_BWD_WEIGHT] = {case_conv, {D_F32, D_F64, END}, 1},
-    [EM_OP_MAX_POOL2D] = {case_pool, {D_F32, D_F64, END}, 1},
-    [EM_OP_AVG_POOL2D] = {case_pool, {D_F32, D_F64, END}, 1},
-    [EM_OP_AVG_POOL2D_BWD] = {case_pool, {D_F32, D_F64, END}, 1},
+    [EM_OP_CONV2D] = {case_conv_all, {D_F32, D_F64, END}, 1},
+    [EM_OP_CONV2D_BWD_DATA] = {case_conv_all, {D_F32, D_F64, END}, 1},
+    [EM_OP_CONV2D_BWD_WEIGHT] = {case_conv_all, {D_F32, D_F64, END}, 1},
+    [EM_OP_MAX_POOL2D] = {case_pool_all, {D_F32, D_F64, END}, 1},
+    [EM_OP_AVG_POOL2D] = {case_pool_all, {D_F32, D_F64, END}, 1},
+    [EM_OP_AVG_POOL2D_BWD] = {case_pool_all, {D_F32, D_F64, END}, 1},
     [EM_OP_FILL] = {case_fill, {D_F32, D_F64, D_I32, D_I64, D_U8, D_BOOL, END}, 1},
     [EM_OP_ARANGE] = {case_arange, {D_F32, D_F64, D_I32, D_I64, END}, 1},
     [EM_OP_EYE] = {case_eye, {D_F32, D_F64, D_I64, D_BOOL, END}, 1},

@@ -49,7 +49,11 @@ char *em_ocl_ew_source(bool fp64, char *err, size_t errlen);
     X(matmul_f32) X(matmul_f64) X(matmul_i32) X(matmul_i64) X(matmul_u8)                          \
     X(fill_pattern) X(eye) X(arange) X(rand)                                                      \
     X(gather) X(scatter) X(one_hot)                                                \
-    X(optim_f32) X(optim_f64)
+    X(optim_f32) X(optim_f64)                                                                     \
+    X(conv2d_fwd_f32) X(conv2d_bwd_data_f32) X(conv2d_bwd_weight_f32) X(conv2d_bwd_weight_red_f32)  \
+    X(conv2d_fwd_f64) X(conv2d_bwd_data_f64) X(conv2d_bwd_weight_f64) X(conv2d_bwd_weight_red_f64)  \
+    X(max_pool_f32) X(avg_pool_f32) X(avg_pool_bwd_f32)                                           \
+    X(max_pool_f64) X(avg_pool_f64) X(avg_pool_bwd_f64)
 
 enum em_ocl_kernel_id {
 #define X(n) EMK_##n,
