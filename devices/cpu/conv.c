@@ -168,10 +168,12 @@ void em_cpu_conv(void *buffers[], void *cl_arg)
             return;
         }
     }
+    /* StarPU hands interfaces: the kernels take the data pointers */
+    void *bufs[3] = {em_cpu_ptr(buffers[0]), em_cpu_ptr(buffers[1]), em_cpu_ptr(buffers[2])};
     if (dt == EM_F32)
-        conv_float(k, buffers, (float *)col);
+        conv_float(k, bufs, (float *)col);
     else
-        conv_double(k, buffers, (double *)col);
+        conv_double(k, bufs, (double *)col);
     free(col);
 }
 
@@ -292,19 +294,23 @@ void em_cpu_pool(void *buffers[], void *cl_arg)
         em_cpu_bad_kind("pool dtype", dt);
         return;
     }
+    /* StarPU hands interfaces: the kernels take the data pointers (max
+     * pooling has 3 buffers, x, y and the indices; average pooling 2) */
+    void *bufs[3] = {em_cpu_ptr(buffers[0]), em_cpu_ptr(buffers[1]), NULL};
     switch (k->kind) {
     case EM_OP_MAX_POOL2D:
+        bufs[2] = em_cpu_ptr(buffers[2]);
         if (dt == EM_F32)
-            max_pool_float(k, buffers);
+            max_pool_float(k, bufs);
         else
-            max_pool_double(k, buffers);
+            max_pool_double(k, bufs);
         break;
     case EM_OP_AVG_POOL2D:
     case EM_OP_AVG_POOL2D_BWD:
         if (dt == EM_F32)
-            avg_pool_float(k, buffers, k->kind == EM_OP_AVG_POOL2D_BWD);
+            avg_pool_float(k, bufs, k->kind == EM_OP_AVG_POOL2D_BWD);
         else
-            avg_pool_double(k, buffers, k->kind == EM_OP_AVG_POOL2D_BWD);
+            avg_pool_double(k, bufs, k->kind == EM_OP_AVG_POOL2D_BWD);
         break;
     default: em_cpu_bad_kind("pool", k->kind);
     }
