@@ -8,7 +8,8 @@
  * module's type, parameter / buffer keys, shapes, initialisation bound and
  * forward; Dropout2d; a PyTorch CNN's state_dict loaded from SafeTensors
  * into an em_sequential of these modules (eval logits); error messages; a
- * small CNN of all of them learning a batch without leaking tensors. */
+ * small CNN of all of them learning a batch without leaking tensors;
+ * checkpoints keeping the BatchNorm buffers. */
 #include "fixture.h"
 #include "testutil.h"
 
@@ -691,11 +692,44 @@ static void test_cnn_trains_without_leaks(void **state)
     em_module_free(m);
 }
 
+/* em_checkpoint_save / _load keep the buffers (running statistics, num_batches_tracked). */
+static void test_checkpoint_keeps_buffers(void **state)
+{
+    (void)state;
+    em_manual_seed(3);
+    em_module *a = em_sequential_new((em_module *[]){em_conv2d_new(2, 3, 3, 3, NULL, true), em_batch_norm2d_new(3, 1e-5, 0.1, true, true)}, 2);
+    em_module *b = em_sequential_new((em_module *[]){em_conv2d_new(2, 3, 3, 3, NULL, true), em_batch_norm2d_new(3, 1e-5, 0.1, true, true)}, 2);
+    assert_non_null(a);
+    assert_non_null(b);
+    em_scope_begin();
+    for (int i = 0; i < 2; i++) assert_non_null(em_module_forward(a, em_rand_normal(SHAPE(4, 2, 5, 5), 4, EM_F32, 1.0, 2.0)));
+    em_checkpoint_info info;
+    memset(&info, 0, sizeof info);
+    const char *path = em_test_tmp_path("bn.safetensors");
+    if (em_checkpoint_save(path, a, NULL, NULL, &info, NULL, 0) != EM_OK) fail_msg("save: %s", em_last_error());
+    if (em_checkpoint_load(path, b, NULL, NULL, &info) != EM_OK) fail_msg("load: %s", em_last_error());
+    const char *keys[] = {"1.running_mean", "1.running_var", "1.num_batches_tracked"};
+    for (int k = 0; k < 3; k++) {
+        double *va = em_test_values(em_module_get_buffer(a, keys[k])), *vb = em_test_values(em_module_get_buffer(b, keys[k]));
+        int64_t n = em_tensor_numel(em_module_get_buffer(a, keys[k]));
+        for (int64_t e = 0; e < n; e++)
+            if (va[e] != vb[e]) fail_msg("%s[%lld]: saved %g, loaded %g", keys[k], (long long)e, va[e], vb[e]);
+        if (k == 2) assert_true(vb[0] == 2);
+        if (k == 0) assert_true(vb[0] != 0); /* moved away from the initial zeros */
+        free(va);
+        free(vb);
+    }
+    assert_true(em_test_max_param_diff(a, b) == 0);
+    em_scope_end();
+    em_module_free(a);
+    em_module_free(b);
+}
+
 static int teardown(void **state)
 {
     fx_free(BS, NBS);
     BS = NULL;
-    return em_test_teardown(state);
+    return em_test_teardown_tmpdir(state);
 }
 
 int main(void)
@@ -711,6 +745,7 @@ int main(void)
         cmocka_unit_test(test_pytorch_cnn_from_safetensors),
         cmocka_unit_test(test_errors),
         cmocka_unit_test(test_cnn_trains_without_leaks),
+        cmocka_unit_test(test_checkpoint_keeps_buffers),
     };
-    return cmocka_run_group_tests(tests, em_test_setup, teardown);
+    return cmocka_run_group_tests(tests, em_test_setup_tmpdir, teardown);
 }
