@@ -400,9 +400,11 @@ static bool check_pool_opts(const em_pool_opts *o, bool is_max, const char *fn)
         return false;
     }
     for (int i = 0; i < 2; i++) {
-        if (o->kernel_size[i] <= 0 || o->stride[i] <= 0 || (is_max && o->dilation[i] <= 0)) {
-            em__fail(EM_ERR_INVALID, "%s: kernel_size (%lld, %lld), stride (%lld, %lld)%s must be > 0", fn, (long long)o->kernel_size[0],
-                     (long long)o->kernel_size[1], (long long)o->stride[0], (long long)o->stride[1], is_max ? " and dilation" : "");
+        /* stride 0 means the kernel size (PyTorch's stride=None), as the front end reads it */
+        if (o->kernel_size[i] <= 0 || o->stride[i] < 0 || (is_max && o->dilation[i] <= 0)) {
+            em__fail(EM_ERR_INVALID, "%s: kernel_size (%lld, %lld)%s must be > 0 and stride (%lld, %lld) >= 0", fn,
+                     (long long)o->kernel_size[0], (long long)o->kernel_size[1], is_max ? " and dilation" : "", (long long)o->stride[0],
+                     (long long)o->stride[1]);
             return false;
         }
         if (o->padding[i] < 0 || o->padding[i] > o->kernel_size[i] / 2) {
