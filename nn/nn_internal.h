@@ -21,4 +21,47 @@ static inline em_tensor *nn_return(em_tensor *r)
 /* The vtable a module was made with (nn/module.c). */
 const em_module_vtable *em__module_vtable(const em_module *m);
 
+/* ---- private data of the vision modules (nn/vision.c): the settings each
+ * was built with, so a model can be described (type name + these). The
+ * tensor pointers are borrowed from the module's parameter / buffer lists
+ * (NULL when absent). ---------------------------------------------------- */
+
+typedef struct em__conv_impl {
+    int spatial;          /* 1: Conv1d, 2: Conv2d / ConvTranspose2d */
+    bool transposed;      /* ConvTranspose2d */
+    int64_t in_channels, out_channels;
+    int64_t kernel[2];    /* (kH, kW); Conv1d: (k, 1) */
+    em_conv_opts opts;
+    em_tensor *weight, *bias;
+} em__conv_impl;
+
+typedef struct em__pool_impl {
+    em_pool_opts opts;    /* MaxPool2d / AvgPool2d */
+    int64_t out[2];       /* AdaptiveAvgPool2d: (oh, ow) */
+} em__pool_impl;
+
+typedef struct em__batch_norm_impl {
+    int64_t num_features;
+    double eps, momentum;
+    bool affine, track_running_stats;
+    em_tensor *weight, *bias, *running_mean, *running_var, *num_batches_tracked;
+} em__batch_norm_impl;
+
+typedef struct em__group_norm_impl {
+    int64_t num_groups, num_channels;
+    double eps;
+    bool affine;
+    em_tensor *weight, *bias;
+} em__group_norm_impl;
+
+typedef struct em__flatten_impl {
+    int start_dim, end_dim;
+} em__flatten_impl;
+
+typedef struct em__upsample_impl {
+    int64_t size[2];      /* (oh, ow) */
+    em_interp_mode mode;
+    bool align_corners;
+} em__upsample_impl;
+
 #endif

@@ -2,17 +2,6 @@
 
 #include <string.h>
 
-static em_tensor *flatten_forward(em_module *m, const em_tensor *x)
-{
-    (void)m;
-    if (!x) return NULL;
-    return em_tensor_ndim(x) <= 2 ? em_reshape(x, em_tensor_shape(x), em_tensor_ndim(x)) : em_flatten(x, 1, -1);
-}
-
-static const em_module_vtable flatten_vt = {.type_name = "Flatten", .forward = flatten_forward};
-
-em_module *em_tool_flatten_new(void) { return em_module_new(&flatten_vt, NULL); }
-
 int em_tool_parse_optim(const char *name, em_optim_kind *out)
 {
     static const struct { const char *n; em_optim_kind k; } t[] = {

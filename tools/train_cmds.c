@@ -55,7 +55,7 @@ em_module *em_tool_build_model(const char *spec, char *err, size_t nerr)
         return NULL;
     }
     em_module *seq = em_sequential_new(NULL, 0);
-    if (!seq || em_sequential_append(seq, em_tool_flatten_new()) != EM_OK) {
+    if (!seq || em_sequential_append(seq, em_flatten_new(1, -1)) != EM_OK) {
         snprintf(err, nerr, "%s", em_last_error());
         em_module_free(seq);
         return NULL;

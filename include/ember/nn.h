@@ -220,7 +220,14 @@ EM_API em_module *em_elu_new(double alpha);
  * [out, in/groups, k...] and bias [out] ~ kaiming_uniform(a = sqrt(5)), i.e.
  * U(-1/sqrt(fan_in), 1/sqrt(fan_in)) with fan_in = in/groups * prod(k);
  * ConvTranspose2d weight [in, out/groups, kH, kW], fan_in computed from that
- * shape as PyTorch does. o NULL = defaults. */
+ * shape as PyTorch does ((out/groups) * kH * kW). o NULL = defaults (conv) /
+ * an error (pooling: the kernel size has no default). Type names are
+ * PyTorch's ("Conv2d", "BatchNorm2d", ...); each module keeps its settings
+ * in its private data. Constructors check what PyTorch's do (channels
+ * divisible by groups, kernel > 0, padding='same' only with stride 1,
+ * ConvTranspose2d output_padding < stride or dilation, pooling padding <=
+ * kernel / 2, ...): EM_ERR_INVALID naming the values. Shape errors of the
+ * input are reported by forward (the functional forms' messages). */
 EM_API em_module *em_conv1d_new(int64_t in_channels, int64_t out_channels, int64_t kernel_size, const em_conv_opts *o, bool bias);
 EM_API em_module *em_conv2d_new(int64_t in_channels, int64_t out_channels, int64_t kh, int64_t kw, const em_conv_opts *o, bool bias);
 EM_API em_module *em_conv_transpose2d_new(int64_t in_channels, int64_t out_channels, int64_t kh, int64_t kw, const em_conv_opts *o,
@@ -233,17 +240,24 @@ EM_API em_module *em_adaptive_avg_pool2d_new(int64_t oh, int64_t ow);
  *  (zeros), "running_var" (ones), "num_batches_tracked" (i64 0-d) when
  *  track_running_stats. Training mode uses batch statistics and updates the
  *  buffers; em_module_train(m, false) switches to the running statistics.
+ *  Without track_running_stats batch statistics are used in eval mode too
+ *  (PyTorch). num_batches_tracked counts successful training forwards.
+ *  BatchNorm1d takes rank 2 or 3, BatchNorm2d rank 4, with C = num_features
+ *  (EM_ERR_SHAPE otherwise). momentum in [0, 1] (PyTorch's momentum=None,
+ *  a cumulative average, is not supported).
  *  PyTorch defaults: eps 1e-5, momentum 0.1, affine, track_running_stats. */
 EM_API em_module *em_batch_norm1d_new(int64_t num_features, double eps, double momentum, bool affine, bool track_running_stats);
 EM_API em_module *em_batch_norm2d_new(int64_t num_features, double eps, double momentum, bool affine, bool track_running_stats);
 /** torch.nn.GroupNorm(num_groups, num_channels, eps=1e-5, affine=True). */
 EM_API em_module *em_group_norm_new(int64_t num_groups, int64_t num_channels, double eps, bool affine);
-/** torch.nn.Flatten(start_dim=1, end_dim=-1). */
+/** torch.nn.Flatten(start_dim=1, end_dim=-1): em_flatten(x, start_dim, end_dim). */
 EM_API em_module *em_flatten_new(int start_dim, int end_dim);
-/** torch.nn.Dropout2d(p): zeroes whole channels (x [N, C, H, W]) with
- *  probability p in training, scaling the rest by 1/(1-p). */
+/** torch.nn.Dropout2d(p): zeroes whole channels (x [N, C, H, W]; another
+ *  rank is EM_ERR_SHAPE) with probability p in training, scaling the rest by
+ *  1/(1-p); the identity in eval mode. 0 <= p <= 1. */
 EM_API em_module *em_dropout2d_new(double p);
-/** torch.nn.Upsample(size=(oh, ow), mode, align_corners). */
+/** torch.nn.Upsample(size=(oh, ow), mode, align_corners): em_interpolate.
+ *  align_corners with NEAREST is EM_ERR_INVALID (PyTorch raises too). */
 EM_API em_module *em_upsample_new(int64_t oh, int64_t ow, em_interp_mode mode, bool align_corners);
 
 /* ---- functional forms ----------------------------------------------------- */
@@ -267,20 +281,43 @@ EM_API em_tensor *em_rms_norm(const em_tensor *x, const em_tensor *weight, doubl
  *  momentum * batch, the variance unbiased (n / (n - 1)), as PyTorch. Eval
  *  (training false): normalises with running_mean/running_var (required).
  *  weight/bias [C] or NULL. PyTorch defaults: momentum 0.1, eps 1e-5.
- *  Training with one value per channel is an EM_ERR_SHAPE error, as PyTorch. */
+ *  Computed as mean / biased variance reductions and element-wise ops, so it
+ *  is differentiable (the running statistics get no gradient: they are
+ *  updated under no-grad, cast to their own dtype). Errors: training with
+ *  one value per channel (EM_ERR_SHAPE "expected more than 1 value per
+ *  channel when training, got input size [1, 3]", as PyTorch); rank outside
+ *  2..5, weight/bias/running stats not [C] (EM_ERR_SHAPE naming both
+ *  shapes); only one of running_mean / running_var, eval without them,
+ *  momentum outside [0, 1], eps < 0 (EM_ERR_INVALID); non-float input
+ *  (EM_ERR_DTYPE). */
 EM_API em_tensor *em_batch_norm(const em_tensor *x, em_tensor *running_mean, em_tensor *running_var, const em_tensor *weight,
                                 const em_tensor *bias, bool training, double momentum, double eps);
 /** torch.nn.functional.group_norm: x [N, C, ...], C divisible by num_groups;
- *  mean and biased variance over each group's channels and spatial dims;
- *  weight/bias [C] or NULL. */
+ *  mean and biased variance over each group's channels and spatial dims
+ *  (x viewed as [N, G, C/G * prod(spatial)]), y = (x - mean) / sqrt(var +
+ *  eps) * weight + bias; weight/bias [C] or NULL. Errors: num_groups <= 0 or
+ *  not dividing C, rank < 2, weight/bias not [C] (EM_ERR_SHAPE naming the
+ *  shapes); non-float input (EM_ERR_DTYPE). */
 EM_API em_tensor *em_group_norm(const em_tensor *x, int64_t num_groups, const em_tensor *weight, const em_tensor *bias, double eps);
 /** torch.nn.functional.instance_norm without running statistics: group_norm
- *  with one group per channel. */
+ *  with one group per channel; x [N, C, L, ...] (rank >= 3, EM_ERR_SHAPE
+ *  otherwise). */
 EM_API em_tensor *em_instance_norm(const em_tensor *x, const em_tensor *weight, const em_tensor *bias, double eps);
 
-/** torch.nn.functional.interpolate on x [N, C, H, W] to [N, C, oh, ow]
- *  (size=(oh, ow)); align_corners as PyTorch (bilinear only; false is the
- *  default). Differentiable (gathers and weighted sums). */
+/** torch.nn.functional.interpolate on x [N, C, H, W] (float) to [N, C, oh,
+ *  ow] (size=(oh, ow)); align_corners as PyTorch (bilinear only; false is
+ *  the default). Source indices as ATen/native/UpSample.h, per dim of
+ *  input size I and output size O:
+ *    nearest: src = min(floor(dst * s), I - 1) with s = (float)I / O in
+ *             float32 (so float rounding picks the same pixels as PyTorch);
+ *    bilinear: s = (I - 1) / (O - 1) with align_corners (0 when O = 1), else
+ *             I / O (in x's dtype); src = s * dst with align_corners, else
+ *             max(s * (dst + 0.5) - 0.5, 0); out = (1 - l) x[i0] + l x[i1]
+ *             with i0 = floor(src), i1 = min(i0 + 1, I - 1), l = src - i0.
+ *  Same size is the identity. Separable (H, then W); differentiable
+ *  (index_select gathers and weighted sums). Errors: rank != 4 or an empty
+ *  input / output size (EM_ERR_SHAPE), align_corners with NEAREST
+ *  (EM_ERR_INVALID), non-float input (EM_ERR_DTYPE). */
 EM_API em_tensor *em_interpolate(const em_tensor *x, int64_t oh, int64_t ow, em_interp_mode mode, bool align_corners);
 
 /* ---- losses ----------------------------------------------------------------

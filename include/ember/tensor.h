@@ -328,10 +328,15 @@ typedef enum em_pad_mode_kind {
     EM_PAD_CIRCULAR = 3,  /**< wrap around: pad <= size of the dim */
 } em_pad_mode_kind;
 /** torch.nn.functional.pad(a, pads, mode, value): pads as em_pad (last dim
- *  first, pairs of left/right). Non-constant modes take non-negative pads and
- *  pad at most the last 3 dims (PyTorch: 1-D to 3-D spatial padding); they
- *  are index_select gathers, so gradients flow on every device. Errors
- *  (EM_ERR_SHAPE / EM_ERR_INVALID) name the shape, the pads and the mode. */
+ *  first, pairs of left/right). Non-constant modes take 2, 4 or 6
+ *  non-negative pads (the last 1 to 3 dims; PyTorch: 1-D to 3-D spatial
+ *  padding) and ignore @p value; they are index_select gathers (output
+ *  position q of a dim of size n reads p = q - left mapped as: reflect
+ *  -p / 2(n-1)-p, replicate clamp(p, 0, n-1), circular p mod n), so
+ *  gradients flow on every device. Errors (EM_ERR_INVALID: pad count,
+ *  negative pads, unknown mode; EM_ERR_SHAPE: reflect pad >= the dim's size,
+ *  circular pad > the dim's size, replicate of an empty dim) name the shape,
+ *  the pads and the mode. */
 EM_API em_tensor *em_pad_mode(const em_tensor *a, const int64_t *pads, int npads, em_pad_mode_kind mode, double value);
 
 /* ---- convolution and pooling (NCHW) ----------------------------------------
