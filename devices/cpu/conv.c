@@ -10,7 +10,12 @@
  *   bwd weight:  dw[g] [Og, Cg*KH*KW]     += dy[n, g] @ col^T   (over n)
  * A 1x1 kernel with stride 1 and no padding uses x itself as col. The col
  * buffer (Cg*KH*KW*OH*OW elements) is the worker thread's, kept between
- * tasks; failing to get it is an EM_ERR_NOMEM kernel error. */
+ * tasks; failing to get it is an EM_ERR_NOMEM kernel error.
+ *
+ * f32 convs go to oneDNN instead (devices/cpu/conv_dnnl.c) when the build
+ * found it, unless EMBER_CPU_CONV=im2col; a shape oneDNN has no primitive
+ * for comes back here. */
+#include "devices/cpu/conv_dnnl.h"
 #include "devices/cpu/cpu.h"
 
 #include <cblas.h>
@@ -217,6 +222,9 @@ void em_cpu_conv(void *buffers[], void *cl_arg)
         em_cpu_bad_kind("conv dtype", dt);
         return;
     }
+    void *bufs[EM_KARGS_MAX_IN + EM_KARGS_MAX_OUT];
+    for (int i = 0; i < k->n_in + k->n_out; i++) bufs[i] = em_cpu_ptr(buffers[i]);
+    if (dt == EM_F32 && em__cpu_conv_path() == EM_CPU_CONV_ONEDNN && em__cpu_conv_dnnl(k, bufs)) return;
     void *col = NULL;
     if (!direct_col(&g)) {
         col = col_get(es * (size_t)(g.K * g.P > 0 ? g.K * g.P : 1));
@@ -226,8 +234,6 @@ void em_cpu_conv(void *buffers[], void *cl_arg)
             return;
         }
     }
-    void *bufs[EM_KARGS_MAX_IN + EM_KARGS_MAX_OUT];
-    for (int i = 0; i < k->n_in + k->n_out; i++) bufs[i] = em_cpu_ptr(buffers[i]);
     if (dt == EM_F32)
         conv_float(k, bufs, (float *)col);
     else
