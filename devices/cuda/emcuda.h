@@ -88,6 +88,13 @@ inline unsigned grid_for(int64_t n, int threads = kThreads)
  * queued on the worker's stream). NULL when none could be allocated. */
 void *workspace(size_t *bytes);
 
+/* cuDNN state of the conv kernels (devices/cuda/conv.cu): conv_worker_stop
+ * frees the calling CUDA worker's cuDNN handle and workspace pool (run on
+ * every CUDA worker by em__cuda_shutdown); conv_shutdown then empties the
+ * algorithm cache. No-ops in a build without cuDNN. */
+void conv_worker_stop();
+void conv_shutdown();
+
 /* Records a failed launch / CUDA call as the running op's sticky error. */
 void check(cudaError_t e, const char *what);
 inline void check_launch(const char *what) { check(cudaGetLastError(), what); }
