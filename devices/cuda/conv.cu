@@ -312,7 +312,7 @@ struct Perf {
     cudnnMathType_t math;
 };
 
-constexpr int kMaxAlgos = 16;
+constexpr int kMaxAlgos = 32; /* Find may list an algorithm once per math type */
 
 template <typename P>
 int to_perf(const P *p, int n, Perf *out)

@@ -12,7 +12,10 @@
  * starpu_cuda_get_local_stream() and nothing waits (the codelets carry
  * STARPU_CUDA_ASYNC); no cudaMalloc/cudaFree/synchronisation in a kernel
  * function: scratch memory is the per-worker workspace allocated once by
- * em__cuda_init(). A kernel never writes outside the elements its output
+ * em__cuda_init(). The one exception is the cuDNN convolution (conv.cu): its
+ * workspace pool grows stream-ordered (cudaMallocAsync / cudaFreeAsync), and
+ * the first call of a new shape waits for the stream once to measure the
+ * algorithms on the worker's buffers. A kernel never writes outside the elements its output
  * descriptor covers and never aborts: the front ends validate shapes and
  * dtypes; a failed launch, CUDA call or cuBLAS status becomes the sticky
  * error of the op (em__kernel_error, devices/devices.h) that the next
