@@ -49,8 +49,10 @@
  * (cudaMallocAsync) and the old one freed stream-ordered (cudaFreeAsync), so
  * nothing waits; a device without memory pools waits for the stream instead.
  * If the growth fails, the next algorithm of the entry that fits is used; if
- * none fits, EM_ERR_NOMEM. The pool never shrinks; it and the worker's cuDNN
- * handle (created on the worker's first convolution, bound to
+ * none fits, EM_ERR_NOMEM. The pool shrinks only after a measurement that
+ * grew it more than 64 MiB beyond what the winner or any algorithm that ran
+ * on this worker before needs (it is freed, and the run allocates what the
+ * winner needs). It and the worker's cuDNN handle (created on the worker's first convolution, bound to
  * starpu_cuda_get_local_stream()) are freed by emc::conv_worker_stop(), which
  * em__cuda_shutdown runs on every CUDA worker.
  *
@@ -226,6 +228,7 @@ struct Worker {
     size_t bytes;
     bool ws_async; /* ws came from cudaMallocAsync */
     int pools;     /* device supports memory pools: -1 unknown, 0, 1 */
+    size_t peak;   /* the largest workspace an algorithm that ran here used */
 };
 Worker g_w[STARPU_NMAXWORKERS];
 
@@ -239,6 +242,23 @@ struct Algo {
 typedef std::array<long long, 24> Key;
 std::mutex g_cache_mu;
 std::map<Key, std::vector<Algo>> g_cache;
+
+/* Frees w's workspace (stream-ordered when it came from the pool). */
+void ws_release(Worker &w)
+{
+    if (w.ws) {
+        cudaStream_t s = stream();
+        if (w.ws_async)
+            (void)cudaFreeAsync(w.ws, s);
+        else {
+            (void)cudaStreamSynchronize(s);
+            (void)cudaFree(w.ws);
+        }
+    }
+    w.ws = nullptr;
+    w.bytes = 0;
+    w.ws_async = false;
+}
 
 /* Grows w's workspace to at least @p need bytes (rounded up to 1 MiB). */
 bool ws_grow(Worker &w, size_t need)
@@ -255,32 +275,19 @@ bool ws_grow(Worker &w, size_t need)
         cudaGetLastError();
     }
     void *p = nullptr;
-    if (w.pools) {
+    if (w.pools) { /* the new block first: a failure keeps the old one */
         if (cudaMallocAsync(&p, sz, s) != cudaSuccess || !p) {
             cudaGetLastError();
             return false;
         }
-        if (w.ws) {
-            if (w.ws_async)
-                (void)cudaFreeAsync(w.ws, s);
-            else {
-                (void)cudaStreamSynchronize(s);
-                (void)cudaFree(w.ws);
-            }
-        }
-        w.ws_async = true;
     } else {
-        if (cudaStreamSynchronize(s) != cudaSuccess) {
+        if (cudaStreamSynchronize(s) != cudaSuccess || cudaMalloc(&p, sz) != cudaSuccess || !p) {
             cudaGetLastError();
             return false;
         }
-        if (cudaMalloc(&p, sz) != cudaSuccess || !p) {
-            cudaGetLastError();
-            return false;
-        }
-        if (w.ws) (void)cudaFree(w.ws);
-        w.ws_async = false;
     }
+    ws_release(w);
+    w.ws_async = w.pools != 0;
     w.ws = p;
     w.bytes = sz;
     return true;
@@ -591,8 +598,15 @@ bool cudnn_conv(const em_kargs *k, void *buffers[], const ConvGeom &g, int dt)
     }
     if (!hit) {
         if (!choose(k, dt, w, d, q, algos)) return true;
-        std::lock_guard<std::mutex> lk(g_cache_mu);
-        g_cache[key] = algos;
+        {
+            std::lock_guard<std::mutex> lk(g_cache_mu);
+            g_cache[key] = algos;
+        }
+        /* cudnnFind may have grown the pool for algorithms that lost: give
+         * back what neither the winner nor an earlier shape uses (more than
+         * 64 MiB above it). The run below grows it again if needed. */
+        const size_t keep = algos[0].ws > w.peak ? algos[0].ws : w.peak;
+        if (w.bytes > keep + ((size_t)64 << 20)) ws_release(w);
     }
 
     /* The first algorithm whose workspace the pool has or can grow to; an
@@ -615,6 +629,7 @@ bool cudnn_conv(const em_kargs *k, void *buffers[], const ConvGeom &g, int dt)
         if ((st = cudnnSetConvolutionMathType(d.c, a.math)) == CUDNN_STATUS_SUCCESS)
             st = run(kind, dt, w.h, d, q, a.algo, a.ws ? w.ws : nullptr, a.ws ? w.bytes : 0);
         if (st == CUDNN_STATUS_SUCCESS) {
+            if (a.ws > w.peak) w.peak = a.ws;
             if (!refused.empty()) { /* later calls of this shape start with the one that ran */
                 em_log_msg(EM_LOG_DEBUG, "cuDNN %s: algorithm %d failed (%s), algorithm %d ran", kind_name(kind), err_algo,
                            cudnnGetErrorString(first_err), a.algo);
@@ -828,19 +843,13 @@ void conv_worker_stop()
     const int id = starpu_worker_get_id();
     if (id < 0 || id >= STARPU_NMAXWORKERS) return;
     Worker &w = g_w[id];
-    if (w.ws) {
-        cudaStream_t s = stream();
-        if (w.ws_async) (void)cudaFreeAsync(w.ws, s);
-        (void)cudaStreamSynchronize(s);
-        if (!w.ws_async) (void)cudaFree(w.ws);
-        cudaGetLastError();
-    }
-    w.ws = nullptr;
-    w.bytes = 0;
-    w.ws_async = false;
+    ws_release(w);
+    (void)cudaStreamSynchronize(stream());
+    cudaGetLastError();
     if (w.h) cudnnDestroy(w.h);
     w.h = nullptr;
     w.pools = -1;
+    w.peak = 0;
 #endif
 }
 
