@@ -12,7 +12,10 @@
  * starpu_cuda_get_local_stream() and nothing waits (the codelets carry
  * STARPU_CUDA_ASYNC); no cudaMalloc/cudaFree/synchronisation in a kernel
  * function: scratch memory is the per-worker workspace allocated once by
- * em__cuda_init(). A kernel never writes outside the elements its output
+ * em__cuda_init(). The one exception is the cuDNN convolution (conv.cu): its
+ * workspace pool grows stream-ordered (cudaMallocAsync / cudaFreeAsync), and
+ * the first call of a new shape waits for the stream once to measure the
+ * algorithms on the worker's buffers. A kernel never writes outside the elements its output
  * descriptor covers and never aborts: the front ends validate shapes and
  * dtypes; a failed launch, CUDA call or cuBLAS status becomes the sticky
  * error of the op (em__kernel_error, devices/devices.h) that the next
@@ -87,6 +90,13 @@ inline unsigned grid_for(int64_t n, int threads = kThreads)
 /* Per-worker scratch (device memory of the worker's GPU, valid for kernels
  * queued on the worker's stream). NULL when none could be allocated. */
 void *workspace(size_t *bytes);
+
+/* cuDNN state of the conv kernels (devices/cuda/conv.cu): conv_worker_stop
+ * frees the calling CUDA worker's cuDNN handle and workspace pool (run on
+ * every CUDA worker by em__cuda_shutdown); conv_shutdown then empties the
+ * algorithm cache. No-ops in a build without cuDNN. */
+void conv_worker_stop();
+void conv_shutdown();
 
 /* Records a failed launch / CUDA call as the running op's sticky error. */
 void check(cudaError_t e, const char *what);

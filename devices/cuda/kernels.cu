@@ -11,7 +11,9 @@
  * every CUDA worker (starpu_cublas_init), their math mode (FP32 by default,
  * TF32 tensor-op math when EMBER_TF32=1), and a per-worker device workspace
  * (EMBER_CUDA_WORKSPACE_MB, default 4) used by split reductions.
- * em__cuda_shutdown() frees them (starpu_cublas_shutdown). */
+ * em__cuda_shutdown() frees them (starpu_cublas_shutdown), and the cuDNN
+ * handles and workspace pools the conv kernels create on a worker's first
+ * convolution (devices/cuda/conv.cu, emc::conv_worker_stop). */
 #include "devices/cuda/emcuda.h"
 
 #include <cublas_v2.h>
@@ -62,6 +64,7 @@ void worker_stop(void *arg)
     (void)arg;
     int id = starpu_worker_get_id_check();
     WorkerState &w = g_worker[id];
+    emc::conv_worker_stop(); /* cuDNN handle and workspace pool (conv.cu) */
     if (w.ws) cudaFree(w.ws);
     w.ws = nullptr;
     w.ws_bytes = 0;
@@ -96,6 +99,7 @@ void em__cuda_shutdown(void)
 {
     if (!g_started) return;
     starpu_execute_on_each_worker(worker_stop, nullptr, STARPU_CUDA);
+    emc::conv_shutdown();
     starpu_cublas_shutdown();
     g_started = false;
 }
