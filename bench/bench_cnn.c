@@ -89,8 +89,9 @@ static void run(int64_t batch, int steps, int warmup)
     }
     CK(em_sync() == EM_OK);
     double t = now() - t0;
-    printf("MNIST CNN training, batch %lld: Ember %.0f samples/s (%.1f us/step)\n", (long long)batch, (double)batch * steps / t,
-           t / steps * 1e6);
+    const char *tf = getenv("EMBER_TF32");
+    printf("MNIST CNN training, batch %lld: Ember %.0f samples/s (%.1f us/step)%s\n", (long long)batch, (double)batch * steps / t,
+           t / steps * 1e6, tf && atoi(tf) == 1 ? " [EMBER_TF32=1]" : "");
     fflush(stdout);
     em_optim_free(opt);
     for (int i = 0; i < NP; i++) em_tensor_release(p[i]);

@@ -125,7 +125,7 @@ static void direct_init(direct *d)
     DNN(cudnnSetTensor4dDescriptor(d->yd, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, (int)N, (int)O, (int)OH, (int)OW));
     DNN(cudnnSetFilter4dDescriptor(d->wd, CUDNN_DATA_FLOAT, CUDNN_TENSOR_NCHW, (int)O, (int)C, (int)K, (int)K));
     DNN(cudnnSetConvolution2dDescriptor(d->cd, (int)P, (int)P, (int)S, (int)S, 1, 1, CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT));
-    DNN(cudnnSetConvolutionMathType(d->cd, CUDNN_DEFAULT_MATH));
+    DNN(cudnnSetConvolutionMathType(d->cd, CUDNN_FMA_MATH)); /* no TF32, as Ember without EMBER_TF32 */
     size_t nx = (size_t)(N * C * H * W), nw = (size_t)(O * C * K * K), ny = (size_t)(N * O * OH * OW);
     CU(cudaMalloc((void **)&d->x, nx * 4));
     CU(cudaMalloc((void **)&d->dx, nx * 4));

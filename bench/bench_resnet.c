@@ -162,8 +162,9 @@ int main(int argc, char **argv)
     }
     CK(em_sync() == EM_OK);
     double t = now() - t0;
-    printf("ResNet-18 (CIFAR, 32x32) training on %s, batch %lld: Ember %.0f samples/s (%.1f ms/step)\n", device, (long long)batch,
-           (double)batch * steps / t, t / steps * 1e3);
+    const char *tf = getenv("EMBER_TF32");
+    printf("ResNet-18 (CIFAR, 32x32) training on %s, batch %lld: Ember %.0f samples/s (%.1f ms/step)%s\n", device, (long long)batch,
+           (double)batch * steps / t, t / steps * 1e3, tf && atoi(tf) == 1 ? " [EMBER_TF32=1]" : "");
     em_optim_free(opt);
     em_shutdown();
     return 0;

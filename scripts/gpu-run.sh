@@ -180,8 +180,12 @@ run_vision() {
       timeout "$(tlimit 90)" "$BUILD/bench/bench_cnn" --device cuda:0 --steps 300 --warmup 20 64 512 >>"$OUT/bench/vision.log" 2>&1
     fi
     [ $have_torch = 1 ] && timeout "$(tlimit 120)" python3 "$ROOT/bench/cnn_torch.py" --device cuda --steps 300 --warmup 20 --runs 1 64 512 >>"$OUT/bench/vision.log" 2>&1
+    if [ -x "$BUILD/bench/bench_cnn" ]; then # TF32 convolutions, as PyTorch's default (cudnn.allow_tf32)
+      EMBER_TF32=1 timeout "$(tlimit 90)" "$BUILD/bench/bench_cnn" --device cuda:0 --steps 300 --warmup 20 64 512 >>"$OUT/bench/vision.log" 2>&1
+    fi
     if [ -x "$BUILD/bench/bench_resnet" ]; then
       timeout "$(tlimit 90)" "$BUILD/bench/bench_resnet" --device cuda:0 --steps 20 256 >>"$OUT/bench/vision.log" 2>&1
+      EMBER_TF32=1 timeout "$(tlimit 90)" "$BUILD/bench/bench_resnet" --device cuda:0 --steps 20 256 >>"$OUT/bench/vision.log" 2>&1
     fi
     [ $have_torch = 1 ] && timeout "$(tlimit 90)" python3 "$ROOT/bench/resnet_torch.py" --device cuda --steps 20 --runs 1 256 >>"$OUT/bench/vision.log" 2>&1
   done
