@@ -123,11 +123,20 @@ em_tensor *em_batch_norm(const em_tensor *x, em_tensor *running_mean, em_tensor 
         em_tensor *stats = NULL;
         y = w && b ? em__batch_norm_train(x, w, b, eps, &stats) : NULL;
         if (y && running_mean) {
+            /* torch: running_var uses the unbiased variance, var * n / (n - 1) */
+            const double unbias = (double)count / (double)(count - 1);
+            em_status st;
             em_no_grad_begin();
-            em_tensor *mean = em_reshape(em_narrow(stats, 0, 0, 1), &c, 1);
-            em_tensor *var = em_reshape(em_narrow(stats, 0, 1, 1), &c, 1);
-            em_status st = running_update(running_mean, mean, momentum);
-            if (st == EM_OK) st = running_update(running_var, em_mul_scalar(var, (double)count / (double)(count - 1)), momentum);
+            if (em_tensor_dtype(running_mean) == dt && em_tensor_dtype(running_var) == dt &&
+                em_tensor_is_contiguous(running_mean) && em_tensor_is_contiguous(running_var) &&
+                running_mean->storage != running_var->storage) {
+                st = em__batch_norm_running(stats, running_mean, running_var, momentum, unbias); /* one task */
+            } else {
+                em_tensor *mean = em_reshape(em_narrow(stats, 0, 0, 1), &c, 1);
+                em_tensor *var = em_reshape(em_narrow(stats, 0, 1, 1), &c, 1);
+                st = running_update(running_mean, mean, momentum);
+                if (st == EM_OK) st = running_update(running_var, em_mul_scalar(var, unbias), momentum);
+            }
             em_no_grad_end();
             if (st != EM_OK) y = NULL;
         }

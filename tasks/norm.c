@@ -21,7 +21,13 @@
  *       invstd = 1 / sqrt(var + eps), xhat = (x - mean) * invstd,
  *       dbias = sum(dy), dweight = sum(dy * xhat) (per channel, accumulated
  *       as above), dx = weight * invstd * (dy - dbias / M - xhat * dweight / M).
- *       All three are written whole. */
+ *       All three are written whole.
+ *   BATCH_NORM_RUNNING in = stats; out = running_mean, running_var [C]
+ *       (read-modify-write, F_INPLACE), all of one dtype T: with
+ *       m = (T)momentum, k = (T)(1 - momentum), u = (T)unbias, every step
+ *       rounded to T and in this order (the composed update's roundings):
+ *       running_mean = running_mean * k + mean * m,
+ *       running_var  = running_var * k + (var * u) * m. */
 #include "tasks/tasks_internal.h"
 
 #include <string.h>
@@ -73,6 +79,16 @@ em_tensor *em__batch_norm_train(const em_tensor *x, const em_tensor *weight, con
     }
     *stats = em__publish(st);
     return em__publish(y);
+}
+
+em_status em__batch_norm_running(const em_tensor *stats, em_tensor *running_mean, em_tensor *running_var, double momentum,
+                                 double unbias)
+{
+    em_op op = {.kind = EM_OP_BATCH_NORM_RUNNING, .n_in = 1, .n_out = 2, .in = {(em_tensor *)stats},
+                .out = {running_mean, running_var}, .flags = EM_OPF_NO_RECORD};
+    op.p.bn.momentum = momentum;
+    op.p.bn.unbias = unbias;
+    return em__submit(&op);
 }
 
 em_status em__batch_norm_bwd(const em_tensor *dy, const em_tensor *x, const em_tensor *stats, const em_tensor *weight,

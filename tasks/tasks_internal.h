@@ -182,6 +182,10 @@ em_tensor *em__avg_pool2d_bwd(const em_tensor *dy, const union em_op_params *p, 
  * dx, dweight, dbias at once (scoped). */
 em_tensor *em__batch_norm_train(const em_tensor *x, const em_tensor *weight, const em_tensor *bias, double eps,
                                 em_tensor **stats);
+/* running_mean / running_var [C] (contiguous, stats' dtype) updated in place
+ * from stats [2, C] (contiguous): the BATCH_NORM_RUNNING contract. */
+em_status em__batch_norm_running(const em_tensor *stats, em_tensor *running_mean, em_tensor *running_var, double momentum,
+                                 double unbias);
 em_status em__batch_norm_bwd(const em_tensor *dy, const em_tensor *x, const em_tensor *stats, const em_tensor *weight,
                              double eps, em_tensor **dx, em_tensor **dweight, em_tensor **dbias);
 

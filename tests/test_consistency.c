@@ -970,7 +970,8 @@ static bool case_pool_extra(ctx *c)
 static bool case_conv_all(ctx *c) { return case_conv(c) && case_conv_extra(c); }
 static bool case_pool_all(ctx *c) { return case_pool(c) && case_pool_extra(c); }
 
-/* Training-mode batch norm (the fused BATCH_NORM / BATCH_NORM_BWD ops):
+/* Training-mode batch norm (the fused BATCH_NORM / BATCH_NORM_BWD /
+ * BATCH_NORM_RUNNING ops):
  * [N, C, H, W] with running statistics, [N, C] with a weight only, a 5-D
  * input without affine parameters, long channel rows (the CUDA kernel walks
  * them row by row) and an input far from zero (the two-pass variance). */
@@ -993,14 +994,19 @@ static bool case_batch_norm(ctx *c)
     REQ(c, x5);
     REQ(c, xl);
     REQ(c, xo);
-    if (c->kind == EM_OP_BATCH_NORM) {
+    if (c->kind != EM_OP_BATCH_NORM_BWD) { /* BATCH_NORM, BATCH_NORM_RUNNING (rm, rv) */
         em_tensor *rm = IN(c, c->dt, (3), -0.5, 0.5, IN_CONTIG), *rv = IN(c, c->dt, (3), 0.5, 1.5, IN_CONTIG);
         REQ(c, rm);
         REQ(c, rv);
         OUT(c, em_batch_norm(x, rm, rv, w, b, true, 0.1, 1e-5));
         OUT(c, rm);
         OUT(c, rv);
-        OUT(c, em_batch_norm(x2, NULL, NULL, w2, NULL, true, 0.1, 1e-3));
+        em_tensor *rm2 = IN(c, c->dt, (4), -0.5, 0.5, IN_CONTIG), *rv2 = IN(c, c->dt, (4), 0.5, 1.5, IN_CONTIG);
+        REQ(c, rm2);
+        REQ(c, rv2);
+        OUT(c, em_batch_norm(x2, rm2, rv2, w2, NULL, true, 0.3, 1e-3));
+        OUT(c, rm2);
+        OUT(c, rv2);
         OUT(c, em_batch_norm(x5, NULL, NULL, NULL, NULL, true, 0.1, 1e-5));
         OUT(c, em_batch_norm(xl, NULL, NULL, NULL, b, true, 0.1, 1e-5));
         OUT(c, em_batch_norm(xo, NULL, NULL, NULL, NULL, true, 0.1, 1e-5));
@@ -1342,6 +1348,7 @@ static op_case g_cases[EM_OP_COUNT] = {
     [EM_OP_AVG_POOL2D_BWD] = {case_pool_all, {D_F32, D_F64, END}, 1},
     [EM_OP_BATCH_NORM] = {case_batch_norm, {D_F32, D_F64, END}, 1},
     [EM_OP_BATCH_NORM_BWD] = {case_batch_norm, {D_F32, D_F64, END}, 1},
+    [EM_OP_BATCH_NORM_RUNNING] = {case_batch_norm, {D_F32, D_F64, END}, 1},
     [EM_OP_FILL] = {case_fill, {D_F32, D_F64, D_I32, D_I64, D_U8, D_BOOL, END}, 1},
     [EM_OP_ARANGE] = {case_arange, {D_F32, D_F64, D_I32, D_I64, END}, 1},
     [EM_OP_EYE] = {case_eye, {D_F32, D_F64, D_I64, D_BOOL, END}, 1},

@@ -1,5 +1,6 @@
 /* CPU kernels of the norm family: fused training-mode batch norm forward and
- * backward (contracts at the top of tasks/norm.c). Per-channel sums are
+ * backward, and its running-statistics update (contracts at the top of
+ * tasks/norm.c). Per-channel sums are
  * accumulated in double, two passes over x (mean, then the squared
  * deviations), so large means do not cancel the variance away. */
 #include "devices/cpu/cpu.h"
@@ -94,6 +95,27 @@ static void bn_geometry(const em_tdesc *x, int64_t *N, int64_t *C, int64_t *S)
 BN_IMPL(float)
 BN_IMPL(double)
 
+/* BATCH_NORM_RUNNING: the composed update's roundings, step by step. */
+#define BN_RUNNING_IMPL(T)                                                                                            \
+    static void bn_running_##T(const em_kargs *k, void **bufs)                                                        \
+    {                                                                                                                 \
+        const int64_t C = k->out[0].shape[0];                                                                         \
+        const T *st = (const T *)bufs[0] + k->in[0].offset;                                                           \
+        T *rm = (T *)bufs[1] + k->out[0].offset;                                                                      \
+        T *rv = (T *)bufs[2] + k->out[1].offset;                                                                      \
+        const T m = (T)k->p.bn.momentum, keep = (T)(1.0 - k->p.bn.momentum), u = (T)k->p.bn.unbias;                   \
+        for (int64_t c = 0; c < C; c++) {                                                                             \
+            const T a = rm[c] * keep, b = st[c] * m;                                                                  \
+            rm[c] = a + b;                                                                                            \
+            const T v = st[C + c] * u;                                                                                \
+            const T av = rv[c] * keep, bv = v * m;                                                                    \
+            rv[c] = av + bv;                                                                                          \
+        }                                                                                                             \
+    }
+
+BN_RUNNING_IMPL(float)
+BN_RUNNING_IMPL(double)
+
 void em_cpu_norm(void *buffers[], void *cl_arg)
 {
     const em_kargs *k = (const em_kargs *)cl_arg;
@@ -102,11 +124,13 @@ void em_cpu_norm(void *buffers[], void *cl_arg)
         em_cpu_bad_kind("norm dtype", dt);
         return;
     }
-    if ((k->kind != EM_OP_BATCH_NORM && k->kind != EM_OP_BATCH_NORM_BWD) || k->in[0].ndim < 2) {
+    const bool running = k->kind == EM_OP_BATCH_NORM_RUNNING;
+    if ((k->kind != EM_OP_BATCH_NORM && k->kind != EM_OP_BATCH_NORM_BWD && !running) || k->in[0].ndim < (running ? 1 : 2)) {
         em_cpu_bad_kind("norm", k->kind);
         return;
     }
-    const int want_in = k->kind == EM_OP_BATCH_NORM ? 3 : 4, want_out = k->kind == EM_OP_BATCH_NORM ? 2 : 3;
+    const int want_in = running ? 1 : k->kind == EM_OP_BATCH_NORM ? 3 : 4;
+    const int want_out = running ? 2 : k->kind == EM_OP_BATCH_NORM ? 2 : 3;
     bool ok = k->n_in == want_in && k->n_out == want_out;
     for (int i = 0; ok && i < k->n_in; i++) ok = k->in[i].dtype == dt;
     for (int i = 0; ok && i < k->n_out; i++) ok = k->out[i].dtype == dt;
@@ -116,7 +140,12 @@ void em_cpu_norm(void *buffers[], void *cl_arg)
     }
     void *bufs[EM_KARGS_MAX_IN + EM_KARGS_MAX_OUT];
     for (int i = 0; i < k->n_in + k->n_out; i++) bufs[i] = em_cpu_ptr(buffers[i]);
-    if (k->kind == EM_OP_BATCH_NORM) {
+    if (running) {
+        if (dt == EM_F32)
+            bn_running_float(k, bufs);
+        else
+            bn_running_double(k, bufs);
+    } else if (k->kind == EM_OP_BATCH_NORM) {
         if (dt == EM_F32)
             bn_fwd_float(k, bufs);
         else

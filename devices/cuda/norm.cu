@@ -1,5 +1,5 @@
 /* CUDA kernels of the norm family: fused training-mode batch norm forward and
- * backward (contracts at the top of tasks/norm.c; CPU reference
+ * backward, and its running-statistics update (contracts at the top of tasks/norm.c; CPU reference
  * devices/cpu/norm.c). x is seen as [N, C, L], contiguous; a channel's
  * M = N * L values are j = n * L + i. Sums are reduced in double (warp
  * shuffles, then shared memory).
@@ -232,6 +232,29 @@ __global__ void k_bn_bwd_apply(const T *__restrict__ dy, const T *__restrict__ x
     }
 }
 
+/* BATCH_NORM_RUNNING, one thread per channel: the composed update's
+ * roundings (the _rn intrinsics keep nvcc from contracting into FMAs). */
+__device__ __forceinline__ float mul_rn(float a, float b) { return __fmul_rn(a, b); }
+__device__ __forceinline__ double mul_rn(double a, double b) { return __dmul_rn(a, b); }
+__device__ __forceinline__ float add_rn(float a, float b) { return __fadd_rn(a, b); }
+__device__ __forceinline__ double add_rn(double a, double b) { return __dadd_rn(a, b); }
+
+template <typename T>
+__global__ void k_bn_running(const T *__restrict__ st, T *__restrict__ rm, T *__restrict__ rv, int64_t C, T m, T keep, T u)
+{
+    for (int64_t c = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; c < C; c += (int64_t)gridDim.x * blockDim.x) {
+        rm[c] = add_rn(mul_rn(rm[c], keep), mul_rn(st[c], m));
+        rv[c] = add_rn(mul_rn(rv[c], keep), mul_rn(mul_rn(st[C + c], u), m));
+    }
+}
+
+template <typename T> void launch_running(void *buffers[], const em_kargs *k, int64_t C)
+{
+    k_bn_running<T><<<grid_for(C), kThreads, 0, stream()>>>(
+        (const T *)base(buffers, 0, k->in[0]), (T *)base(buffers, 1, k->out[0]), (T *)base(buffers, 2, k->out[1]), C,
+        (T)k->p.bn.momentum, (T)(1.0 - k->p.bn.momentum), (T)k->p.bn.unbias);
+}
+
 /* Chunks per channel (1: one block per channel) and their length. */
 static int64_t bn_splits(bool fwd, int64_t C, int64_t M, double **ws, int64_t *chunk)
 {
@@ -296,6 +319,22 @@ template <typename T> void launch(void *buffers[], const em_kargs *k, bool fwd, 
 void em_cuda_norm(void *buffers[], void *cl_arg)
 {
     const em_kargs *k = (const em_kargs *)cl_arg;
+    if (k->kind == EM_OP_BATCH_NORM_RUNNING) {
+        const int dt = k->in[0].dtype;
+        const int64_t C = k->out[0].ndim == 1 ? k->out[0].shape[0] : -1;
+        if (!is_fp_dtype(dt) || k->n_in != 1 || k->n_out != 2 || k->out[0].dtype != dt || k->out[1].dtype != dt || C < 0 ||
+            numel(k->out[1]) != C || numel(k->in[0]) != 2 * C) {
+            unsupported("norm (batch_norm_running) operands", dt);
+            return;
+        }
+        if (C == 0) return;
+        if (dt == EM_F32)
+            launch_running<float>(buffers, k, C);
+        else
+            launch_running<double>(buffers, k, C);
+        check_launch("batch_norm_running");
+        return;
+    }
     const bool fwd = k->kind == EM_OP_BATCH_NORM;
     if (!fwd && k->kind != EM_OP_BATCH_NORM_BWD) {
         unsupported("norm", k->kind);
@@ -311,14 +350,14 @@ void em_cuda_norm(void *buffers[], void *cl_arg)
         return;
     }
     const int64_t N = x.shape[0], C = x.shape[1];
-    if (N * C == 0) return;
-    if (C > 0x7fffffff) {
-        unsupported("norm: channels beyond the grid", k->kind);
-        return;
-    }
-    const int64_t L = numel(x) / (N * C);
+    if (C == 0) return; /* no channel: nothing to write */
+    const int64_t L = N > 0 ? numel(x) / (N * C) : 0;
     if (L == 0) { /* no values per channel: the front end refuses it when training */
         unsupported("norm: empty channels", k->kind);
+        return;
+    }
+    if (C > 0x7fffffff) {
+        unsupported("norm: channels beyond the grid", k->kind);
         return;
     }
     if (dt == EM_F32)

@@ -1,5 +1,5 @@
 /* OpenCL host function of the norm family: fused training-mode batch norm
- * forward and backward. Operand contracts: tasks/norm.c; kernel contracts:
+ * forward and backward, and its running-statistics update. Operand contracts: tasks/norm.c; kernel contracts:
  * devices/opencl/norm.cl (one work-group per channel). Without a native f64
  * kernel the CPU reference runs on mapped buffers (em_ocl_host_fallback). */
 #include "devices/opencl/opencl.h"
@@ -34,10 +34,45 @@ static void arg_tensor(em_ocl_args *a, void *iface, const em_tdesc *t)
     em_ocl_arg_i64(a, t->offset);
 }
 
+/* BATCH_NORM_RUNNING: stats [2, C] -> running_mean, running_var [C], in place. */
+static void running_update(void *buffers[], const em_kargs *k)
+{
+    const em_tdesc *st = &k->in[0], *rm = &k->out[0], *rv = &k->out[1];
+    const int dt = st->dtype;
+    const int64_t C = rm->ndim == 1 ? rm->shape[0] : -1;
+    const bool ok = (dt == EM_F32 || dt == EM_F64) && k->n_in == 1 && k->n_out == 2 && rm->dtype == dt && rv->dtype == dt &&
+                    C >= 0 && per_channel(rv, C, 1) && per_channel(st, C, 2) && contiguous(st) && contiguous(rm) &&
+                    contiguous(rv);
+    if (!ok) {
+        em_ocl_error("norm (op batch_norm_running): unsupported operands (dtypes %d/%d/%d, ranks %d/%d/%d)", st->dtype,
+                     rm->dtype, rv->dtype, st->ndim, rm->ndim, rv->ndim);
+        return;
+    }
+    if (C == 0) return;
+    em_ocl_ctx c;
+    if (!em_ocl_enter(&c, k, "norm")) return;
+    const int kid = dt == EM_F32 ? EMK_bn_running_f32 : EMK_bn_running_f64;
+    if (!c.d->k[kid]) {
+        em_ocl_host_fallback(buffers, k);
+        return;
+    }
+    em_ocl_args a = em_ocl_args_begin(&c, kid);
+    for (int i = 0; i < 3; i++) arg_tensor(&a, buffers[i], i == 0 ? st : i == 1 ? rm : rv);
+    em_ocl_arg_i64(&a, C);
+    em_ocl_arg_real(&a, dt, k->p.bn.momentum);
+    em_ocl_arg_real(&a, dt, 1.0 - k->p.bn.momentum);
+    em_ocl_arg_real(&a, dt, k->p.bn.unbias);
+    em_ocl_launch_1d(&a, C, "batch_norm_running");
+}
+
 void em_ocl_norm(void *buffers[], void *cl_arg)
 {
     const em_kargs *k = cl_arg;
     const int kind = k->kind;
+    if (kind == EM_OP_BATCH_NORM_RUNNING) {
+        running_update(buffers, k);
+        return;
+    }
     const bool fwd = kind == EM_OP_BATCH_NORM;
     if (!fwd && kind != EM_OP_BATCH_NORM_BWD) {
         em_ocl_error("norm: unsupported op %d", kind);

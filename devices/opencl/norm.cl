@@ -6,7 +6,9 @@
  * the squared deviations from it).
  *
  * em_bn_fwd_<T>(x, w, b, y, stats, N, C, L, eps, lv)        lv: wg acc_t
- * em_bn_bwd_<T>(dy, x, stats, w, dx, dw, db, N, C, L, eps, lv)   lv: 2 wg acc_t */
+ * em_bn_bwd_<T>(dy, x, stats, w, dx, dw, db, N, C, L, eps, lv)   lv: 2 wg acc_t
+ * em_bn_running_<T>(stats, rm, rv, C, m, keep, u)   grid-stride over C, in T
+ *     with the composed update's roundings (FP_CONTRACT is off) */
 
 /* Work-group sum of v (every work-item gets it). */
 inline acc_t em_bn_sum(__local acc_t *lv, acc_t v)
@@ -117,7 +119,26 @@ inline void em_bn_sum2(__local acc_t *lv, acc_t *a, acc_t *b)
         }                                                                                                           \
     }
 
+#define EM_DEF_BN_RUNNING(T, S)                                                                                    \
+    __kernel void em_bn_running_##S(__global const uchar *sb, long sboff, long se, __global uchar *mb, long mboff,    \
+                                    long me, __global uchar *vb, long vboff, long ve, long C, T m, T keep, T u)      \
+    {                                                                                                               \
+        __global const T *ST = (__global const T *)(sb + sboff) + se;                                               \
+        __global T *RM = (__global T *)(mb + mboff) + me;                                                           \
+        __global T *RV = (__global T *)(vb + vboff) + ve;                                                           \
+        EM_GRID_LOOP(c, C)                                                                                          \
+        {                                                                                                           \
+            const T a = RM[c] * keep, b = ST[c] * m;                                                                \
+            RM[c] = a + b;                                                                                          \
+            const T v = ST[C + c] * u;                                                                              \
+            const T av = RV[c] * keep, bv = v * m;                                                                  \
+            RV[c] = av + bv;                                                                                        \
+        }                                                                                                           \
+    }
+
 EM_DEF_BN(float, f32)
+EM_DEF_BN_RUNNING(float, f32)
 #ifdef EM_FP64
 EM_DEF_BN(double, f64)
+EM_DEF_BN_RUNNING(double, f64)
 #endif
