@@ -412,6 +412,23 @@ BW(bw_max_pool2d)
 }
 BW1(bw_avg_pool2d, em__avg_pool2d_bwd(g, &n->p, x->shape))
 
+/* ---- batch norm (tasks/norm.c) ----
+ * Training-mode batch norm: one BATCH_NORM_BWD task gives dx, dweight and
+ * dbias from g, x, the saved batch statistics (n->aux, F_SAVE_AUX) and the
+ * weight (ones when the caller had none); the gradients of the inputs that
+ * require none are dropped. */
+BW(bw_batch_norm)
+{
+    BW_ARGS;
+    em_tensor *dx, *dw, *db;
+    em_status st = em__batch_norm_bwd(g, x, n->aux, n->in[1], n->p.bn.eps, &dx, &dw, &db);
+    if (st != EM_OK) return st;
+    if (x->requires_grad) gin[0] = dx;
+    if (n->in[1]->requires_grad) gin[1] = dw;
+    if (n->in[2]->requires_grad) gin[2] = db;
+    return EM_OK;
+}
+
 /* ---- views ---- */
 BW1(bw_reshape, em_reshape(em_contiguous(g), x->shape, x->ndim))
 BW(bw_permute)

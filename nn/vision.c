@@ -5,7 +5,10 @@
  *
  * The functional forms are made of ordinary differentiable ops (reductions,
  * element-wise ops, index_select gathers), so autodiff covers them and they
- * run on every device without kernels of their own. Formulas and checks
+ * run on every device without kernels of their own; the exception is
+ * training-mode batch norm on f32/f64, one fused op forward (BATCH_NORM) and
+ * one backward (BATCH_NORM_BWD, tasks/norm.c), since its ~8 + ~15 small
+ * tasks cost more than the arithmetic on a GPU. Formulas and checks
  * follow PyTorch 1.13: torch/nn/functional.py (batch_norm, group_norm,
  * interpolate), ATen/native/UpSample.h (source indices and weights) and
  * torch/nn/modules/{conv,batchnorm,normalization,...}.py (modules). */
@@ -109,6 +112,36 @@ em_tensor *em_batch_norm(const em_tensor *x, em_tensor *running_mean, em_tensor 
     channel_shape(c, nd, cs);
     em_scope_begin();
     em_tensor *y;
+    /* Training with f32/f64 operands of one dtype: one fused op forward
+     * (BATCH_NORM, tasks/norm.c) and one backward; the running statistics
+     * come from its stats output [2, C]. Other dtypes stay composed. */
+    const bool fused = training && (dt == EM_F32 || dt == EM_F64) && (!weight || em_tensor_dtype(weight) == dt) &&
+                       (!bias || em_tensor_dtype(bias) == dt);
+    if (fused) {
+        const em_tensor *w = weight ? weight : em_ones(&c, 1, dt);
+        const em_tensor *b = bias ? bias : em_zeros(&c, 1, dt);
+        em_tensor *stats = NULL;
+        y = w && b ? em__batch_norm_train(x, w, b, eps, &stats) : NULL;
+        if (y && running_mean) {
+            /* torch: running_var uses the unbiased variance, var * n / (n - 1) */
+            const double unbias = (double)count / (double)(count - 1);
+            em_status st;
+            em_no_grad_begin();
+            if (em_tensor_dtype(running_mean) == dt && em_tensor_dtype(running_var) == dt &&
+                em_tensor_is_contiguous(running_mean) && em_tensor_is_contiguous(running_var) &&
+                running_mean->storage != running_var->storage) {
+                st = em__batch_norm_running(stats, running_mean, running_var, momentum, unbias); /* one task */
+            } else {
+                em_tensor *mean = em_reshape(em_narrow(stats, 0, 0, 1), &c, 1);
+                em_tensor *var = em_reshape(em_narrow(stats, 0, 1, 1), &c, 1);
+                st = running_update(running_mean, mean, momentum);
+                if (st == EM_OK) st = running_update(running_var, em_mul_scalar(var, unbias), momentum);
+            }
+            em_no_grad_end();
+            if (st != EM_OK) y = NULL;
+        }
+        return nn_return(y);
+    }
     if (training) {
         em_tensor *mean = em_mean(x, dims, nr, true);
         em_tensor *xc = em_sub(x, mean);

@@ -174,4 +174,19 @@ em_tensor *em__conv2d_bwd_data(const em_tensor *dy, const em_tensor *w, const un
 em_tensor *em__conv2d_bwd_weight(const em_tensor *x, const em_tensor *dy, const union em_op_params *p, const int64_t *w_shape);
 em_tensor *em__avg_pool2d_bwd(const em_tensor *dy, const union em_op_params *p, const int64_t *x_shape);
 
+/* Fused training-mode batch norm (tasks/norm.c; contracts there). x is
+ * [N, C, *] f32/f64 with more than one value per channel, weight / bias [C]
+ * of x's dtype (the caller passes ones / zeros when absent; they are the
+ * recorded inputs). Returns y and sets *stats = [2, C] (batch mean, biased
+ * variance; saved for the backward); scoped results. The backward computes
+ * dx, dweight, dbias at once (scoped). */
+em_tensor *em__batch_norm_train(const em_tensor *x, const em_tensor *weight, const em_tensor *bias, double eps,
+                                em_tensor **stats);
+/* running_mean / running_var [C] (contiguous, stats' dtype) updated in place
+ * from stats [2, C] (contiguous): the BATCH_NORM_RUNNING contract. */
+em_status em__batch_norm_running(const em_tensor *stats, em_tensor *running_mean, em_tensor *running_var, double momentum,
+                                 double unbias);
+em_status em__batch_norm_bwd(const em_tensor *dy, const em_tensor *x, const em_tensor *stats, const em_tensor *weight,
+                             double eps, em_tensor **dx, em_tensor **dweight, em_tensor **dbias);
+
 #endif

@@ -970,6 +970,59 @@ static bool case_pool_extra(ctx *c)
 static bool case_conv_all(ctx *c) { return case_conv(c) && case_conv_extra(c); }
 static bool case_pool_all(ctx *c) { return case_pool(c) && case_pool_extra(c); }
 
+/* Training-mode batch norm (the fused BATCH_NORM / BATCH_NORM_BWD /
+ * BATCH_NORM_RUNNING ops):
+ * [N, C, H, W] with running statistics, [N, C] with a weight only, a 5-D
+ * input without affine parameters, long channel rows (the CUDA kernel walks
+ * them row by row) and an input far from zero (the two-pass variance). */
+static bool case_batch_norm(ctx *c)
+{
+    const int fl = grad_flag(c->dt);
+    em_tensor *x = IN(c, c->dt, (4, 3, 5, 6), -2, 2, fl);
+    em_tensor *w = IN(c, c->dt, (3), -1.5, 1.5, fl);
+    em_tensor *b = IN(c, c->dt, (3), -1, 1, fl);
+    em_tensor *x2 = IN(c, c->dt, (6, 4), -2, 2, fl);
+    em_tensor *w2 = IN(c, c->dt, (4), 0.5, 1.5, fl);
+    em_tensor *x5 = IN(c, c->dt, (2, 2, 3, 2, 2), -2, 2, fl);
+    em_tensor *xl = IN(c, c->dt, (2, 3, 40, 16), -2, 2, fl);
+    em_tensor *xo = IN(c, c->dt, (3, 2, 4, 4), 50, 54, fl);
+    REQ(c, x);
+    REQ(c, w);
+    REQ(c, b);
+    REQ(c, x2);
+    REQ(c, w2);
+    REQ(c, x5);
+    REQ(c, xl);
+    REQ(c, xo);
+    if (c->kind != EM_OP_BATCH_NORM_BWD) { /* BATCH_NORM, BATCH_NORM_RUNNING (rm, rv) */
+        em_tensor *rm = IN(c, c->dt, (3), -0.5, 0.5, IN_CONTIG), *rv = IN(c, c->dt, (3), 0.5, 1.5, IN_CONTIG);
+        REQ(c, rm);
+        REQ(c, rv);
+        OUT(c, em_batch_norm(x, rm, rv, w, b, true, 0.1, 1e-5));
+        OUT(c, rm);
+        OUT(c, rv);
+        em_tensor *rm2 = IN(c, c->dt, (4), -0.5, 0.5, IN_CONTIG), *rv2 = IN(c, c->dt, (4), 0.5, 1.5, IN_CONTIG);
+        REQ(c, rm2);
+        REQ(c, rv2);
+        OUT(c, em_batch_norm(x2, rm2, rv2, w2, NULL, true, 0.3, 1e-3));
+        OUT(c, rm2);
+        OUT(c, rv2);
+        OUT(c, em_batch_norm(x5, NULL, NULL, NULL, NULL, true, 0.1, 1e-5));
+        OUT(c, em_batch_norm(xl, NULL, NULL, NULL, b, true, 0.1, 1e-5));
+        OUT(c, em_batch_norm(xo, NULL, NULL, NULL, NULL, true, 0.1, 1e-5));
+        return true;
+    }
+    /* BATCH_NORM_BWD: the gradients, computed inside the case */
+    c->no_backward = true;
+    if (!out_grad(c, em_batch_norm(x, NULL, NULL, w, b, true, 0.1, 1e-5), x, "batch_norm input gradient")) return false;
+    if (!out_grad(c, em_batch_norm(x, NULL, NULL, w, b, true, 0.1, 1e-5), w, "batch_norm weight gradient")) return false;
+    if (!out_grad(c, em_batch_norm(x, NULL, NULL, w, b, true, 0.1, 1e-5), b, "batch_norm bias gradient")) return false;
+    if (!out_grad(c, em_batch_norm(x2, NULL, NULL, w2, NULL, true, 0.1, 1e-3), x2, "batch_norm [N, C] gradient")) return false;
+    if (!out_grad(c, em_batch_norm(x5, NULL, NULL, NULL, NULL, true, 0.1, 1e-5), x5, "batch_norm 5-D gradient")) return false;
+    if (!out_grad(c, em_batch_norm(xl, NULL, NULL, NULL, b, true, 0.1, 1e-5), xl, "batch_norm long rows gradient")) return false;
+    return out_grad(c, em_batch_norm(xo, NULL, NULL, NULL, NULL, true, 0.1, 1e-5), xo, "batch_norm offset input gradient");
+}
+
 static bool case_fill(ctx *c)
 {
     OUT(c, em_full(S(5, 7), 2, (em_dtype)c->dt, 2.5));
@@ -1293,6 +1346,9 @@ static op_case g_cases[EM_OP_COUNT] = {
     [EM_OP_MAX_POOL2D] = {case_pool_all, {D_F32, D_F64, END}, 1},
     [EM_OP_AVG_POOL2D] = {case_pool_all, {D_F32, D_F64, END}, 1},
     [EM_OP_AVG_POOL2D_BWD] = {case_pool_all, {D_F32, D_F64, END}, 1},
+    [EM_OP_BATCH_NORM] = {case_batch_norm, {D_F32, D_F64, END}, 1},
+    [EM_OP_BATCH_NORM_BWD] = {case_batch_norm, {D_F32, D_F64, END}, 1},
+    [EM_OP_BATCH_NORM_RUNNING] = {case_batch_norm, {D_F32, D_F64, END}, 1},
     [EM_OP_FILL] = {case_fill, {D_F32, D_F64, D_I32, D_I64, D_U8, D_BOOL, END}, 1},
     [EM_OP_ARANGE] = {case_arange, {D_F32, D_F64, D_I32, D_I64, END}, 1},
     [EM_OP_EYE] = {case_eye, {D_F32, D_F64, D_I64, D_BOOL, END}, 1},

@@ -299,6 +299,8 @@ static em_tensor *forward(const fx_block *b, em_tensor **x, int nin)
         return !strcmp(op, "adaptive_avg_pool2d") ? em_adaptive_avg_pool2d(x[0], sz[0], sz[1])
                                                   : em_adaptive_max_pool2d(x[0], sz[0], sz[1], NULL);
     }
+    if (!strcmp(op, "batch_norm")) /* training mode, no running statistics */
+        return em_batch_norm(x[0], NULL, NULL, nin > 1 ? x[1] : NULL, nin > 2 ? x[2] : NULL, true, 0.1, kw_req(b, "eps"));
     fail_msg("fixture %s: unknown op '%s'", b->config, op);
     return NULL;
 }

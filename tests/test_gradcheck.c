@@ -261,6 +261,9 @@ static em_tensor *f_avg_pool(em_tensor **x)
     o.stride[0] = o.stride[1] = 2, o.padding[0] = o.padding[1] = 1, o.ceil_mode = true, o.count_include_pad = false;
     return em_avg_pool2d(x[0], &o);
 }
+/* training-mode batch norm (the fused BATCH_NORM op): the same settings as gen_grad_fixtures.py's cases of these names */
+static em_tensor *f_batch_norm(em_tensor **x) { return em_batch_norm(x[0], NULL, NULL, x[1], x[2], true, 0.1, 1e-5); }
+static em_tensor *f_batch_norm_nc(em_tensor **x) { return em_batch_norm(x[0], NULL, NULL, x[1], NULL, true, 0.1, 1e-3); }
 
 static const gcase cases[] = {
     {"neg", NULL, f_neg, S1(2, 3), R(-2, 2)},       {"abs", NULL, f_abs, S1(2, 3), R(0.1, 2)},
@@ -345,6 +348,8 @@ static const gcase cases[] = {
     {"fmod_neg", "fmod", f_fmod_neg, .nin = 2, .ndim = {2, 1}, .shape = {{2, 3}, {3}}, R(0.1, 0.9)},
     {"floor_divide", NULL, f_floor_divide, .nin = 2, .ndim = {2, 2}, .shape = {{2, 3}, {2, 3}}, R(1.1, 1.9)},
     {"atan2", NULL, f_atan2, .nin = 2, .ndim = {2, 2}, .shape = {{2, 3}, {2, 3}}, R(-2, 2)},
+    {"batch_norm", NULL, f_batch_norm, .nin = 3, .ndim = {4, 1, 1}, .shape = {{3, 2, 2, 3}, {2}, {2}}, R(-2, 2)},
+    {"batch_norm_nc", "batch_norm", f_batch_norm_nc, .nin = 2, .ndim = {2, 1}, .shape = {{5, 3}, {3}}, R(-2, 2)},
 };
 
 static void test_all_rules(void **state)

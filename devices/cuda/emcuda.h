@@ -204,5 +204,6 @@ void em_cuda_fill(void *buffers[], void *cl_arg);
 void em_cuda_optim(void *buffers[], void *cl_arg);
 void em_cuda_conv(void *buffers[], void *cl_arg);
 void em_cuda_pool(void *buffers[], void *cl_arg);
+void em_cuda_norm(void *buffers[], void *cl_arg);
 
 #endif

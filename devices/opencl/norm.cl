@@ -1,0 +1,144 @@
+/* Fused training-mode batch norm (contracts at the top of tasks/norm.c; CPU
+ * reference devices/cpu/norm.c). One work-group per channel, work-group size
+ * a power of two; x / dy / y / dx [N, C, L] contiguous from their element
+ * offsets, weight / bias / dweight / dbias [C], stats [2, C]. Sums accumulate
+ * in acc_t (double when the device has fp64), in two passes (the mean, then
+ * the squared deviations from it).
+ *
+ * em_bn_fwd_<T>(x, w, b, y, stats, N, C, L, eps, lv)        lv: wg acc_t
+ * em_bn_bwd_<T>(dy, x, stats, w, dx, dw, db, N, C, L, eps, lv)   lv: 2 wg acc_t
+ * em_bn_running_<T>(stats, rm, rv, C, m, keep, u)   grid-stride over C, in T
+ *     with the composed update's roundings (FP_CONTRACT is off) */
+
+/* Work-group sum of v (every work-item gets it). */
+inline acc_t em_bn_sum(__local acc_t *lv, acc_t v)
+{
+    const int lid = get_local_id(0), wg = get_local_size(0);
+    lv[lid] = v;
+    barrier(CLK_LOCAL_MEM_FENCE);
+    for (int s = wg >> 1; s > 0; s >>= 1) {
+        if (lid < s) lv[lid] += lv[lid + s];
+        barrier(CLK_LOCAL_MEM_FENCE);
+    }
+    acc_t r = lv[0];
+    barrier(CLK_LOCAL_MEM_FENCE);
+    return r;
+}
+
+/* Work-group sums of a and b at once (lv holds 2 wg entries). */
+inline void em_bn_sum2(__local acc_t *lv, acc_t *a, acc_t *b)
+{
+    const int lid = get_local_id(0), wg = get_local_size(0);
+    lv[lid] = *a;
+    lv[wg + lid] = *b;
+    barrier(CLK_LOCAL_MEM_FENCE);
+    for (int s = wg >> 1; s > 0; s >>= 1) {
+        if (lid < s) {
+            lv[lid] += lv[lid + s];
+            lv[wg + lid] += lv[wg + lid + s];
+        }
+        barrier(CLK_LOCAL_MEM_FENCE);
+    }
+    *a = lv[0];
+    *b = lv[wg];
+    barrier(CLK_LOCAL_MEM_FENCE);
+}
+
+/* Element j (0 <= j < N * L) of channel c. */
+#define EM_BN_AT(j) ((((j) / L) * C + c) * L + (j) % L)
+
+#define EM_DEF_BN(T, S)                                                                                            \
+    __kernel void em_bn_fwd_##S(__global const uchar *xb, long xboff, long xe, __global const uchar *wb, long wboff, \
+                                long we, __global const uchar *bb, long bboff, long be, __global uchar *yb,         \
+                                long yboff, long ye, __global uchar *sb, long sboff, long se, long N, long C,       \
+                                long L, acc_t eps, __local acc_t *lv)                                               \
+    {                                                                                                               \
+        __global const T *X = (__global const T *)(xb + xboff) + xe;                                                \
+        __global const T *Wt = (__global const T *)(wb + wboff) + we;                                               \
+        __global const T *Bs = (__global const T *)(bb + bboff) + be;                                               \
+        __global T *Y = (__global T *)(yb + yboff) + ye;                                                            \
+        __global T *ST = (__global T *)(sb + sboff) + se;                                                           \
+        const long c = get_group_id(0), M = N * L;                                                                  \
+        const int lid = get_local_id(0), wg = get_local_size(0);                                                    \
+        if (c >= C) return;                                                                                         \
+        acc_t s = 0;                                                                                                \
+        for (long j = lid; j < M; j += wg) s += (acc_t)X[EM_BN_AT(j)];                                              \
+        const acc_t mean = M > 0 ? em_bn_sum(lv, s) / (acc_t)M : (acc_t)0;                                          \
+        acc_t q = 0;                                                                                                \
+        for (long j = lid; j < M; j += wg) {                                                                        \
+            const acc_t d = (acc_t)X[EM_BN_AT(j)] - mean;                                                           \
+            q += d * d;                                                                                             \
+        }                                                                                                           \
+        const acc_t var = M > 0 ? em_bn_sum(lv, q) / (acc_t)M : (acc_t)0;                                           \
+        const acc_t scale = (acc_t)Wt[c] / sqrt(var + eps), shift = (acc_t)Bs[c];                                  \
+        for (long j = lid; j < M; j += wg) {                                                                        \
+            const long o = EM_BN_AT(j);                                                                             \
+            Y[o] = (T)(((acc_t)X[o] - mean) * scale + shift);                                                       \
+        }                                                                                                           \
+        if (lid == 0) {                                                                                             \
+            ST[c] = (T)mean;                                                                                        \
+            ST[C + c] = (T)var;                                                                                     \
+        }                                                                                                           \
+    }                                                                                                               \
+    __kernel void em_bn_bwd_##S(__global const uchar *gb, long gboff, long ge, __global const uchar *xb, long xboff, \
+                                long xe, __global const uchar *sb, long sboff, long se, __global const uchar *wb,   \
+                                long wboff, long we, __global uchar *dxb, long dxboff, long dxe,                     \
+                                __global uchar *dwb, long dwboff, long dwe, __global uchar *dbb, long dbboff,        \
+                                long dbe, long N, long C, long L, acc_t eps, __local acc_t *lv)                     \
+    {                                                                                                               \
+        __global const T *G = (__global const T *)(gb + gboff) + ge;                                                \
+        __global const T *X = (__global const T *)(xb + xboff) + xe;                                                \
+        __global const T *ST = (__global const T *)(sb + sboff) + se;                                               \
+        __global const T *Wt = (__global const T *)(wb + wboff) + we;                                               \
+        __global T *DX = (__global T *)(dxb + dxboff) + dxe;                                                        \
+        __global T *DW = (__global T *)(dwb + dwboff) + dwe;                                                        \
+        __global T *DB = (__global T *)(dbb + dbboff) + dbe;                                                        \
+        const long c = get_group_id(0), M = N * L;                                                                  \
+        const int lid = get_local_id(0), wg = get_local_size(0);                                                    \
+        if (c >= C) return;                                                                                         \
+        const acc_t mean = (acc_t)ST[c], invstd = (acc_t)1 / sqrt((acc_t)ST[C + c] + eps);                         \
+        acc_t sdy = 0, sdyx = 0;                                                                                    \
+        for (long j = lid; j < M; j += wg) {                                                                        \
+            const long o = EM_BN_AT(j);                                                                             \
+            const acc_t g = (acc_t)G[o];                                                                            \
+            sdy += g;                                                                                               \
+            sdyx += g * ((acc_t)X[o] - mean);                                                                       \
+        }                                                                                                           \
+        em_bn_sum2(lv, &sdy, &sdyx);                                                                                \
+        sdyx *= invstd;                                                                                             \
+        const acc_t a = (acc_t)Wt[c] * invstd, mdy = M > 0 ? sdy / (acc_t)M : (acc_t)0,                             \
+                    mdyx = M > 0 ? sdyx / (acc_t)M : (acc_t)0;                                                      \
+        for (long j = lid; j < M; j += wg) {                                                                        \
+            const long o = EM_BN_AT(j);                                                                             \
+            const acc_t xh = ((acc_t)X[o] - mean) * invstd;                                                         \
+            DX[o] = (T)(a * ((acc_t)G[o] - mdy - xh * mdyx));                                                       \
+        }                                                                                                           \
+        if (lid == 0) {                                                                                             \
+            DW[c] = (T)sdyx;                                                                                        \
+            DB[c] = (T)sdy;                                                                                         \
+        }                                                                                                           \
+    }
+
+#define EM_DEF_BN_RUNNING(T, S)                                                                                    \
+    __kernel void em_bn_running_##S(__global const uchar *sb, long sboff, long se, __global uchar *mb, long mboff,    \
+                                    long me, __global uchar *vb, long vboff, long ve, long C, T m, T keep, T u)      \
+    {                                                                                                               \
+        __global const T *ST = (__global const T *)(sb + sboff) + se;                                               \
+        __global T *RM = (__global T *)(mb + mboff) + me;                                                           \
+        __global T *RV = (__global T *)(vb + vboff) + ve;                                                           \
+        EM_GRID_LOOP(c, C)                                                                                          \
+        {                                                                                                           \
+            const T a = RM[c] * keep, b = ST[c] * m;                                                                \
+            RM[c] = a + b;                                                                                          \
+            const T v = ST[C + c] * u;                                                                              \
+            const T av = RV[c] * keep, bv = v * m;                                                                  \
+            RV[c] = av + bv;                                                                                        \
+        }                                                                                                           \
+    }
+
+EM_DEF_BN(float, f32)
+EM_DEF_BN_RUNNING(float, f32)
+#ifdef EM_FP64
+EM_DEF_BN(double, f64)
+EM_DEF_BN_RUNNING(double, f64)
+#endif

@@ -1,0 +1,123 @@
+/* Fused training-mode batch norm: em__batch_norm_train (em_batch_norm's
+ * training path, nn/vision.c) and em__batch_norm_bwd (its backward rule,
+ * autodiff/rules.c). One task forward and one backward, instead of the ~8
+ * and ~15 small ops of the composed form.
+ *
+ * Kernel contracts (every backend). Operands have one dtype, f32 or f64, and
+ * are contiguous (a descriptor may have an offset). x / y / dy / dx are
+ * [N, C, *] of rank 2 to 5, seen as [N, C, S] with S = numel / (N * C);
+ * M = N * S values per channel (M > 1: the front end checks it). weight,
+ * bias, dweight, dbias are [C]; stats is [2, C]: row 0 the batch mean, row 1
+ * the biased batch variance. p.bn.eps >= 0.
+ *
+ *   BATCH_NORM     in = x, weight, bias; out = y, stats:
+ *       mean = sum(x) / M, var = sum((x - mean)^2) / M (two passes, per
+ *       channel; CPU and GPUs accumulate in double, OpenCL devices without
+ *       fp64 in float), invstd = 1 / sqrt(var + eps),
+ *       y = (x - mean) * invstd * weight + bias;
+ *       stats = (mean, var) rounded to the dtype.
+ *   BATCH_NORM_BWD in = dy, x, stats, weight; out = dx, dweight, dbias
+ *       (PyTorch's batch_norm_backward): with mean, var from stats,
+ *       invstd = 1 / sqrt(var + eps), xhat = (x - mean) * invstd,
+ *       dbias = sum(dy), dweight = sum(dy * xhat) (per channel, accumulated
+ *       as above), dx = weight * invstd * (dy - dbias / M - xhat * dweight / M).
+ *       All three are written whole.
+ *   BATCH_NORM_RUNNING in = stats; out = running_mean, running_var [C]
+ *       (read-modify-write, F_INPLACE), all of one dtype T: with
+ *       m = (T)momentum, k = (T)(1 - momentum), u = (T)unbias, every step
+ *       rounded to T and in this order (the composed update's roundings):
+ *       running_mean = running_mean * k + mean * m,
+ *       running_var  = running_var * k + (var * u) * m. */
+#include "tasks/tasks_internal.h"
+
+#include <string.h>
+
+/* Unscoped contiguous operands (NULL entries stay NULL). */
+static bool contiguous_all(const em_tensor *const *in, em_tensor **out, int n)
+{
+    for (int i = 0; i < n; i++) {
+        out[i] = NULL;
+        if (!in[i]) continue;
+        if (!(out[i] = em__contiguous_operand(in[i]))) {
+            for (int j = 0; j < i; j++) em_tensor_release(out[j]);
+            return false;
+        }
+    }
+    return true;
+}
+
+static void release_all(em_tensor **t, int n)
+{
+    for (int i = 0; i < n; i++) em_tensor_release(t[i]);
+}
+
+em_tensor *em__batch_norm_train(const em_tensor *x, const em_tensor *weight, const em_tensor *bias, double eps,
+                                em_tensor **stats)
+{
+    *stats = NULL;
+    const int64_t c = x->shape[1];
+    const em_tensor *orig[3] = {x, weight, bias};
+    em_tensor *in[3];
+    if (!contiguous_all(orig, in, 3)) return NULL;
+    const int64_t sshape[2] = {2, c};
+    em_tensor *y = em__tensor_new(x->dtype, x->shape, x->ndim);
+    em_tensor *st = y ? em__tensor_new(x->dtype, sshape, 2) : NULL;
+    if (!st) {
+        em_tensor_release(y);
+        release_all(in, 3);
+        return NULL;
+    }
+    em_op op = {.kind = EM_OP_BATCH_NORM, .n_in = 3, .n_out = 2, .in = {in[0], in[1], in[2]}, .out = {y, st},
+                .orig_in = {x, weight, bias}};
+    op.p.bn.eps = eps;
+    em_status s = em__submit(&op);
+    release_all(in, 3);
+    if (s != EM_OK) {
+        em_tensor_release(y);
+        em_tensor_release(st);
+        return NULL;
+    }
+    *stats = em__publish(st);
+    return em__publish(y);
+}
+
+em_status em__batch_norm_running(const em_tensor *stats, em_tensor *running_mean, em_tensor *running_var, double momentum,
+                                 double unbias)
+{
+    em_op op = {.kind = EM_OP_BATCH_NORM_RUNNING, .n_in = 1, .n_out = 2, .in = {(em_tensor *)stats},
+                .out = {running_mean, running_var}, .flags = EM_OPF_NO_RECORD};
+    op.p.bn.momentum = momentum;
+    op.p.bn.unbias = unbias;
+    return em__submit(&op);
+}
+
+em_status em__batch_norm_bwd(const em_tensor *dy, const em_tensor *x, const em_tensor *stats, const em_tensor *weight,
+                             double eps, em_tensor **dx, em_tensor **dweight, em_tensor **dbias)
+{
+    *dx = *dweight = *dbias = NULL;
+    const int64_t c = x->shape[1];
+    const em_tensor *orig[4] = {dy, x, stats, weight};
+    em_tensor *in[4];
+    if (!contiguous_all(orig, in, 4)) return em_last_status();
+    em_tensor *o[3] = {em__tensor_new(x->dtype, x->shape, x->ndim), NULL, NULL};
+    if (o[0]) o[1] = em__tensor_new(x->dtype, &c, 1);
+    if (o[1]) o[2] = em__tensor_new(x->dtype, &c, 1);
+    if (!o[2]) {
+        release_all(o, 3);
+        release_all(in, 4);
+        return em_last_status() != EM_OK ? em_last_status() : EM_ERR_NOMEM;
+    }
+    em_op op = {.kind = EM_OP_BATCH_NORM_BWD, .n_in = 4, .n_out = 3, .in = {in[0], in[1], in[2], in[3]},
+                .out = {o[0], o[1], o[2]}, .flags = EM_OPF_NO_RECORD};
+    op.p.bn.eps = eps;
+    em_status s = em__submit(&op);
+    release_all(in, 4);
+    if (s != EM_OK) {
+        release_all(o, 3);
+        return s;
+    }
+    *dx = em__publish(o[0]);
+    *dweight = em__publish(o[1]);
+    *dbias = em__publish(o[2]);
+    return EM_OK;
+}
