@@ -135,7 +135,7 @@ BW1(bw_sin, em_mul(g, em_cos(x)))
 BW1(bw_cos, em_mul(g, em_neg(em_sin(x))))
 BW1(bw_tanh, em_mul(g, em_rsub_scalar(em_square(y), 1.0)))
 BW1(bw_sigmoid, em_mul(g, em_mul(y, em_rsub_scalar(y, 1.0))))
-BW1(bw_relu, em_mul(g, mask_f(em_gt_scalar(x, 0.0), dt)))
+BW1(bw_relu, em_threshold_backward(g, x)) /* one kernel: g where x > 0 (and where x is NaN, as PyTorch) */
 BW(bw_gelu)
 {
     BW_ARGS;

@@ -194,6 +194,19 @@ run_vision() {
   status vision 0
 }
 
+# Where a CNN step's time goes: EMBER_TRACE timelines of bench_cnn at batch
+# 512 and 64 on cuda:0, summarised per worker and codelet (scripts/trace-summary.py).
+run_cnnprofile() {
+  local b
+  for b in 512 64; do
+    EMBER_TRACE="$WORK/cnn$b.json" timeout "$(tlimit 120)" "$BUILD/bench/bench_cnn" --device cuda:0 --steps 30 --warmup 10 "$b" \
+      >"$OUT/cnnprofile-$b.log" 2>&1
+    python3 "$ROOT/scripts/trace-summary.py" "$WORK/cnn$b.json" --skip 0.3 >>"$OUT/cnnprofile-$b.log" 2>&1
+    cat "$OUT/cnnprofile-$b.log" >>"$SUMMARY"
+  done
+  status cnnprofile 0
+}
+
 # The main job on the GPU: ember train --device cuda:0 on Fashion-MNIST carried in .deps/fashion-mnist.
 run_train() {
   local data="$DEPS/fashion-mnist"
@@ -234,6 +247,7 @@ for s in $STEPS; do
     bench) run_bench ;;
     gpubench) run_gpubench ;;
     vision) run_vision ;;
+    cnnprofile) run_cnnprofile ;;
     train) run_train ;;
     sanitizer) run_sanitizer ;;
     *) say "gpu-run: unknown step '$s'" ;;

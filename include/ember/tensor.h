@@ -200,6 +200,10 @@ EM_API em_tensor *em_floor_divide(const em_tensor *a, const em_tensor *b);
 /** atan2(a, b): the angle of the point (b, a) in radians, in [-pi, pi];
  *  integer inputs give f32, as torch.atan2. */
 EM_API em_tensor *em_atan2(const em_tensor *a, const em_tensor *b);
+/** ReLU's gradient: 0 where b <= 0, else a (torch.ops.aten.threshold_backward(a, b, 0));
+ *  a NaN in b passes a through. Broadcasts and promotes as em_mul; not
+ *  differentiable (the backward of relu calls it). */
+EM_API em_tensor *em_threshold_backward(const em_tensor *a, const em_tensor *b);
 /* comparisons -> EM_BOOL */
 EM_API em_tensor *em_eq(const em_tensor *a, const em_tensor *b);
 EM_API em_tensor *em_ne(const em_tensor *a, const em_tensor *b);
