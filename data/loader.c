@@ -23,6 +23,7 @@ typedef struct slot {
     float *x;
     int64_t *y;
     int64_t *idx;
+    float *tmp; /* image-transform scratch (one image) or NULL */
     int64_t batch;
     int64_t size;
     int state;
@@ -36,6 +37,8 @@ struct em_loader {
     int64_t nf;
     float *fmean, *fstd; /* per-feature (owned) or NULL */
     bool normalize;
+    em_image_transform tf; /* resolved sizes; mean/std owned copies */
+    bool transform;
 
     int64_t epoch;
     bool started;
@@ -73,6 +76,74 @@ static uint64_t uniform_upto(uint64_t *state, uint64_t bound)
         uint64_t r = em_splitmix64(state);
         if (r < limit) return r % range;
     }
+}
+
+em_image_transform em_image_transform_eval(em_image_transform t)
+{
+    t.crop_padding = 0;
+    t.hflip_p = 0;
+    return t;
+}
+
+uint64_t em_image_transform_state(uint64_t seed, int64_t epoch, int64_t position)
+{
+    /* three splitmix64 finalisations chained: distinct (seed, epoch, position)
+     * triples give unrelated streams; the constant keeps them apart from the
+     * shuffle's stream of the same seed */
+    uint64_t s = seed ^ UINT64_C(0x6A09E667F3BCC909);
+    uint64_t h = em_splitmix64(&s);
+    s = h ^ (uint64_t)epoch;
+    h = em_splitmix64(&s);
+    s = h ^ (uint64_t)position;
+    return em_splitmix64(&s);
+}
+
+em_status em_image_transform_apply(const em_image_transform *t, float *x, float *tmp, uint64_t *state)
+{
+    if (!t || !x || (!tmp && t->crop_padding > 0) || !state)
+        return em__set_error(EM_ERR_INVALID, "em_image_transform_apply: NULL argument");
+    const int64_t C = t->channels, H = t->height, W = t->width, P = t->crop_padding;
+    if (C < 1 || H < 1 || W < 1 || P < 0 || !(t->hflip_p >= 0 && t->hflip_p <= 1))
+        return em__set_error(EM_ERR_INVALID, "em_image_transform_apply: bad transform (image %lldx%lldx%lld, padding %lld, hflip_p %g)",
+                             (long long)C, (long long)H, (long long)W, (long long)P, t->hflip_p);
+    if (P > 0) {
+        const int64_t dy = (int64_t)uniform_upto(state, (uint64_t)(2 * P)) - P;
+        const int64_t dx = (int64_t)uniform_upto(state, (uint64_t)(2 * P)) - P;
+        memcpy(tmp, x, sizeof(float) * (size_t)(C * H * W));
+        for (int64_t c = 0; c < C; c++)
+            for (int64_t y = 0; y < H; y++) {
+                float *o = x + (c * H + y) * W;
+                const int64_t sy = y + dy;
+                if (sy < 0 || sy >= H) {
+                    memset(o, 0, sizeof(float) * (size_t)W);
+                    continue;
+                }
+                const float *in = tmp + (c * H + sy) * W;
+                for (int64_t xx = 0; xx < W; xx++) {
+                    const int64_t sx = xx + dx;
+                    o[xx] = sx >= 0 && sx < W ? in[sx] : 0.0f;
+                }
+            }
+    }
+    if (t->hflip_p > 0) {
+        const double u = (double)(em_splitmix64(state) >> 11) * 0x1.0p-53;
+        if (u < t->hflip_p)
+            for (int64_t r = 0; r < C * H; r++) {
+                float *row = x + r * W;
+                for (int64_t a = 0, b = W - 1; a < b; a++, b--) {
+                    float v = row[a];
+                    row[a] = row[b];
+                    row[b] = v;
+                }
+            }
+    }
+    if (t->mean)
+        for (int64_t c = 0; c < C; c++) {
+            const float m = t->mean[c], sd = t->std[c];
+            float *p = x + c * H * W;
+            for (int64_t i = 0; i < H * W; i++) p[i] = (p[i] - m) / sd;
+        }
+    return EM_OK;
 }
 
 em_loader_options em_loader_options_default(void)
@@ -114,12 +185,15 @@ void em_loader_free(em_loader *l)
             free(l->slots[i].x);
             free(l->slots[i].y);
             free(l->slots[i].idx);
+            free(l->slots[i].tmp);
         }
     free(l->slots);
     free(l->threads);
     free(l->order);
     free(l->fmean);
     free(l->fstd);
+    free((float *)l->tf.mean);
+    free((float *)l->tf.std);
     pthread_mutex_destroy(&l->mu);
     pthread_cond_destroy(&l->cv_work);
     pthread_cond_destroy(&l->cv_ready);
@@ -145,6 +219,33 @@ em_loader *em_loader_new(em_dataset *ds, const em_loader_options *opt)
         return em__fail(EM_ERR_INVALID, "em_loader_new: feature_mean and feature_std must both be set or both NULL");
     if (!o.feature_mean && !(o.std != 0.0f && o.std == o.std))
         return em__fail(EM_ERR_INVALID, "em_loader_new: normalisation std must be non-zero (got %g)", (double)o.std);
+    em_image_transform tf = o.transform;
+    const bool transform = tf.crop_padding != 0 || tf.hflip_p != 0 || tf.mean || tf.std;
+    if (transform) {
+        if (tf.channels == 0 && tf.height == 0 && tf.width == 0) {
+            const int nd = ds->feature_ndim;
+            if (nd != 2 && nd != 3)
+                return em__fail(EM_ERR_INVALID, "em_loader_new: image transform: the dataset's samples have rank %d, not an image "
+                                "[C, H, W] (give transform.channels/height/width)", nd);
+            tf.channels = nd == 3 ? ds->feature_shape[0] : 1;
+            tf.height = ds->feature_shape[nd - 2];
+            tf.width = ds->feature_shape[nd - 1];
+        }
+        if (tf.channels < 1 || tf.height < 1 || tf.width < 1 || tf.channels * tf.height * tf.width != ds->num_features)
+            return em__fail(EM_ERR_INVALID, "em_loader_new: image transform of %lldx%lldx%lld does not match the %lld features of a sample",
+                            (long long)tf.channels, (long long)tf.height, (long long)tf.width, (long long)ds->num_features);
+        if (tf.crop_padding < 0 || tf.crop_padding > (INT64_C(1) << 30))
+            return em__fail(EM_ERR_INVALID, "em_loader_new: image transform: crop_padding %lld outside [0, 2^30]",
+                            (long long)tf.crop_padding);
+        if (!(tf.hflip_p >= 0 && tf.hflip_p <= 1))
+            return em__fail(EM_ERR_INVALID, "em_loader_new: image transform: hflip_p %g outside [0, 1]", tf.hflip_p);
+        if ((tf.mean == NULL) != (tf.std == NULL))
+            return em__fail(EM_ERR_INVALID, "em_loader_new: image transform: mean and std must both be set or both NULL");
+        for (int64_t c = 0; tf.std && c < tf.channels; c++)
+            if (!(tf.std[c] != 0.0f && tf.std[c] == tf.std[c]))
+                return em__fail(EM_ERR_INVALID, "em_loader_new: image transform: std[%lld] must be non-zero (got %g)", (long long)c,
+                                (double)tf.std[c]);
+    }
 
     em_loader *l = calloc(1, sizeof *l);
     if (!l) return em__fail(EM_ERR_NOMEM, "em_loader_new: out of memory");
@@ -153,6 +254,21 @@ em_loader *em_loader_new(em_dataset *ds, const em_loader_options *opt)
     pthread_cond_init(&l->cv_ready, NULL);
     l->ds = ds;
     l->nf = ds->num_features;
+    o.transform = (em_image_transform){0}; /* do not keep the caller's pointers */
+    if (transform) {
+        l->transform = true;
+        l->tf = tf;
+        l->tf.mean = l->tf.std = NULL;
+        if (tf.mean) {
+            size_t cb = (size_t)tf.channels * sizeof(float);
+            float *m = malloc(cb), *sd = malloc(cb);
+            l->tf.mean = m;
+            l->tf.std = sd;
+            if (!m || !sd) goto nomem;
+            memcpy(m, tf.mean, cb);
+            memcpy(sd, tf.std, cb);
+        }
+    }
     size_t fbytes = (size_t)l->nf * sizeof(float);
     if (o.feature_mean) {
         l->fmean = malloc(fbytes);
@@ -183,6 +299,7 @@ em_loader *em_loader_new(em_dataset *ds, const em_loader_options *opt)
         s->y = malloc((size_t)o.batch_size * sizeof(int64_t));
         s->idx = malloc((size_t)o.batch_size * sizeof(int64_t));
         if (!s->x || !s->y || !s->idx) goto nomem;
+        if (l->transform && l->tf.crop_padding > 0 && !(s->tmp = malloc((size_t)l->nf * sizeof(float)))) goto nomem;
     }
     return l;
 nomem:
@@ -213,6 +330,12 @@ static void fill_batch(em_loader *l, int64_t k, slot *s)
             snprintf(s->msg, MSG_LEN, "em_loader_next: sample %lld (batch %lld of epoch %lld): %s", (long long)idx,
                      (long long)k, (long long)l->epoch, why && why[0] ? why : em_status_str(s->st));
             return;
+        }
+        if (l->transform) {
+            /* position in the epoch's unsharded order: shard r holds positions r, r + W, ... */
+            int64_t pos = (int64_t)l->opt.rank + (start + b) * (int64_t)l->opt.world_size;
+            uint64_t state = em_image_transform_state(l->opt.seed, l->epoch, pos);
+            em_image_transform_apply(&l->tf, x, s->tmp, &state); /* cannot fail: checked by em_loader_new */
         }
         if (l->normalize) {
             if (l->fmean) {

@@ -63,7 +63,7 @@ em_status em_checkpoint_save(const char *path, const em_module *model, const em_
     if (n_meta > META_MAX - 16) return em__set_error(EM_ERR_INVALID, "em_checkpoint_save: too many metadata entries");
     named c = {.prefix = "model."};
     em_module_visit_params(model, collect, &c);
-    em_module_visit_buffers(model, collect, &c); /* running statistics etc., as PyTorch's state_dict */
+    if (c.st == EM_OK) em_module_visit_buffers(model, collect, &c); /* BatchNorm's running statistics, as PyTorch's state_dict */
     if (opt && c.st == EM_OK) {
         c.prefix = "optim.";
         em_optim_state_visit(opt, collect, &c);
@@ -144,7 +144,7 @@ em_status em_checkpoint_load(const char *path, em_module *model, em_optim *opt, 
     /* model: every parameter and buffer key must be present with its shape; no extra model.* keys */
     named c = {.prefix = "model."};
     em_module_visit_params(model, collect, &c);
-    em_module_visit_buffers(model, collect, &c);
+    if (c.st == EM_OK) em_module_visit_buffers(model, collect, &c);
     if (c.st != EM_OK) {
         st = c.st;
         named_free(&c);

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # End-to-end checks of `ember train/eval/predict` on Fashion-MNIST with a small
-# MLP: an interrupted + resumed run ends byte-identical to an uninterrupted
+# MLP and a CNN on a subset: an interrupted + resumed run ends byte-identical to an uninterrupted
 # one (also with two replicas in one process, --devices cpu,cpu); eval
 # reproduces the final test accuracy; bad input fails cleanly and overwrites
 # nothing. Usage: e2e_train.sh path/to/ember
@@ -47,6 +47,43 @@ cmp "$T/d1/checkpoint.safetensors" "$T/d2/checkpoint.safetensors" || fail "--dev
 echo "ok: --devices cpu,cpu with dropout: two seeded runs are byte-identical"
 if "$EMBER" train "${rep[@]/cpu,cpu/cpu,cuda:9}" --epochs 1 --out "$T/r3" 2> "$T/err4.log" >/dev/null; then fail "--devices with a missing GPU accepted"; fi
 grep -q "cuda:9" "$T/err4.log" || fail "missing-device error does not name it: $(cat "$T/err4.log")"
+
+# the CNN (--model cnn) on a subset: seeded augmentation gives byte-identical
+# checkpoints with 1 and 3 loader threads; eval and predict need no model
+# options (spec and normalisation come from the checkpoint) and agree with
+# training; BatchNorm's running statistics are saved under PyTorch's keys
+cnn=(--model cnn --limit 384 --batch-size 64 --epochs 1 --seed 3 --no-progress)
+"$EMBER" train "${cnn[@]}" --workers 1 --out "$T/cnn1" > "$T/cnn1.log"
+"$EMBER" train "${cnn[@]}" --workers 3 --out "$T/cnn3" > "$T/cnn3.log"
+grep -q "model cnn:1x28x28-" "$T/cnn1.log" || fail "--model cnn: no model line: $(head -2 "$T/cnn1.log")"
+grep -q "randomly cropped (padding 2) and flipped" "$T/cnn1.log" || fail "--model cnn: augmentation not on by default"
+cmp "$T/cnn1/checkpoint.safetensors" "$T/cnn3/checkpoint.safetensors" || fail "--model cnn: 1 and 3 loader threads give different models"
+for key in '"model.0.weight"' '"model.1.running_mean"' '"model.1.num_batches_tracked"' '"ember.norm_mean"' '"ember.norm_std"'; do
+  head -c 20000 "$T/cnn1/checkpoint.safetensors" | grep -aq "$key" || fail "cnn checkpoint lacks $key"
+done
+if head -c 20000 "$T/cnn1/checkpoint.safetensors" | grep -aq '"model.0.bias"'; then fail "conv before BatchNorm has a bias"; fi
+acc_cnn=$(grep '^final test accuracy' "$T/cnn1.log" | awk '{print $4}')
+acc_cnn_eval=$("$EMBER" eval --checkpoint "$T/cnn1/checkpoint.safetensors" --limit 384 | awk '/^test loss/ {print $5}')
+[ "$acc_cnn" = "$acc_cnn_eval" ] || fail "cnn: eval accuracy $acc_cnn_eval != training's final $acc_cnn"
+"$EMBER" predict --checkpoint "$T/cnn1/best.safetensors" --index 0,1 | grep -q "image 1 (true: Pullover)" || fail "cnn: predict output"
+"$EMBER" train "${cnn[@]}" --no-augment --out "$T/cnn0" > "$T/cnn0.log"
+if grep -q "randomly cropped" "$T/cnn0.log"; then fail "--no-augment ignored"; fi
+cmp -s "$T/cnn0/checkpoint.safetensors" "$T/cnn1/checkpoint.safetensors" && fail "--no-augment trains the same model"
+# an MLP checkpoint also carries its normalisation now
+head -c 20000 "$T/a/checkpoint.safetensors" | grep -aq '"ember.norm_mean"' || fail "mlp checkpoint lacks ember.norm_mean"
+# usage errors: exit 2, and nothing written
+for args in "--model resnet" "--model cnn --hidden 32" "--model cnn:1x28x28-10" "--model cnn:1x28x28-32x2" \
+            "--model cnn:1x28x28-fc64-32-10" "--model cnn:1x28x28-32-32-32-32-32-10" "--model cnn:3x32x32-32-10" \
+            "--model mlp:784-32-10 --hidden 16" "--model cnn --dropout 1.5"; do
+  set +e
+  # shellcheck disable=SC2086
+  "$EMBER" train $args --limit 64 --epochs 1 --out "$T/usage" > /dev/null 2> "$T/usage.log"
+  rc=$?
+  set -e
+  [ "$rc" = 2 ] || fail "'ember train $args' exited with $rc, not 2: $(cat "$T/usage.log")"
+  [ ! -e "$T/usage" ] || fail "'ember train $args' wrote files"
+done
+echo "ok: --model cnn: augmented runs identical with 1 and 3 loader threads, eval ($acc_cnn_eval) and predict from the checkpoint alone, usage errors exit 2"
 
 # bad input: nothing is overwritten
 sum_before=$(md5sum "$T/a/checkpoint.safetensors" "$T/a/best.safetensors" "$T/a/metrics.csv")

@@ -729,6 +729,236 @@ static void test_fashion_mnist_loader(void **state)
     em_dataset_free(ds);
 }
 
+/* ---- image transforms ------------------------------------------------------------ */
+
+/* The loader's bounded draw (uniform in [0, bound] by rejection), replayed. */
+static uint64_t replay_upto(uint64_t *st, uint64_t bound)
+{
+    uint64_t range = bound + 1, limit = UINT64_MAX - (UINT64_MAX % range);
+    for (;;) {
+        uint64_t r = em_splitmix64(st);
+        if (r < limit) return r % range;
+    }
+}
+
+/* x[c][y][x] of a C x H x W image shifted by (dy, dx) with zeros outside,
+ * then mirrored when flip: the expected RandomCrop + flip result. */
+static float shifted(const float *img, int64_t H, int64_t W, int64_t c, int64_t y, int64_t x, int64_t dy, int64_t dx, bool flip)
+{
+    if (flip) x = W - 1 - x;
+    int64_t sy = y + dy, sx = x + dx;
+    return sy >= 0 && sy < H && sx >= 0 && sx < W ? img[(c * H + sy) * W + sx] : 0.0f;
+}
+
+static void test_image_transform_pixels(void **state)
+{
+    (void)state;
+    enum { C = 2, H = 3, W = 4, N = C * H * W };
+    float img[N], x[N], tmp[N];
+    for (int i = 0; i < N; i++) img[i] = (float)(i + 1);
+    /* flip only, always: each row mirrored */
+    em_image_transform t = {.channels = C, .height = H, .width = W, .hflip_p = 1.0};
+    uint64_t st = 1;
+    memcpy(x, img, sizeof x);
+    assert_int_equal(em_image_transform_apply(&t, x, tmp, &st), EM_OK);
+    const float flipped_row0[W] = {4, 3, 2, 1}, flipped_row5[W] = {24, 23, 22, 21};
+    assert_memory_equal(x, flipped_row0, sizeof flipped_row0);
+    assert_memory_equal(x + 5 * W, flipped_row5, sizeof flipped_row5);
+    /* a crop with padding 1: every one of the 9 offsets appears over enough
+     * streams, each one exactly the shifted image with zero fill, the offset
+     * and flip being the stream's first draws (top, left, then the flip) */
+    t.crop_padding = 1;
+    t.hflip_p = 0.5;
+    bool seen[3][3][2] = {{{false}}};
+    for (uint64_t seed = 0; seed < 400; seed++) {
+        uint64_t s0 = em_image_transform_state(seed, 3, 7), s1 = s0;
+        int64_t dy = (int64_t)replay_upto(&s1, 2) - 1, dx = (int64_t)replay_upto(&s1, 2) - 1;
+        bool flip = (double)(em_splitmix64(&s1) >> 11) * 0x1.0p-53 < 0.5;
+        memcpy(x, img, sizeof x);
+        assert_int_equal(em_image_transform_apply(&t, x, tmp, &s0), EM_OK);
+        assert_true(s0 == s1); /* three draws consumed */
+        for (int64_t c = 0; c < C; c++)
+            for (int64_t y = 0; y < H; y++)
+                for (int64_t xx = 0; xx < W; xx++)
+                    assert_true(x[(c * H + y) * W + xx] == shifted(img, H, W, c, y, xx, dy, dx, flip));
+        seen[dy + 1][dx + 1][flip] = true;
+    }
+    for (int a = 0; a < 3; a++)
+        for (int b = 0; b < 3; b++)
+            for (int f = 0; f < 2; f++) assert_true(seen[a][b][f]);
+    /* a hand-checked case: shifted down-right by one (dy = dx = -1: the
+     * window starts in the padding), no flip */
+    const float expect_c0[H * W] = {0, 0, 0, 0, 0, 1, 2, 3, 0, 5, 6, 7};
+    for (int i = 0; i < H * W; i++) assert_true(shifted(img, H, W, 0, i / W, i % W, -1, -1, false) == expect_c0[i]);
+    /* the state is a function of (seed, epoch, position) only, and each matters */
+    assert_true(em_image_transform_state(5, 2, 9) == em_image_transform_state(5, 2, 9));
+    assert_true(em_image_transform_state(5, 2, 9) != em_image_transform_state(6, 2, 9));
+    assert_true(em_image_transform_state(5, 2, 9) != em_image_transform_state(5, 3, 9));
+    assert_true(em_image_transform_state(5, 2, 9) != em_image_transform_state(5, 2, 10));
+    /* bad transforms */
+    em_image_transform bad = {.channels = 0, .height = H, .width = W};
+    assert_int_equal(em_image_transform_apply(&bad, x, tmp, &st), EM_ERR_INVALID);
+}
+
+static void test_image_transform_normalize(void **state)
+{
+    (void)state;
+    enum { C = 2, H = 2, W = 3, N = C * H * W };
+    float img[N], x[N];
+    for (int i = 0; i < N; i++) img[i] = 0.25f * (float)i;
+    const float mean[C] = {0.5f, 1.0f}, sd[C] = {2.0f, 4.0f};
+    em_image_transform t = {.channels = C, .height = H, .width = W, .mean = mean, .std = sd};
+    uint64_t st = 0;
+    memcpy(x, img, sizeof x);
+    assert_int_equal(em_image_transform_apply(&t, x, NULL, &st), EM_OK);
+    assert_true(st == 0); /* no random draw */
+    for (int i = 0; i < N; i++) {
+        int c = i / (H * W);
+        assert_true(x[i] == (img[i] - mean[c]) / sd[c]);
+    }
+    /* eval form: the random parts off, normalisation kept */
+    em_image_transform r = t;
+    r.crop_padding = 4;
+    r.hflip_p = 0.5;
+    em_image_transform e = em_image_transform_eval(r);
+    assert_int_equal(e.crop_padding, 0);
+    assert_true(e.hflip_p == 0);
+    assert_ptr_equal(e.mean, mean);
+    assert_ptr_equal(e.std, sd);
+}
+
+/* An image dataset: n samples of 1 x 6 x 6, pixel values distinct per sample. */
+static em_dataset *image_ds(int64_t n, float **pix)
+{
+    float *x = malloc(sizeof(float) * (size_t)(n * 36));
+    int64_t *y = malloc(sizeof(int64_t) * (size_t)n);
+    for (int64_t i = 0; i < n * 36; i++) x[i] = (float)(i % 997) / 997.0f + 0.001f;
+    for (int64_t i = 0; i < n; i++) y[i] = i % 10;
+    const int64_t shape[3] = {1, 6, 6};
+    em_dataset *ds = em_dataset_from_arrays(x, y, n, shape, 3);
+    free(y);
+    *pix = x;
+    return ds;
+}
+
+/* All of an epoch's x values (n * 36 floats) and indices. */
+static float *epoch_images(em_loader *l, int64_t epoch, int64_t *idx_out)
+{
+    int64_t m = em_loader_num_samples(l), k = 0;
+    float *all = malloc(sizeof(float) * (size_t)(m * 36));
+    assert_int_equal(em_loader_start_epoch(l, epoch), EM_OK);
+    const em_batch *b;
+    while ((b = em_loader_next(l))) {
+        memcpy(all + k * 36, b->x, sizeof(float) * (size_t)(b->size * 36));
+        if (idx_out) memcpy(idx_out + k, b->indices, sizeof(int64_t) * (size_t)b->size);
+        k += b->size;
+    }
+    assert_int_equal(em_last_status(), EM_OK);
+    assert_int_equal(k, m);
+    return all;
+}
+
+static void test_loader_transform_determinism(void **state)
+{
+    (void)state;
+    const int64_t N = 50;
+    float *pix;
+    em_dataset *ds = image_ds(N, &pix);
+    const float mean[1] = {0.25f}, sd[1] = {0.5f};
+    em_loader_options o = em_loader_options_default();
+    o.batch_size = 7;
+    o.shuffle = true;
+    o.seed = 11;
+    o.transform = (em_image_transform){.crop_padding = 2, .hflip_p = 0.5, .mean = mean, .std = sd}; /* sizes from the dataset */
+    float *ref[2] = {NULL, NULL};
+    int64_t idx[50];
+    const int workers[] = {1, 3, 0};
+    for (int w = 0; w < 3; w++) {
+        o.num_workers = workers[w];
+        em_loader *l = em_loader_new(ds, &o);
+        assert_non_null(l);
+        for (int e = 0; e < 2; e++) {
+            float *x = epoch_images(l, e, idx);
+            if (!ref[e]) ref[e] = x;
+            else {
+                assert_memory_equal(x, ref[e], sizeof(float) * (size_t)(N * 36)); /* 1 and 3 workers, and none: identical batches */
+                free(x);
+            }
+        }
+        em_loader_free(l);
+    }
+    /* the documented contract: the sample at position p of epoch e is
+     * em_image_transform_apply of its raw image with the stream
+     * em_image_transform_state(seed, e, p) */
+    o.num_workers = 0;
+    em_loader *l = em_loader_new(ds, &o);
+    float *x1 = epoch_images(l, 1, idx);
+    em_image_transform t = {.channels = 1, .height = 6, .width = 6, .crop_padding = 2, .hflip_p = 0.5, .mean = mean, .std = sd};
+    int changed = 0;
+    for (int64_t p = 0; p < N; p++) {
+        float want[36], tmp[36];
+        memcpy(want, pix + idx[p] * 36, sizeof want);
+        uint64_t st = em_image_transform_state(11, 1, p);
+        assert_int_equal(em_image_transform_apply(&t, want, tmp, &st), EM_OK);
+        assert_memory_equal(x1 + p * 36, want, sizeof want);
+        float plain[36];
+        for (int i = 0; i < 36; i++) plain[i] = (pix[idx[p] * 36 + i] - 0.25f) / 0.5f;
+        changed += memcmp(plain, want, sizeof want) != 0;
+    }
+    assert_true(changed > N / 2); /* most samples are cropped off-centre or flipped */
+    assert_memory_equal(x1, ref[1], sizeof(float) * (size_t)(N * 36));
+    assert_true(memcmp(ref[0], ref[1], sizeof(float) * (size_t)(N * 36)) != 0);
+    free(x1);
+    em_loader_free(l);
+    /* sharding: rank 1 of 2 gets the draws of the unsharded positions 1, 3, ... */
+    o.world_size = 2;
+    o.rank = 1;
+    l = em_loader_new(ds, &o);
+    int64_t sidx[25];
+    float *xs = epoch_images(l, 1, sidx);
+    for (int64_t q = 0; q < 25; q++) {
+        assert_int_equal(sidx[q], idx[1 + 2 * q]);
+        assert_memory_equal(xs + q * 36, ref[1] + (1 + 2 * q) * 36, sizeof(float) * 36);
+    }
+    free(xs);
+    em_loader_free(l);
+    /* an evaluation loader: no random transforms, whatever the seed and epoch */
+    o.world_size = 1;
+    o.rank = 0;
+    o.shuffle = false;
+    o.transform = em_image_transform_eval(o.transform);
+    for (uint64_t seed = 0; seed < 2; seed++) {
+        o.seed = seed;
+        l = em_loader_new(ds, &o);
+        for (int e = 0; e < 2; e++) {
+            float *xe = epoch_images(l, e, idx);
+            for (int64_t i = 0; i < N * 36; i++) assert_true(xe[i] == (pix[i] - 0.25f) / 0.5f);
+            free(xe);
+        }
+        em_loader_free(l);
+    }
+    /* bad transform options */
+    o.transform = (em_image_transform){.channels = 2, .height = 6, .width = 6};
+    o.transform.hflip_p = 0.5;
+    assert_null(em_loader_new(ds, &o));
+    assert_int_equal(em_last_status(), EM_ERR_INVALID);
+    assert_msg_has("does not match");
+    o.transform = (em_image_transform){.mean = mean};
+    assert_null(em_loader_new(ds, &o));
+    assert_msg_has("both");
+    o.transform = (em_image_transform){.hflip_p = 1.5};
+    assert_null(em_loader_new(ds, &o));
+    assert_msg_has("hflip_p");
+    const float zero[1] = {0};
+    o.transform = (em_image_transform){.mean = mean, .std = zero};
+    assert_null(em_loader_new(ds, &o));
+    assert_msg_has("std[0]");
+    free(ref[0]);
+    free(ref[1]);
+    free(pix);
+    em_dataset_free(ds);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -739,6 +969,9 @@ int main(void)
         cmocka_unit_test(test_loader_errors),       cmocka_unit_test(test_batch_to_tensors),
         cmocka_unit_test(test_loader_dataset_error_message),
         cmocka_unit_test(test_fashion_mnist_loader),
+        cmocka_unit_test(test_image_transform_pixels),
+        cmocka_unit_test(test_image_transform_normalize),
+        cmocka_unit_test(test_loader_transform_determinism),
     };
     return cmocka_run_group_tests(tests, em_test_setup_tmpdir, em_test_teardown_tmpdir);
 }

@@ -478,12 +478,74 @@ static void test_python_interop(void **state)
     em_scope_end();
 }
 
+/* Checkpoints hold module buffers (BatchNorm's running statistics) next to
+ * the parameters, under the same "model." keys as PyTorch's state_dict. */
+static const em_module_vtable BUFMOD_VT = {"BufMod", NULL, NULL};
+
+static em_module *bufmod(double w, double rm)
+{
+    em_module *m = em_module_new(&BUFMOD_VT, NULL);
+    em_module *child = em_module_new(&BUFMOD_VT, NULL);
+    int64_t two = 2;
+    em_tensor *p = em_full(&two, 1, EM_F32, w), *b = em_full(&two, 1, EM_F32, rm), *n = em_full(NULL, 0, EM_I64, 3);
+    assert_int_equal(em_module_add_param(child, "weight", p), EM_OK);
+    assert_int_equal(em_module_add_buffer(child, "running_mean", b), EM_OK);
+    assert_int_equal(em_module_add_buffer(child, "num_batches_tracked", n), EM_OK);
+    assert_int_equal(em_module_add_child(m, "1", child), EM_OK);
+    em_tensor_release(p);
+    em_tensor_release(b);
+    em_tensor_release(n);
+    return m;
+}
+
+static void test_checkpoint_buffers(void **state)
+{
+    (void)state;
+    const char *path = em_test_tmp_path("bufs.safetensors");
+    em_module *a = bufmod(1.5, 0.25);
+    assert_int_equal(em_checkpoint_save(path, a, NULL, NULL, NULL, NULL, 0), EM_OK);
+    em_st_file *f = em_safetensors_open(path);
+    assert_non_null(f);
+    assert_int_equal(em_safetensors_count(f), 3);
+    const char *keys[3] = {"model.1.weight", "model.1.running_mean", "model.1.num_batches_tracked"};
+    for (int i = 0; i < 3; i++) {
+        bool found = false;
+        for (int j = 0; j < 3; j++) found |= !strcmp(em_safetensors_at(f, j)->name, keys[i]);
+        if (!found) fail_msg("checkpoint lacks %s", keys[i]);
+    }
+    em_safetensors_close(f);
+    em_module *b = bufmod(0.0, 9.0);
+    assert_int_equal(em_checkpoint_load(path, b, NULL, NULL, NULL), EM_OK);
+    float v[2];
+    int64_t nbt = 0;
+    assert_int_equal(em_to_host(em_module_get_buffer(b, "1.running_mean"), v, sizeof v), EM_OK);
+    assert_true(v[0] == 0.25f && v[1] == 0.25f);
+    assert_int_equal(em_to_host(em_module_get_param(b, "1.weight"), v, sizeof v), EM_OK);
+    assert_true(v[0] == 1.5f);
+    assert_int_equal(em_to_host(em_module_get_buffer(b, "1.num_batches_tracked"), &nbt, sizeof nbt), EM_OK);
+    assert_int_equal(nbt, 3);
+    /* a model without those buffers does not load it (extra key), and vice versa */
+    em_module *c = em_module_new(&BUFMOD_VT, NULL), *cc = em_module_new(&BUFMOD_VT, NULL);
+    int64_t two = 2;
+    em_tensor *p = em_zeros(&two, 1, EM_F32);
+    assert_int_equal(em_module_add_param(cc, "weight", p), EM_OK);
+    em_tensor_release(p);
+    assert_int_equal(em_module_add_child(c, "1", cc), EM_OK);
+    assert_int_equal(em_checkpoint_load(path, c, NULL, NULL, NULL), EM_ERR_FORMAT);
+    const char *path2 = em_test_tmp_path("nobufs.safetensors");
+    assert_int_equal(em_checkpoint_save(path2, c, NULL, NULL, NULL, NULL, 0), EM_OK);
+    assert_true(em_checkpoint_load(path2, b, NULL, NULL, NULL) < 0);
+    em_module_free(a);
+    em_module_free(b);
+    em_module_free(c);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_roundtrip),   cmocka_unit_test(test_corrupt),
         cmocka_unit_test(test_atomic_save), cmocka_unit_test(test_load_into),
-        cmocka_unit_test(test_python_interop),
+        cmocka_unit_test(test_python_interop),    cmocka_unit_test(test_checkpoint_buffers),
     };
     return cmocka_run_group_tests(tests, em_test_setup_tmpdir, em_test_teardown_tmpdir);
 }

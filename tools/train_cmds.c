@@ -27,14 +27,209 @@ static int parse_list(const char *s, int64_t *out, int max, long long minval)
     return n;
 }
 
-/* "mlp:784-256-128-10" (optionally ":dropout=0.2") */
+/* Appends @p child to @p seq; false (with the error in err) on failure. */
+static bool append(em_module *seq, em_module *child, char *err, size_t nerr)
+{
+    if (child && em_sequential_append(seq, child) == EM_OK) return true;
+    snprintf(err, nerr, "%s", em_last_error());
+    return false;
+}
+
+/* Reads a positive integer at *p (advancing it); -1 when there is none. */
+static long long read_pos(const char **p)
+{
+    char *end;
+    if (**p < '0' || **p > '9') return -1;
+    errno = 0;
+    long long v = strtoll(*p, &end, 10);
+    if (end == *p || v <= 0 || errno) return -1;
+    *p = end;
+    return v;
+}
+
+typedef struct cnn_spec {
+    long long C, H, W;
+    long long chans[32], reps[32], fcs[16], classes;
+    int nb, nf;
+    double dropout;
+} cnn_spec;
+
+/* Parses "cnn:CxHxW-B1-...-fcF...-K[:dropout=P]" (see em_tool_build_model);
+ * 0, or -1 with the reason in err. Needs no runtime. */
+static int parse_cnn(const char *spec, cnn_spec *cs, char *err, size_t nerr)
+{
+    const char *p = spec + 4;
+    long long C = read_pos(&p), H = -1, W = -1;
+    if (C > 0 && *p == 'x' && (p++, (H = read_pos(&p)) > 0) && *p == 'x') {
+        p++;
+        W = read_pos(&p);
+    }
+    if (C <= 0 || H <= 0 || W <= 0 || *p != '-') {
+        snprintf(err, nerr, "bad model spec '%s': expected cnn:CxHxW-... (e.g. %s)", spec, EM_TOOL_CNN_DEFAULT);
+        return -1;
+    }
+    /* tokens: conv blocks "N" / "NxR", then hidden layers "fcN", then the class count "N" */
+    long long *chans = cs->chans, *reps = cs->reps, *fcs = cs->fcs, classes = -1;
+    int nb = 0, nf = 0;
+    double dropout = 0;
+    while (*p == '-') {
+        p++;
+        if (classes > 0) { /* the class count was not the last token */
+            snprintf(err, nerr, "bad model spec '%s': the class count must come last", spec);
+            return -1;
+        }
+        if (!strncmp(p, "fc", 2)) {
+            p += 2;
+            long long f = read_pos(&p);
+            if (f <= 0 || nf == 16) {
+                snprintf(err, nerr, "bad model spec '%s': bad hidden layer 'fcN'", spec);
+                return -1;
+            }
+            fcs[nf++] = f;
+            continue;
+        }
+        long long v = read_pos(&p), r = 1;
+        if (v <= 0) {
+            snprintf(err, nerr, "bad model spec '%s': expected a number, NxR or fcN after '-'", spec);
+            return -1;
+        }
+        if (*p == 'x') {
+            p++;
+            if ((r = read_pos(&p)) <= 0 || r > 16) {
+                snprintf(err, nerr, "bad model spec '%s': bad repeat count in a block NxR (1 to 16)", spec);
+                return -1;
+            }
+        } else if (*p != '-') { /* the last plain number: classes */
+            classes = v;
+            continue;
+        }
+        if (nf > 0 || nb == 32) {
+            snprintf(err, nerr, "bad model spec '%s': %s", spec, nf > 0 ? "conv blocks must come before the fcN layers" : "too many blocks");
+            return -1;
+        }
+        chans[nb] = v;
+        reps[nb++] = r;
+    }
+    if (*p == ':') {
+        if (strncmp(p, ":dropout=", 9) != 0) {
+            snprintf(err, nerr, "bad model spec '%s': unknown option '%s' (expected :dropout=P)", spec, p);
+            return -1;
+        }
+        char *end;
+        dropout = strtod(p + 9, &end);
+        if (end == p + 9 || *end || !(dropout >= 0 && dropout < 1)) {
+            snprintf(err, nerr, "bad model spec '%s': dropout must be in [0, 1)", spec);
+            return -1;
+        }
+        p = end;
+    }
+    if (*p || classes <= 0 || nb == 0) {
+        snprintf(err, nerr, "bad model spec '%s': expected cnn:CxHxW-BLOCKS...-[fcN-]...CLASSES (e.g. %s)", spec, EM_TOOL_CNN_DEFAULT);
+        return -1;
+    }
+    long long h = H, w = W;
+    for (int b = 0; b < nb; b++) {
+        if (h < 2 || w < 2) {
+            snprintf(err, nerr, "bad model spec '%s': block %d pools a %lldx%lld map (too many blocks for the image)", spec, b + 1, h, w);
+            return -1;
+        }
+        h /= 2;
+        w /= 2;
+    }
+    cs->C = C;
+    cs->H = H;
+    cs->W = W;
+    cs->nb = nb;
+    cs->nf = nf;
+    cs->classes = classes;
+    cs->dropout = dropout;
+    return 0;
+}
+
+static em_module *build_cnn(const char *spec, char *err, size_t nerr)
+{
+    cnn_spec cs;
+    if (parse_cnn(spec, &cs, err, nerr) != 0) return NULL;
+    const long long C = cs.C, H = cs.H, W = cs.W, *chans = cs.chans, *reps = cs.reps, *fcs = cs.fcs, classes = cs.classes;
+    const int nb = cs.nb, nf = cs.nf;
+    const double dropout = cs.dropout;
+    em_module *seq = em_sequential_new(NULL, 0);
+    if (!seq) {
+        snprintf(err, nerr, "%s", em_last_error());
+        return NULL;
+    }
+    em_conv_opts co = em_conv_opts_default();
+    co.padding[0] = co.padding[1] = 1;
+    em_pool_opts po = em_pool_opts_default(2, 2);
+    long long cin = C, h = H, w = W;
+    for (int b = 0; b < nb; b++) {
+        for (long long r = 0; r < reps[b]; r++) {
+            /* no conv bias: the BatchNorm after it has one */
+            if (!append(seq, em_conv2d_new(cin, chans[b], 3, 3, &co, false), err, nerr) ||
+                !append(seq, em_batch_norm2d_new(chans[b], 1e-5, 0.1, true, true), err, nerr) ||
+                !append(seq, em_relu_new(), err, nerr))
+                goto fail;
+            cin = chans[b];
+        }
+        if (!append(seq, em_max_pool2d_new(&po), err, nerr)) goto fail;
+        h /= 2;
+        w /= 2;
+    }
+    if (!append(seq, em_flatten_new(1, -1), err, nerr)) goto fail;
+    long long in = cin * h * w;
+    for (int i = 0; i < nf; i++) {
+        if (!append(seq, em_linear_new(in, fcs[i], true), err, nerr) || !append(seq, em_relu_new(), err, nerr)) goto fail;
+        if (dropout > 0 && !append(seq, em_dropout_new(dropout), err, nerr)) goto fail;
+        in = fcs[i];
+    }
+    if (!append(seq, em_linear_new(in, classes, true), err, nerr)) goto fail;
+    return seq;
+fail:
+    em_module_free(seq);
+    return NULL;
+}
+
+int em_tool_check_spec(const char *spec, char *err, size_t nerr)
+{
+    cnn_spec cs;
+    if (!strncmp(spec, "cnn:", 4)) return parse_cnn(spec, &cs, err, nerr);
+    if (!strncmp(spec, "mlp:", 4)) return 0; /* checked when built */
+    snprintf(err, nerr, "unknown model '%s' (expected mlp:IN-H1-...-OUT or cnn:CxHxW-...)", spec);
+    return -1;
+}
+
+int em_tool_check_input(const char *spec, const em_dataset *ds, char *err, size_t nerr)
+{
+    if (!strncmp(spec, "cnn:", 4)) {
+        cnn_spec cs;
+        if (parse_cnn(spec, &cs, err, nerr) != 0) return -1;
+        int nd = ds->feature_ndim;
+        long long c = nd == 3 ? ds->feature_shape[0] : 1, h = nd >= 2 ? ds->feature_shape[nd - 2] : -1,
+                  w = nd >= 2 ? ds->feature_shape[nd - 1] : -1;
+        if ((nd != 2 && nd != 3) || c != cs.C || h != cs.H || w != cs.W) {
+            snprintf(err, nerr, "model %s takes %lldx%lldx%lld images, the data has samples of %lld features (%s)", spec, cs.C, cs.H, cs.W,
+                     (long long)ds->num_features, nd == 2 || nd == 3 ? "another image size" : "not images");
+            return -1;
+        }
+        return 0;
+    }
+    long long in = strtoll(spec + 4, NULL, 10);
+    if (!strncmp(spec, "mlp:", 4) && in != ds->num_features) {
+        snprintf(err, nerr, "model %s takes %lld features, the data has %lld per sample", spec, in, (long long)ds->num_features);
+        return -1;
+    }
+    return 0;
+}
+
+/* "mlp:784-256-128-10" (optionally ":dropout=0.2") or a CNN spec (build_cnn) */
 em_module *em_tool_build_model(const char *spec, char *err, size_t nerr)
 {
     int64_t sizes[16];
     int n = 0;
     double dropout = 0;
+    if (!strncmp(spec, "cnn:", 4)) return build_cnn(spec, err, nerr);
     if (strncmp(spec, "mlp:", 4) != 0) {
-        snprintf(err, nerr, "unknown model '%s' (expected mlp:IN-H1-...-OUT)", spec);
+        snprintf(err, nerr, "unknown model '%s' (expected mlp:IN-H1-...-OUT or cnn:CxHxW-...)", spec);
         return NULL;
     }
     const char *p = spec + 4;
@@ -96,11 +291,16 @@ static int init_runtime(const char *device)
 static void train_help(void)
 {
     printf("usage: ember train [options]\n\n"
-           "Trains an MLP classifier on Fashion-MNIST (or any MNIST-layout folder) and\n"
-           "prints per-epoch metrics; checkpoints and metrics.csv go to --out.\n\n"
+           "Trains an MLP or CNN classifier on Fashion-MNIST (or any MNIST-layout folder)\n"
+           "and prints per-epoch metrics; checkpoints and metrics.csv go to --out.\n\n"
            "  --data DIR             MNIST-layout folder (default $EMBER_DATA_DIR or %s)\n"
-           "  --hidden LIST          hidden layer sizes (default 256,128)\n"
-           "  --dropout P            dropout after each hidden layer (default 0)\n"
+           "  --model NAME           mlp (default), cnn, or a full model spec (below)\n"
+           "  --hidden LIST          mlp: hidden layer sizes (default 256,128)\n"
+           "  --dropout P            mlp: dropout after each hidden layer (default 0);\n"
+           "                         cnn: dropout of the classifier's hidden layer (default 0.25)\n"
+           "  --augment / --no-augment   random crop (padding 2) and horizontal flip of the\n"
+           "                         training images (default: on for cnn, off for mlp)\n"
+           "  --limit N              use the first N training and N test images (quick checks)\n"
            "  --epochs N             epochs (default 10)\n"
            "  --batch-size N         batch size (default 64)\n"
            "  --optimizer NAME       adam, adamw, sgd, rmsprop, adagrad (default adam)\n"
@@ -136,8 +336,18 @@ static void train_help(void)
            "(the learning rate is not scaled). Replicas on the same kind of CPU device\n"
            "(cpu,cpu) share its workers: useful for testing, not faster. A checkpoint\n"
            "holds replica 0; it can be resumed with any number of devices (the global\n"
-           "batch then changes with it).\n",
-           EM_FASHION_MNIST_DIR);
+           "batch then changes with it).\n\n"
+           "Models: the spec is stored in the checkpoint (metadata ember.model) with the\n"
+           "input normalisation (ember.norm_mean, ember.norm_std), so that eval and\n"
+           "predict need no model options. Specs (keys as the PyTorch nn.Sequential):\n"
+           "  mlp:IN-H1-...-OUT[:dropout=P]   Flatten, Linear-ReLU(-Dropout)..., Linear\n"
+           "  cnn:CxHxW-B1-B2-...[-fcF...]-K[:dropout=P]   images C x H x W; a block N or\n"
+           "      NxR is R times [Conv2d(in, N, 3, padding=1, bias=False), BatchNorm2d(N),\n"
+           "      ReLU] then MaxPool2d(2); then Flatten; fcF is Linear(in, F), ReLU,\n"
+           "      Dropout(P); last Linear(in, K). --model cnn is\n"
+           "      %s\n"
+           "Inputs are normalised with the Fashion-MNIST mean %.4f and std %.4f.\n",
+           EM_FASHION_MNIST_DIR, EM_TOOL_CNN_DEFAULT, EM_FASHION_MNIST_MEAN, EM_FASHION_MNIST_STD);
 }
 
 int em_tool_train(int argc, char **argv)
@@ -145,10 +355,14 @@ int em_tool_train(int argc, char **argv)
     const char *data = default_data_dir(), *hidden = "256,128", *optname = "adam", *schedname = "cosine";
     const char *device = NULL, *out = "runs/fashion-mnist", *resume = NULL;
     int64_t epochs = 10, batch = 64, patience = 0;
-    double lr = NAN, momentum = NAN, wd = 0, smoothing = 0, clip = 0, dropout = 0;
+    double lr = NAN, momentum = NAN, wd = 0, smoothing = 0, clip = 0, dropout = NAN;
+    const char *model_name = "mlp";
+    bool hidden_given = false;
+    int augment = -1; /* -1: the model's default */
+    int64_t limit = 0;
     uint64_t seed = 0;
     int workers = 1, progress = -1;
-    enum { O_HIDDEN = 256, O_LR, O_MOM, O_WD, O_SCHED, O_LS, O_CLIP, O_PAT, O_WORKERS, O_RESUME, O_PROG, O_NOPROG, O_DROP, O_STOP, O_DIST, O_GBATCH, O_DEVICES };
+    enum { O_HIDDEN = 256, O_LR, O_MOM, O_WD, O_SCHED, O_LS, O_CLIP, O_PAT, O_WORKERS, O_RESUME, O_PROG, O_NOPROG, O_DROP, O_STOP, O_DIST, O_GBATCH, O_DEVICES, O_MODEL, O_AUG, O_NOAUG, O_LIMIT };
     static const struct option opts[] = {
         {"data", required_argument, 0, 'd'},         {"hidden", required_argument, 0, O_HIDDEN},
         {"epochs", required_argument, 0, 'e'},       {"batch-size", required_argument, 0, 'b'},
@@ -163,6 +377,8 @@ int em_tool_train(int argc, char **argv)
         {"stop-after-epoch", required_argument, 0, O_STOP},
         {"distributed", no_argument, 0, O_DIST},     {"global-batch", required_argument, 0, O_GBATCH}, /* [dist] */
         {"devices", required_argument, 0, O_DEVICES},
+        {"model", required_argument, 0, O_MODEL},    {"augment", no_argument, 0, O_AUG},
+        {"no-augment", no_argument, 0, O_NOAUG},     {"limit", required_argument, 0, O_LIMIT},
         {"help", no_argument, 0, 'h'},               {0, 0, 0, 0}};
     int64_t stop_after = 0;
     bool distributed = false; /* [dist] */
@@ -173,7 +389,11 @@ int em_tool_train(int argc, char **argv)
     while ((c = getopt_long(argc, argv, "d:e:b:o:s:D:O:h", opts, NULL)) != -1) {
         switch (c) {
         case 'd': data = optarg; break;
-        case O_HIDDEN: hidden = optarg; break;
+        case O_HIDDEN: hidden = optarg; hidden_given = true; break;
+        case O_MODEL: model_name = optarg; break;
+        case O_AUG: augment = 1; break;
+        case O_NOAUG: augment = 0; break;
+        case O_LIMIT: limit = strtoll(optarg, NULL, 10); if (limit < 1) limit = -1; break;
         case 'e': epochs = strtoll(optarg, NULL, 10); break;
         case 'b': batch = strtoll(optarg, NULL, 10); break;
         case 'o': optname = optarg; break;
@@ -204,10 +424,48 @@ int em_tool_train(int argc, char **argv)
         fprintf(stderr, "ember train: unexpected argument '%s' (see --help)\n", argv[optind]);
         return 2;
     }
-    if (epochs < 1 || batch < 1 || workers < 0) {
-        fprintf(stderr, "ember train: --epochs and --batch-size must be >= 1, --workers >= 0\n");
+    if (epochs < 1 || batch < 1 || workers < 0 || limit < 0) {
+        fprintf(stderr, "ember train: --epochs, --batch-size and --limit must be >= 1, --workers >= 0\n");
         return 2;
     }
+    const bool is_mlp = !strcmp(model_name, "mlp") || !strncmp(model_name, "mlp:", 4);
+    const bool is_cnn = !strcmp(model_name, "cnn") || !strncmp(model_name, "cnn:", 4);
+    if (!is_mlp && !is_cnn) {
+        fprintf(stderr, "ember train: unknown --model '%s' (mlp, cnn, or a spec mlp:... / cnn:...; see --help)\n", model_name);
+        return 2;
+    }
+    if (strchr(model_name, ':') && (hidden_given || !isnan(dropout))) {
+        fprintf(stderr, "ember train: --hidden and --dropout do not apply to a full model spec (put them in the spec)\n");
+        return 2;
+    }
+    if (is_cnn && hidden_given) {
+        fprintf(stderr, "ember train: --hidden applies to --model mlp (for the cnn, give a spec: --model cnn:...; see --help)\n");
+        return 2;
+    }
+    if (!isnan(dropout) && !(dropout >= 0 && dropout < 1)) {
+        fprintf(stderr, "ember train: --dropout must be in [0, 1)\n");
+        return 2;
+    }
+    if (augment < 0) augment = is_cnn;
+    char spec[256];
+    char err[512];
+    if (strchr(model_name, ':')) {
+        snprintf(spec, sizeof spec, "%s", model_name);
+    } else if (is_cnn) {
+        snprintf(spec, sizeof spec, "%s", EM_TOOL_CNN_DEFAULT);
+        if (!isnan(dropout)) { /* replace the default's dropout */
+            char *c = strstr(spec, ":dropout=");
+            if (c) *c = 0;
+            if (dropout > 0) snprintf(spec + strlen(spec), sizeof spec - strlen(spec), ":dropout=%g", dropout);
+        }
+    }
+    if (is_cnn) { /* a spec error is a usage error: check it before starting anything */
+        if (strncmp(spec, "cnn:", 4) || em_tool_check_spec(spec, err, sizeof err) != 0) {
+            fprintf(stderr, "ember train: %s\n", err);
+            return 2;
+        }
+    }
+    if (isnan(dropout)) dropout = 0;
     int64_t hs[16];
     int nh = parse_list(hidden, hs, 14, 1);
     if (nh < 0) {
@@ -261,7 +519,7 @@ int em_tool_train(int argc, char **argv)
         batch = global_batch / world / ndev;
     }
     int rc = 1;
-    em_dataset *tr = NULL, *te = NULL;
+    em_dataset *tr = NULL, *te = NULL, *tr_full = NULL, *te_full = NULL;
     em_loader *ltr = NULL, *lte = NULL;
     em_module *model = NULL, *rmodels[64] = {0};
     em_optim *opt = NULL, *ropts[64] = {0};
@@ -274,12 +532,28 @@ int em_tool_train(int argc, char **argv)
         fprintf(stderr, "ember train: %s\n", em_last_error());
         goto done;
     }
-    char spec[256];
-    int k = snprintf(spec, sizeof spec, "mlp:%lld", (long long)em_dataset_num_features(tr));
-    for (int i = 0; i < nh; i++) k += snprintf(spec + k, sizeof spec - (size_t)k, "-%lld", (long long)hs[i]);
-    k += snprintf(spec + k, sizeof spec - (size_t)k, "-%lld", (long long)(tr->num_classes > 0 ? tr->num_classes : 10));
-    if (dropout > 0) snprintf(spec + k, sizeof spec - (size_t)k, ":dropout=%g", dropout);
-    char err[512];
+    if (limit > 0) { /* --limit: the first N samples of each split */
+        tr_full = tr;
+        te_full = te;
+        tr = em_dataset_subset(tr_full, 0, limit < em_dataset_length(tr_full) ? limit : em_dataset_length(tr_full));
+        te = tr ? em_dataset_subset(te_full, 0, limit < em_dataset_length(te_full) ? limit : em_dataset_length(te_full)) : NULL;
+        if (!tr || !te) {
+            fprintf(stderr, "ember train: --limit: %s\n", em_last_error());
+            goto done;
+        }
+    }
+    if (!strchr(model_name, ':') && is_mlp) {
+        int k = snprintf(spec, sizeof spec, "mlp:%lld", (long long)em_dataset_num_features(tr));
+        for (int i = 0; i < nh; i++) k += snprintf(spec + k, sizeof spec - (size_t)k, "-%lld", (long long)hs[i]);
+        k += snprintf(spec + k, sizeof spec - (size_t)k, "-%lld", (long long)(tr->num_classes > 0 ? tr->num_classes : 10));
+        if (dropout > 0) snprintf(spec + k, sizeof spec - (size_t)k, ":dropout=%g", dropout);
+    }
+    if (em_tool_check_input(spec, tr, err, sizeof err) != 0) {
+        fprintf(stderr, "ember train: %s\n", err);
+        rc = 2;
+        clean_exit = true; /* [dist] every rank sees the same data */
+        goto done;
+    }
     model = em_tool_build_model(spec, err, sizeof err);
     if (!model) {
         fprintf(stderr, "ember train: %s\n", err);
@@ -326,10 +600,10 @@ int em_tool_train(int argc, char **argv)
         char hp[1024];
         snprintf(hp, sizeof hp,
                  "model=%s optimizer=%s lr=%g momentum=%g weight_decay=%g batch=%lld epochs=%lld scheduler=%s "
-                 "label_smoothing=%g clip=%g seed=%llu patience=%lld stop_after=%lld train_samples=%lld resume=%s",
+                 "label_smoothing=%g clip=%g seed=%llu patience=%lld stop_after=%lld train_samples=%lld resume=%s augment=%d",
                  spec, optname, oc.lr, oc.momentum, oc.weight_decay, (long long)batch, (long long)epochs, schedname,
                  smoothing, clip, (unsigned long long)seed, (long long)patience, (long long)stop_after,
-                 (long long)em_dataset_length(tr), resume ? "yes" : "no");
+                 (long long)em_dataset_length(tr), resume ? "yes" : "no", augment);
         if (em_dist_check_config(model, hp) != EM_OK) {
             fprintf(stderr, "ember train: rank %d: %s\n", rank, em_last_error());
             clean_exit = true;
@@ -345,8 +619,14 @@ int em_tool_train(int argc, char **argv)
     lo.shuffle = true;
     lo.seed = seed;
     lo.num_workers = workers;
-    lo.mean = EM_FASHION_MNIST_MEAN;
-    lo.std = EM_FASHION_MNIST_STD;
+    /* normalisation (and, with --augment, random crop and flip) on the loader threads */
+    const float norm_mean[1] = {EM_FASHION_MNIST_MEAN}, norm_std[1] = {EM_FASHION_MNIST_STD};
+    lo.transform.mean = norm_mean;
+    lo.transform.std = norm_std;
+    if (augment) {
+        lo.transform.crop_padding = 2;
+        lo.transform.hflip_p = 0.5;
+    }
     lo.rank = rank; /* [dist] each rank reads its shard; shard_even: equal step counts */
     lo.world_size = world;
     lo.shard_even = world > 1;
@@ -354,6 +634,7 @@ int em_tool_train(int argc, char **argv)
     lo.shard_even = false; /* [dist] test set: every sample once over all ranks */
     lo.shuffle = false;
     lo.batch_size = batch * ndev > 1000 ? batch * ndev : 1000;
+    lo.transform = em_image_transform_eval(lo.transform); /* no random transforms on the test set */
     lte = em_loader_new(te, &lo);
     if (!ltr || !lte) {
         fprintf(stderr, "ember train: %s\n", em_last_error());
@@ -363,7 +644,9 @@ int em_tool_train(int argc, char **argv)
     if (lead) printf("ember train: model %s (%lld parameters), %s lr %g, batch %lld, %lld epochs, device %s, %d CPU workers\n", spec,
            (long long)em_module_num_params(model), em_optim_kind_name(kind), oc.lr, (long long)batch, (long long)epochs,
            em_device_str(em_get_device(), dev, sizeof dev), em_worker_count(EM_DEVICE_CPU));
-    if (lead) printf("data: %s (%lld train, %lld test samples)\n", data, (long long)em_dataset_length(tr), (long long)em_dataset_length(te));
+    if (lead) printf("data: %s (%lld train, %lld test samples), normalised with mean %.4f std %.4f%s\n", data,
+                     (long long)em_dataset_length(tr), (long long)em_dataset_length(te), norm_mean[0], norm_std[0],
+                     augment ? "; training images randomly cropped (padding 2) and flipped" : "");
     if (lead && rep) { /* [dist] */
         printf("replicas: %d in this process on", ndev);
         for (int i = 0; i < ndev; i++) printf("%s%s", i ? "," : " ", em_device_str(devs[i], dev, sizeof dev));
@@ -383,9 +666,16 @@ int em_tool_train(int argc, char **argv)
     cfg.clip_grad_norm = clip;
     cfg.loss.label_smoothing = smoothing;
     cfg.replicas = rep; /* [dist] */
-    em_st_kv meta[2] = {{.key = "ember.model", .value = spec}, {.key = "ember.data", .value = data}};
+    char mean_s[32], std_s[32];
+    snprintf(mean_s, sizeof mean_s, "%.9g", (double)norm_mean[0]);
+    snprintf(std_s, sizeof std_s, "%.9g", (double)norm_std[0]);
+    em_st_kv meta[5] = {{.key = "ember.model", .value = spec},
+                        {.key = "ember.data", .value = data},
+                        {.key = "ember.norm_mean", .value = mean_s}, /* per channel, comma-separated */
+                        {.key = "ember.norm_std", .value = std_s},
+                        {.key = "ember.augment", .value = augment ? "crop2,hflip" : "none"}};
     cfg.meta = meta;
-    cfg.n_meta = 2;
+    cfg.n_meta = 5;
     em_epoch_metrics hist[1024];
     int nhist = 0;
     if (em_learner_fit(model, opt, sched, ltr, lte, &cfg, hist, 1024, &nhist) != EM_OK) {
@@ -414,6 +704,8 @@ done:
     em_loader_free(lte);
     em_dataset_free(tr);
     em_dataset_free(te);
+    em_dataset_free(tr_full);
+    em_dataset_free(te_full);
     if (dist) { /* [dist] a rank failing alone ends the whole job at once */
         if (rc != 0 && !clean_exit) em_dist_abort(rc, "ember train failed on this rank: ending the job");
         em_dist_shutdown();
@@ -423,8 +715,32 @@ done:
     return rc;
 }
 
-/* Opens a checkpoint, builds its model from the 'ember.model' metadata and loads it. */
-static em_module *load_model(const char *ckpt)
+/* Input normalisation of a checkpoint's model, per channel. */
+typedef struct tool_norm {
+    int n;
+    float mean[64], std[64];
+} tool_norm;
+
+/* Comma-separated floats into out (at most max); the count, or -1. */
+static int parse_floats(const char *s, float *out, int max)
+{
+    int n = 0;
+    while (s && *s) {
+        char *end;
+        double v = strtod(s, &end);
+        if (end == s || n == max) return -1;
+        out[n++] = (float)v;
+        if (*end && *end != ',') return -1;
+        s = *end ? end + 1 : end;
+    }
+    return n;
+}
+
+/* Opens a checkpoint, builds its model from the 'ember.model' metadata and
+ * loads it; @p norm gets its input normalisation ('ember.norm_mean' /
+ * 'ember.norm_std'; checkpoints written before these existed were all
+ * trained with the Fashion-MNIST constants). */
+static em_module *load_model(const char *ckpt, tool_norm *norm)
 {
     em_st_file *f = em_safetensors_open(ckpt);
     if (!f) {
@@ -436,6 +752,23 @@ static em_module *load_model(const char *ckpt)
     em_module *m = spec ? em_tool_build_model(spec, err, sizeof err) : NULL;
     if (!spec) fprintf(stderr, "ember: %s: no 'ember.model' metadata: not a checkpoint written by ember train\n", ckpt);
     else if (!m) fprintf(stderr, "ember: %s: %s\n", ckpt, err);
+    const char *ms = em_safetensors_metadata(f, "ember.norm_mean"), *ss = em_safetensors_metadata(f, "ember.norm_std");
+    if (m && (ms || ss)) {
+        int a = parse_floats(ms, norm->mean, 64), b = parse_floats(ss, norm->std, 64);
+        bool ok = a >= 1 && a == b;
+        for (int i = 0; ok && i < a; i++) ok = norm->std[i] != 0.0f && norm->std[i] == norm->std[i];
+        if (!ok) {
+            fprintf(stderr, "ember: %s: bad normalisation metadata (ember.norm_mean '%s', ember.norm_std '%s')\n", ckpt, ms ? ms : "",
+                    ss ? ss : "");
+            em_module_free(m);
+            m = NULL;
+        }
+        norm->n = a;
+    } else {
+        norm->n = 1;
+        norm->mean[0] = EM_FASHION_MNIST_MEAN;
+        norm->std[0] = EM_FASHION_MNIST_STD;
+    }
     em_safetensors_close(f);
     if (!m) return NULL;
     if (em_checkpoint_load(ckpt, m, NULL, NULL, NULL) != EM_OK) {
@@ -449,10 +782,11 @@ static em_module *load_model(const char *ckpt)
 int em_tool_eval(int argc, char **argv)
 {
     const char *ckpt = NULL, *data = default_data_dir(), *device = NULL;
-    int64_t batch = 1000;
+    int64_t batch = 1000, limit = 0;
     static const struct option opts[] = {{"checkpoint", required_argument, 0, 'c'}, {"data", required_argument, 0, 'd'},
                                          {"batch-size", required_argument, 0, 'b'}, {"device", required_argument, 0, 'D'},
-                                         {"help", no_argument, 0, 'h'},             {0, 0, 0, 0}};
+                                         {"limit", required_argument, 0, 'l'},      {"help", no_argument, 0, 'h'},
+                                         {0, 0, 0, 0}};
     int c;
     optind = 1;
     while ((c = getopt_long(argc, argv, "c:d:b:D:h", opts, NULL)) != -1) {
@@ -461,29 +795,43 @@ int em_tool_eval(int argc, char **argv)
         case 'd': data = optarg; break;
         case 'b': batch = strtoll(optarg, NULL, 10); break;
         case 'D': device = optarg; break;
+        case 'l': limit = strtoll(optarg, NULL, 10); if (limit < 1) limit = -1; break;
         case 'h':
-            printf("usage: ember eval --checkpoint FILE [--data DIR] [--batch-size N] [--device DEV]\n\n"
+            printf("usage: ember eval --checkpoint FILE [--data DIR] [--batch-size N] [--limit N] [--device DEV]\n\n"
                    "Evaluates a checkpoint written by 'ember train' on the test split: loss,\n"
-                   "accuracy, top-5 accuracy and the confusion matrix (rows: true class).\n");
+                   "accuracy, top-5 accuracy and the confusion matrix (rows: true class).\n"
+                   "The model and its input normalisation come from the checkpoint's metadata.\n"
+                   "--limit N evaluates the first N test images only.\n");
             return 0;
         default: fprintf(stderr, "see 'ember eval --help'\n"); return 2;
         }
     }
-    if (!ckpt) {
-        fprintf(stderr, "ember eval: --checkpoint FILE is required\n");
+    if (!ckpt || batch < 1 || limit < 0) {
+        fprintf(stderr, "ember eval: %s\n", !ckpt ? "--checkpoint FILE is required" : "--batch-size and --limit must be >= 1");
         return 2;
     }
     if (init_runtime(device)) return 1;
     int rc = 1;
-    em_module *m = load_model(ckpt);
-    em_dataset *te = m ? em_mnist_open(data, false) : NULL;
+    tool_norm norm;
+    em_module *m = load_model(ckpt, &norm);
+    em_dataset *te = m ? em_mnist_open(data, false) : NULL, *te_full = NULL;
     em_loader *l = NULL;
     if (m && !te) fprintf(stderr, "ember eval: %s\n", em_last_error());
+    if (te && limit > 0) {
+        te_full = te;
+        te = em_dataset_subset(te_full, 0, limit < em_dataset_length(te_full) ? limit : em_dataset_length(te_full));
+        if (!te) fprintf(stderr, "ember eval: --limit: %s\n", em_last_error());
+    }
     if (te) {
         em_loader_options lo = em_loader_options_default();
         lo.batch_size = batch;
-        lo.mean = EM_FASHION_MNIST_MEAN;
-        lo.std = EM_FASHION_MNIST_STD;
+        lo.transform.mean = norm.mean; /* the training run's normalisation, no random transforms */
+        lo.transform.std = norm.std;
+        if (norm.n != (te->feature_ndim == 3 ? te->feature_shape[0] : 1)) {
+            lo.transform.mean = lo.transform.std = NULL; /* one value for every channel */
+            lo.mean = norm.mean[0];
+            lo.std = norm.std[0];
+        }
         l = em_loader_new(te, &lo);
     }
     int64_t C = te && te->num_classes > 0 ? te->num_classes : 10;
@@ -502,12 +850,13 @@ int em_tool_eval(int argc, char **argv)
             printf("\n");
         }
         rc = 0;
-    } else if (l) {
+    } else if (te) {
         fprintf(stderr, "ember eval: %s\n", em_last_error());
     }
     free(conf);
     em_loader_free(l);
     em_dataset_free(te);
+    em_dataset_free(te_full);
     em_module_free(m);
     em_shutdown();
     return rc;
@@ -532,7 +881,8 @@ int em_tool_predict(int argc, char **argv)
         case 'D': device = optarg; break;
         case 'h':
             printf("usage: ember predict --checkpoint FILE [--index 0,1,2] [--top K] [--data DIR] [--device DEV]\n\n"
-                   "Prints the predicted classes with probabilities for the chosen test images.\n");
+                   "Prints the predicted classes with probabilities for the chosen test images.\n"
+                   "The model and its input normalisation come from the checkpoint's metadata.\n");
             return 0;
         default: fprintf(stderr, "see 'ember predict --help'\n"); return 2;
         }
@@ -545,7 +895,8 @@ int em_tool_predict(int argc, char **argv)
     }
     if (init_runtime(device)) return 1;
     int rc = 1;
-    em_module *m = load_model(ckpt);
+    tool_norm norm;
+    em_module *m = load_model(ckpt, &norm);
     em_dataset *te = m ? em_mnist_open(data, false) : NULL;
     if (m && !te) fprintf(stderr, "ember predict: %s\n", em_last_error());
     if (te) {
@@ -563,10 +914,16 @@ int em_tool_predict(int argc, char **argv)
                 rc = 1;
                 continue;
             }
-            for (int64_t j = 0; j < F; j++) x[j] = (x[j] - EM_FASHION_MNIST_MEAN) / EM_FASHION_MNIST_STD;
+            /* the training run's normalisation: per channel when it has one value per channel */
+            const int64_t nch = norm.n > 1 && te->feature_ndim == 3 && te->feature_shape[0] == norm.n ? norm.n : 1;
+            for (int64_t j = 0; j < F; j++) {
+                const int64_t c = nch > 1 ? j / (F / nch) : 0;
+                x[j] = (x[j] - norm.mean[c]) / norm.std[c];
+            }
             em_scope_begin();
-            int64_t shape[2] = {1, F};
-            em_tensor *probs = em_softmax(em_module_forward(m, em_from_host(x, shape, 2, EM_F32)), 1);
+            int64_t shape[EM_MAX_DIMS] = {1}; /* [1, sample shape...]: [1, 1, 28, 28] for MNIST images */
+            for (int d = 0; d < te->feature_ndim; d++) shape[d + 1] = te->feature_shape[d];
+            em_tensor *probs = em_softmax(em_module_forward(m, em_from_host(x, shape, te->feature_ndim + 1, EM_F32)), 1);
             em_tensor *pd = em_cast(probs, EM_F64);
             if (!pd || em_to_host(pd, p, sizeof(double) * (size_t)C) != EM_OK) {
                 fprintf(stderr, "ember predict: %s\n", em_last_error());

@@ -160,6 +160,53 @@ EM_API em_dataset *em_csv_open(const char *path, const em_csv_options *opt);
 
 /* ---- DataLoader ----------------------------------------------------------------- */
 
+/** Per-sample image transforms of a loader (torchvision's RandomCrop(size,
+ *  padding), RandomHorizontalFlip(p) and Normalize(mean, std), in that order),
+ *  applied on the loader threads to each sample of a batch, BEFORE the
+ *  loader's own mean/std normalisation (em_loader_options.mean/std).
+ *  A sample is an image of channels x height x width floats, C-major (NCHW
+ *  without N); 0 for the three sizes takes them from the dataset's feature
+ *  shape, which must then be [C, H, W] (or [H, W]: one channel).
+ *
+ *  Random draws depend only on (loader seed, epoch, sample position): the
+ *  position p of the sample in the epoch's (shuffled, unsharded) order, so
+ *  a batch is the same with any number of workers, and the same sample gets
+ *  the same draws on whichever rank reads it. Per sample, a splitmix64
+ *  stream starts at em_image_transform_state(seed, epoch, p); crop offsets
+ *  are drawn first (top, then left, each uniform in [0, 2 * crop_padding]),
+ *  then the flip (next draw's top 53 bits / 2^53 < hflip_p).
+ *
+ *  All fields zero (the default of em_loader_options) = no transform. */
+typedef struct em_image_transform {
+    int64_t channels, height, width; /**< image layout; 0 = from the dataset's feature shape      */
+    /** RandomCrop(size = (height, width), padding = crop_padding): pad every
+     *  side with crop_padding zeros (fill 0, before normalisation, as
+     *  torchvision) and cut a height x width window at a random offset.
+     *  0 = off. */
+    int64_t crop_padding;
+    /** RandomHorizontalFlip(p): mirror left-right with probability hflip_p
+     *  (0 = off, torchvision's default 0.5). */
+    double hflip_p;
+    /** Normalize(mean, std): x' = (x - mean[c]) / std[c] per channel, @p
+     *  channels values each (copied by em_loader_new); NULL = none. Both or
+     *  neither; std[c] != 0. Not random: eval loaders keep it. */
+    const float *mean, *std;
+} em_image_transform;
+
+/** The transform without its random parts (crop and flip off, normalisation
+ *  kept): what an evaluation loader of a model trained with @p t uses. */
+EM_API em_image_transform em_image_transform_eval(em_image_transform t);
+
+/** Start of the splitmix64 stream of the sample at position @p position of
+ *  epoch @p epoch (see em_image_transform): a function of its arguments only. */
+EM_API uint64_t em_image_transform_state(uint64_t seed, int64_t epoch, int64_t position);
+
+/** Applies @p t (sizes resolved: channels, height, width > 0) to one image
+ *  @p x in place, with the random draws of @p state (advanced); @p tmp holds
+ *  channels * height * width floats of scratch space. What the loader calls
+ *  per sample; exposed for tests and custom pipelines. */
+EM_API em_status em_image_transform_apply(const em_image_transform *t, float *x, float *tmp, uint64_t *state);
+
 typedef struct em_loader_options {
     int64_t batch_size;   /**< samples per batch, >= 1 (default 32)                      */
     bool shuffle;         /**< new permutation each epoch (default false)                 */
@@ -182,6 +229,9 @@ typedef struct em_loader_options {
      *  (the last n % world_size positions of the order are skipped this
      *  epoch) so that all ranks run the same number of steps (default false). */
     bool shard_even;
+    /** Per-sample image transforms (random crop, flip, per-channel
+     *  normalisation), seeded by @p seed; all zero (default) = none. */
+    em_image_transform transform;
 } em_loader_options;
 
 /** The defaults listed above. */

@@ -1,8 +1,8 @@
 /* Ember training: checkpoints, the Learner loop, metrics.
  *
- * A checkpoint is one SafeTensors file: model parameters and buffers (such
- * as BatchNorm's running statistics) under "model.<key>" (PyTorch's
- * state_dict keys, e.g. "model.0.weight", "model.1.running_mean"), optimizer state under
+ * A checkpoint is one SafeTensors file: model parameters and buffers (e.g.
+ * BatchNorm's running statistics) under "model.<key>" (PyTorch's state_dict
+ * keys, e.g. "model.0.weight", "model.1.running_mean"), optimizer state under
  * "optim.<key>", and metadata (epoch, step, RNG state, scheduler step, best
  * metric, plus caller-supplied entries such as the model's configuration).
  * It is written atomically, so an interrupted save never leaves a partial
