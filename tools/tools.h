@@ -12,7 +12,7 @@ int em_tool_eval(int argc, char **argv);
 int em_tool_predict(int argc, char **argv);
 
 /** The CNN of `ember train --model cnn` (Fashion-MNIST). */
-#define EM_TOOL_CNN_DEFAULT "cnn:1x28x28-32-64-fc128-10:dropout=0.25"
+#define EM_TOOL_CNN_DEFAULT "cnn:1x28x28-32x2-64x2-fc128-10:dropout=0.25"
 
 /** Builds a model from a spec; the result is an nn.Sequential whose keys are
  *  those of the PyTorch model written next to each form.

@@ -301,7 +301,7 @@ static void train_help(void)
            "  --augment / --no-augment   random crop (padding 2) and horizontal flip of the\n"
            "                         training images (default: on for cnn, off for mlp)\n"
            "  --limit N              use the first N training and N test images (quick checks)\n"
-           "  --epochs N             epochs (default 10)\n"
+           "  --epochs N             epochs (default 10; 15 for --model cnn)\n"
            "  --batch-size N         batch size (default 64)\n"
            "  --optimizer NAME       adam, adamw, sgd, rmsprop, adagrad (default adam)\n"
            "  --lr X                 learning rate (default 1e-3; sgd 0.05)\n"
@@ -354,7 +354,8 @@ int em_tool_train(int argc, char **argv)
 {
     const char *data = default_data_dir(), *hidden = "256,128", *optname = "adam", *schedname = "cosine";
     const char *device = NULL, *out = "runs/fashion-mnist", *resume = NULL;
-    int64_t epochs = 10, batch = 64, patience = 0;
+    int64_t epochs = 10, batch = 64, patience = 0; /* epochs: 10 for the MLP, 15 for the CNN unless given */
+    bool epochs_given = false;
     double lr = NAN, momentum = NAN, wd = 0, smoothing = 0, clip = 0, dropout = NAN;
     const char *model_name = "mlp";
     bool hidden_given = false;
@@ -394,7 +395,7 @@ int em_tool_train(int argc, char **argv)
         case O_AUG: augment = 1; break;
         case O_NOAUG: augment = 0; break;
         case O_LIMIT: limit = strtoll(optarg, NULL, 10); if (limit < 1) limit = -1; break;
-        case 'e': epochs = strtoll(optarg, NULL, 10); break;
+        case 'e': epochs = strtoll(optarg, NULL, 10); epochs_given = true; break;
         case 'b': batch = strtoll(optarg, NULL, 10); break;
         case 'o': optname = optarg; break;
         case O_LR: lr = strtod(optarg, NULL); break;
@@ -447,6 +448,7 @@ int em_tool_train(int argc, char **argv)
         return 2;
     }
     if (augment < 0) augment = is_cnn;
+    if (!epochs_given && is_cnn) epochs = 15;
     char spec[256];
     char err[512];
     if (strchr(model_name, ':')) {
