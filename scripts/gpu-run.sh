@@ -207,7 +207,8 @@ run_cnnprofile() {
   status cnnprofile 0
 }
 
-# The main job on the GPU: ember train --device cuda:0 on Fashion-MNIST carried in .deps/fashion-mnist.
+# The main job on the GPU: ember train --device cuda:0 on Fashion-MNIST carried in .deps/fashion-mnist
+# (EMBER_GPU_MODEL=cnn for the CNN, EMBER_GPU_EPOCHS epochs).
 run_train() {
   local data="$DEPS/fashion-mnist"
   if [ ! -f "$data/train-images-idx3-ubyte.gz" ]; then
@@ -215,7 +216,7 @@ run_train() {
     return
   fi
   ( cd "$WORK" && timeout "$(tlimit 300)" "$BUILD/ember" train --device cuda:0 --data "$data" --no-progress \
-      --epochs "${EMBER_GPU_EPOCHS:-10}" --out "$WORK/run-gpu" ) >"$OUT/train-gpu.log" 2>&1
+      --model "${EMBER_GPU_MODEL:-mlp}" --epochs "${EMBER_GPU_EPOCHS:-10}" --out "$WORK/run-gpu" ) >"$OUT/train-gpu.log" 2>&1
   local rc=$?
   status train "$rc"
   grep -E "^epoch|^final|^ember train" "$OUT/train-gpu.log" >>"$SUMMARY"
