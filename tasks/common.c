@@ -66,3 +66,20 @@ em_tensor *em__as_dtype(const em_tensor *t, em_dtype dt)
     }
     return out;
 }
+
+/* A contiguous operand for a kernel that needs one (conv, pool, matmul's
+ * BLAS path): t itself (retained) when it
+ * is contiguous (an offset is fine), else a copy autodiff does not see (the
+ * op records the user's tensor as orig_in). Unscoped. */
+em_tensor *em__contiguous_operand(const em_tensor *t)
+{
+    if (em_tensor_is_contiguous(t)) return em_tensor_retain((em_tensor *)t);
+    em_tensor *out = em__tensor_new(t->dtype, t->shape, t->ndim);
+    if (!out) return NULL;
+    em_op op = {.kind = EM_OP_COPY, .n_in = 1, .n_out = 1, .in = {(em_tensor *)t}, .out = {out}, .flags = EM_OPF_NO_RECORD};
+    if (em__submit(&op) != EM_OK) {
+        em_tensor_release(out);
+        return NULL;
+    }
+    return out;
+}

@@ -52,22 +52,6 @@ em_conv_opts em_conv_opts_default(void)
     return o;
 }
 
-/* A contiguous operand for a conv/pool kernel: t itself (retained) when it
- * is contiguous (an offset is fine), else a copy autodiff does not see (the
- * op records the user's tensor as orig_in). Unscoped. */
-em_tensor *em__contiguous_operand(const em_tensor *t)
-{
-    if (em_tensor_is_contiguous(t)) return em_tensor_retain((em_tensor *)t);
-    em_tensor *out = em__tensor_new(t->dtype, t->shape, t->ndim);
-    if (!out) return NULL;
-    em_op op = {.kind = EM_OP_COPY, .n_in = 1, .n_out = 1, .in = {(em_tensor *)t}, .out = {out}, .flags = EM_OPF_NO_RECORD};
-    if (em__submit(&op) != EM_OK) {
-        em_tensor_release(out);
-        return NULL;
-    }
-    return out;
-}
-
 static bool float_dt(em_dtype dt) { return dt == EM_F32 || dt == EM_F64; }
 
 /* Submits kind {a, b} -> out of @p shape with @p p (a, b contiguous copies
@@ -288,21 +272,6 @@ em_tensor *em_conv_transpose2d(const em_tensor *x, const em_tensor *weight, cons
  * partial weight gradient into a temporary and ADD tasks sum them into the
  * output (the extra traffic is T weight-sized tensors). */
 
-static void narrow_n(em_tdesc *d, int64_t start, int64_t len)
-{
-    d->offset += start * d->strides[0];
-    d->shape[0] = len;
-}
-
-static em_status submit_tile(const em_op *op, em_tensor *out, const em_kargs *k)
-{
-    em_op sub = *op;
-    sub.flags |= EM_OPF_RAW;
-    sub.out[0] = out;
-    sub.kargs = k;
-    return em__submit(&sub);
-}
-
 static em_status submit_add(const em_op *op, em_tensor *a, em_tensor *b, em_tensor *out)
 {
     em_op add = {.kind = EM_OP_ADD, .n_in = 2, .n_out = 1, .in = {a, b}, .out = {out},
@@ -325,7 +294,7 @@ em_status em__conv_submit(em_op *op)
     int T = em__cpu_tiles(op, flops, "EMBER_CONV_TILE_MIN_FLOPS", 2e7, "EMBER_CONV_TILES");
     if (T > N) T = (int)N;
     em_kargs k;
-    if (T <= 1) return submit_tile(op, op->out[0], NULL);
+    if (T <= 1) return em__submit_tile(op, op->out[0], NULL);
     em__kargs_from_op(op, &k);
     const bool weight = op->kind == EM_OP_CONV2D_BWD_WEIGHT;
     /* temporaries stay alive until every task is submitted (see matmul) */
@@ -336,11 +305,11 @@ em_status em__conv_submit(em_op *op)
     for (int t = 0; t < T && st == EM_OK; t++) {
         const int64_t s0 = s0s[t], rows = s0s[t + 1] - s0;
         em_kargs tk = k;
-        narrow_n(&tk.in[0], s0, rows);
-        if (weight) narrow_n(&tk.in[1], s0, rows);
+        em__tdesc_narrow(&tk.in[0], 0, s0, rows);
+        if (weight) em__tdesc_narrow(&tk.in[1], 0, s0, rows);
         if (t == 0 && !weight) {
-            narrow_n(&tk.out[0], s0, rows);
-            st = submit_tile(op, op->out[0], &tk);
+            em__tdesc_narrow(&tk.out[0], 0, s0, rows);
+            st = em__submit_tile(op, op->out[0], &tk);
             continue;
         }
         int64_t shape[4];
@@ -351,7 +320,7 @@ em_status em__conv_submit(em_op *op)
             break;
         }
         em__tdesc(tmp[t], &tk.out[0]);
-        st = submit_tile(op, tmp[t], &tk);
+        st = em__submit_tile(op, tmp[t], &tk);
     }
     if (weight) { /* out = tmp[0] + tmp[1] + ... (left to right) */
         em_tensor *acc = tmp[0];
@@ -366,18 +335,8 @@ em_status em__conv_submit(em_op *op)
             acc = dst;
         }
         if (acc != tmp[0] && acc != op->out[0]) em_tensor_release(acc);
-    } else {
-        for (int t = 1; t < T && st == EM_OK; t++) {
-            em_tensor *view = em__tensor_view(o, tmp[t]->shape, o->strides, 4, o->offset + s0s[t] * o->strides[0]);
-            if (!view) {
-                st = em_last_status();
-                break;
-            }
-            em_op cop = {.kind = EM_OP_COPY, .n_in = 1, .n_out = 1, .in = {tmp[t]}, .out = {view},
-                         .flags = EM_OPF_RAW, .priority = op->priority, .after = op->after};
-            st = em__submit(&cop);
-            em_tensor_release(view);
-        }
+    } else if (st == EM_OK) {
+        st = em__place_tiles(op, tmp, s0s, T, 0);
     }
     for (int t = 0; t < T; t++) em_tensor_release(tmp[t]);
     return st;

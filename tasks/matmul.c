@@ -52,20 +52,6 @@ static bool matrix_blas_ok(const em_tensor *t)
     return blas_ok(t->shape[n - 2], t->shape[n - 1], t->strides[n - 2], t->strides[n - 1]);
 }
 
-/* Contiguous same-dtype copy (a COPY task; autodiff does not see it: the
- * matmul op records the user's tensor as orig_in). Unscoped. */
-static em_tensor *contiguous_copy(em_tensor *t)
-{
-    em_tensor *out = em__tensor_new(t->dtype, t->shape, t->ndim);
-    if (!out) return NULL;
-    em_op op = {.kind = EM_OP_COPY, .n_in = 1, .n_out = 1, .in = {t}, .out = {out}, .flags = EM_OPF_NO_RECORD};
-    if (em__submit(&op) != EM_OK) {
-        em_tensor_release(out);
-        return NULL;
-    }
-    return out;
-}
-
 /* View of t (rank na, 1-D promoted as described above) as [batch..., R, C]
  * of rank nd, broadcasting its batch dims to batch[0..nd-2). Unscoped. */
 static em_tensor *operand_view(const em_tensor *t, bool is_lhs, const int64_t *batch, int nd)
@@ -138,12 +124,12 @@ em_tensor *em_matmul(const em_tensor *a, const em_tensor *b)
     if (!bc) goto done;
     if (em_dtype_is_float(cdt)) { /* BLAS path: copy only layouts BLAS cannot take */
         if (!matrix_blas_ok(ac)) {
-            em_tensor *c = contiguous_copy(ac);
+            em_tensor *c = em__contiguous_operand(ac);
             em_tensor_release(ac);
             if (!(ac = c)) goto done;
         }
         if (!matrix_blas_ok(bc)) {
-            em_tensor *c = contiguous_copy(bc);
+            em_tensor *c = em__contiguous_operand(bc);
             em_tensor_release(bc);
             if (!(bc = c)) goto done;
         }
@@ -200,8 +186,7 @@ static double env_double(const char *name, double dflt)
     return end != v ? d : dflt;
 }
 
-/* Restricts operand descriptor d to [start, start+len) along dim. */
-static void tdesc_narrow(em_tdesc *d, int dim, int64_t start, int64_t len)
+void em__tdesc_narrow(em_tdesc *d, int dim, int64_t start, int64_t len)
 {
     d->offset += start * d->strides[dim];
     d->shape[dim] = len;
@@ -253,12 +238,29 @@ static int tile_count(const em_op *op)
 /* Sub-tasks go back through the door with EM_OPF_RAW (one task each, not
  * recorded: em__submit records the whole product once this returns), with
  * the product's priority and fence. */
-static em_status submit_raw(const em_op *op, const em_kargs *k)
+em_status em__submit_tile(const em_op *op, em_tensor *out, const em_kargs *k)
 {
     em_op sub = *op;
     sub.flags |= EM_OPF_RAW;
+    sub.out[0] = out;
     sub.kargs = k;
     return em__submit(&sub);
+}
+
+em_status em__place_tiles(const em_op *op, em_tensor *const *tmp, const int64_t *starts, int T, int dim)
+{
+    const em_tensor *out = op->out[0];
+    em_status st = EM_OK;
+    for (int t = 1; t < T && st == EM_OK; t++) {
+        if (!tmp[t]) continue;
+        em_tensor *view = em__tensor_view(out, tmp[t]->shape, out->strides, out->ndim, out->offset + starts[t] * out->strides[dim]);
+        if (!view) return em_last_status();
+        em_op cop = {.kind = EM_OP_COPY, .n_in = 1, .n_out = 1, .in = {tmp[t]}, .out = {view},
+                     .flags = EM_OPF_RAW, .priority = op->priority, .after = op->after};
+        st = em__submit(&cop);
+        em_tensor_release(view);
+    }
+    return st;
 }
 
 em_status em__matmul_submit(em_op *op)
@@ -266,11 +268,11 @@ em_status em__matmul_submit(em_op *op)
     const em_tensor *out = op->out[0];
     const int nd = out->ndim;
     int T = tile_count(op);
-    if (T <= 1) return submit_raw(op, NULL);
+    if (T <= 1) return em__submit_tile(op, op->out[0], NULL);
     /* Split along the first batch dim when it has >= T entries, else along M. */
     int dim = (nd > 2 && out->shape[0] >= T) ? 0 : nd - 2;
     if (T > out->shape[dim]) T = (int)out->shape[dim];
-    if (T <= 1) return submit_raw(op, NULL);
+    if (T <= 1) return em__submit_tile(op, op->out[0], NULL);
     em_kargs k;
     em__kargs_from_op(op, &k);
 
@@ -287,11 +289,11 @@ em_status em__matmul_submit(em_op *op)
         int64_t s0 = s0s[t], rows = s0s[t + 1] - s0s[t];
         if (rows == 0) continue;
         em_kargs tk = k;
-        tdesc_narrow(&tk.in[0], dim, s0, rows);
-        if (dim != nd - 2) tdesc_narrow(&tk.in[1], dim, s0, rows);
+        em__tdesc_narrow(&tk.in[0], dim, s0, rows);
+        if (dim != nd - 2) em__tdesc_narrow(&tk.in[1], dim, s0, rows);
         if (t == 0) { /* straight into the output */
-            tdesc_narrow(&tk.out[0], dim, s0, rows);
-            st = submit_raw(op, &tk);
+            em__tdesc_narrow(&tk.out[0], dim, s0, rows);
+            st = em__submit_tile(op, op->out[0], &tk);
             continue;
         }
         int64_t tshape[EM_MAX_DIMS];
@@ -303,22 +305,9 @@ em_status em__matmul_submit(em_op *op)
             break;
         }
         em__tdesc(tmp[t], &tk.out[0]);
-        em_op top = *op;
-        top.out[0] = tmp[t];
-        st = submit_raw(&top, &tk);
+        st = em__submit_tile(op, tmp[t], &tk);
     }
-    for (int t = 1; t < T && st == EM_OK; t++) {
-        if (!tmp[t]) continue;
-        em_tensor *view = em__tensor_view(out, tmp[t]->shape, out->strides, nd, out->offset + s0s[t] * out->strides[dim]);
-        if (!view) {
-            st = em_last_status();
-            break;
-        }
-        em_op cop = {.kind = EM_OP_COPY, .n_in = 1, .n_out = 1, .in = {tmp[t]}, .out = {view},
-                     .flags = EM_OPF_RAW, .priority = op->priority, .after = op->after};
-        st = em__submit(&cop);
-        em_tensor_release(view);
-    }
+    if (st == EM_OK) st = em__place_tiles(op, tmp, s0s, T, dim);
     for (int t = 0; t < T; t++) em_tensor_release(tmp[t]);
     return st;
 }

@@ -164,11 +164,20 @@ em_tensor *em__run1(enum em_op_kind kind, em_tensor *const *in, int n_in, em_ten
  *  @p tiles_env or the number of CPU workers, at most EM_MAX_TILES. */
 #define EM_MAX_TILES 256
 int em__cpu_tiles(const em_op *op, double flops, const char *min_env, double min_dflt, const char *tiles_env);
+/** Restricts operand descriptor @p d to [start, start + len) along @p dim. */
+void em__tdesc_narrow(em_tdesc *d, int dim, int64_t start, int64_t len);
+/** Submits one tile of @p op (EM_OPF_RAW: one task, not recorded; op's
+ *  priority and fence) writing @p out with kernel arguments @p k (NULL: the
+ *  op's own). */
+em_status em__submit_tile(const em_op *op, em_tensor *out, const em_kargs *k);
+/** COPY tasks placing tiles 1..T-1 (tmp[t], NULL = none) into op->out[0] at
+ *  starts[t] along @p dim (tile 0 wrote the output itself). */
+em_status em__place_tiles(const em_op *op, em_tensor *const *tmp, const int64_t *starts, int T, int dim);
 
 /* Convolution and pooling ops with explicit output shapes (tasks/conv.c,
  * tasks/pool.c; contracts there): used by the front ends and the backward
  * rules. Inputs are made contiguous (unrecorded copies); scoped results. */
-em_tensor *em__contiguous_operand(const em_tensor *t); /* unscoped: t retained, or a contiguous copy */
+em_tensor *em__contiguous_operand(const em_tensor *t); /* tasks/common.c; unscoped: t retained, or a contiguous copy */
 em_tensor *em__conv2d_raw(const em_tensor *x, const em_tensor *w, const union em_op_params *p, const int64_t *out_shape);
 em_tensor *em__conv2d_bwd_data(const em_tensor *dy, const em_tensor *w, const union em_op_params *p, const int64_t *x_shape);
 em_tensor *em__conv2d_bwd_weight(const em_tensor *x, const em_tensor *dy, const union em_op_params *p, const int64_t *w_shape);

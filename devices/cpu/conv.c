@@ -110,6 +110,14 @@ static inline void valid_cols(const geom *g, int64_t j, int64_t *lo, int64_t *hi
                     }                                                                                                   \
                 }                                                                                                       \
     }                                                                                                                   \
+    /* The GEMM operand of one sample and group: its im2col in col, or the                                           \
+     * input itself (col NULL: a 1x1 kernel, stride 1, no padding). */                                                 \
+    static const T *cols_##T(const geom *g, const T *xg, T *col)                                                       \
+    {                                                                                                                   \
+        if (!col) return xg;                                                                                            \
+        im2col_##T(g, xg, col);                                                                                         \
+        return col;                                                                                                     \
+    }                                                                                                                   \
     static void conv_##T(const em_kargs *k, void **bufs, T *col)                                                       \
     {                                                                                                                   \
         geom g;                                                                                                         \
@@ -120,12 +128,7 @@ static inline void valid_cols(const geom *g, int64_t j, int64_t *lo, int64_t *hi
             T *y = (T *)bufs[2] + k->out[0].offset;                                                                     \
             for (int64_t n = 0; n < g.N; n++)                                                                           \
                 for (int64_t gr = 0; gr < g.G; gr++) {                                                                  \
-                    const T *xg = x + (n * g.C + gr * g.Cg) * g.H * g.W;                                                \
-                    const T *c = xg;                                                                                    \
-                    if (col) {                                                                                          \
-                        im2col_##T(&g, xg, col);                                                                        \
-                        c = col;                                                                                        \
-                    }                                                                                                   \
+                    const T *c = cols_##T(&g, x + (n * g.C + gr * g.Cg) * g.H * g.W, col);                              \
                     GEMM(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)g.Og, (int)g.P, (int)g.K, (T)1,               \
                          w + gr * g.Og * g.K, (int)g.K, c, (int)g.P, (T)0, y + (n * g.O + gr * g.Og) * g.P, (int)g.P);  \
                 }                                                                                                       \
@@ -150,12 +153,7 @@ static inline void valid_cols(const geom *g, int64_t j, int64_t *lo, int64_t *hi
             T *dw = (T *)bufs[2] + k->out[0].offset;                                                                    \
             for (int64_t n = 0; n < g.N; n++)                                                                           \
                 for (int64_t gr = 0; gr < g.G; gr++) {                                                                  \
-                    const T *xg = x + (n * g.C + gr * g.Cg) * g.H * g.W;                                                \
-                    const T *c = xg;                                                                                    \
-                    if (col) {                                                                                          \
-                        im2col_##T(&g, xg, col);                                                                        \
-                        c = col;                                                                                        \
-                    }                                                                                                   \
+                    const T *c = cols_##T(&g, x + (n * g.C + gr * g.Cg) * g.H * g.W, col);                              \
                     GEMM(CblasRowMajor, CblasNoTrans, CblasTrans, (int)g.Og, (int)g.K, (int)g.P, (T)1,                 \
                          dy + (n * g.O + gr * g.Og) * g.P, (int)g.P, c, (int)g.P, n ? (T)1 : (T)0,                     \
                          dw + gr * g.Og * g.K, (int)g.K);                                                               \
