@@ -48,7 +48,8 @@ pc="$(dirname "$(find "$tmp/prefix" -name ember.pc | head -1)")"
 "$cc" "$tmp/src/main.c" -o "$tmp/pc_consumer" $(PKG_CONFIG_PATH="$pc" pkg-config --cflags --libs ember)
 "$tmp/pc_consumer"
 lib="$(find "$tmp/prefix" -name 'libember.so' | head -1)"
-if nm -D --defined-only "$lib" | awk '{print $3}' | grep -q '^em__'; then
+# grep without -q: under pipefail an early exit of grep -q would SIGPIPE awk and hide a match
+if nm -D --defined-only "$lib" | awk '{print $3}' | grep '^em__' > /dev/null; then
   echo "install_package: the installed $lib exports em__ internals" >&2
   exit 1
 fi
