@@ -7,6 +7,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <errno.h>
+#include <stdio.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 /* OpenBLAS: one thread inside a worker (DESIGN.md §4). */
 extern void openblas_set_num_threads(int);
@@ -274,6 +278,66 @@ static int env_int(const char *name, int dflt)
     return v && *v ? atoi(v) : dflt;
 }
 
+/* mkdir -p @p path (modified in place and restored); 0 or -1 with errno. */
+static int mkdir_p(char *path)
+{
+    for (char *p = path + 1; *p; p++)
+        if (*p == '/') {
+            *p = 0;
+            int r = mkdir(path, 0755);
+            *p = '/';
+            if (r != 0 && errno != EEXIST) return -1;
+        }
+    return mkdir(path, 0755) == 0 || errno == EEXIST ? 0 : -1;
+}
+
+/* true when @p dir exists or can be made, and a file can be created in it. */
+static bool dir_writable(const char *dir)
+{
+    char path[4096], probe[4200];
+    if (snprintf(path, sizeof path, "%s", dir) >= (int)sizeof path) return false;
+    if (mkdir_p(path) != 0) return false;
+    snprintf(probe, sizeof probe, "%s/.ember-probe-%ld", dir, (long)getpid());
+    FILE *f = fopen(probe, "w");
+    if (!f) return false;
+    fclose(f);
+    unlink(probe);
+    return true;
+}
+
+/* StarPU keeps its performance models and bus calibration in
+ * $STARPU_PERF_MODEL_DIR, else $STARPU_HOME/.starpu/sampling, else
+ * $HOME/.starpu/sampling, and aborts the process inside starpu_init when it
+ * cannot create that directory (an unwritable or missing $HOME). Check it
+ * first: when it is unusable and the user did not choose it through a
+ * STARPU_ variable, fall back to $TMPDIR (or /tmp)/ember-starpu-UID with a
+ * warning; otherwise, or when the fallback fails too, return an error naming
+ * the directory instead of letting StarPU abort. */
+static em_status ensure_starpu_dirs(void)
+{
+    char dir[4096];
+    const char *pm = getenv("STARPU_PERF_MODEL_DIR"), *sh = getenv("STARPU_HOME"), *home = getenv("HOME");
+    const char *chosen_by = pm && *pm ? "STARPU_PERF_MODEL_DIR" : sh && *sh ? "STARPU_HOME" : "HOME";
+    int n = pm && *pm ? snprintf(dir, sizeof dir, "%s", pm)
+            : sh && *sh ? snprintf(dir, sizeof dir, "%s/.starpu/sampling", sh)
+            : home && *home ? snprintf(dir, sizeof dir, "%s/.starpu/sampling", home) : 0;
+    if (n <= 0 || n >= (int)sizeof dir) dir[0] = 0;
+    if (dir[0] && dir_writable(dir)) return EM_OK;
+    if (strcmp(chosen_by, "HOME") != 0)
+        return em__set_error(EM_ERR_IO, "em_init: StarPU's performance-model directory '%s' (from $%s) cannot be created or written",
+                             dir, chosen_by);
+    const char *tmp = getenv("TMPDIR");
+    char fb[4096];
+    snprintf(fb, sizeof fb, "%s/ember-starpu-%ld", tmp && *tmp ? tmp : "/tmp", (long)getuid());
+    if (snprintf(dir, sizeof dir, "%s/.starpu/sampling", fb) >= (int)sizeof dir || !dir_writable(dir))
+        return em__set_error(EM_ERR_IO, "em_init: $HOME ('%s') is not writable for StarPU's performance models, and neither is '%s'; "
+                             "set STARPU_HOME to a writable directory", home ? home : "", fb);
+    em_log_msg(EM_LOG_WARN, "$HOME ('%s') is not writable: StarPU's performance models go to %s (set STARPU_HOME to choose)",
+               home ? home : "", fb);
+    setenv("STARPU_HOME", fb, 1);
+    return EM_OK;
+}
+
 em_status em_init(const em_config *user)
 {
     if (g_initialized) return em__set_error(EM_ERR_STATE, "em_init: already initialized (call em_shutdown first)");
@@ -302,6 +366,7 @@ em_status em_init(const em_config *user)
      * StarPU's default 2 (measured on 2 x H200: +1% on one GPU, +4-5% with
      * data-parallel NCCL traffic). The user's own setting wins. */
     setenv("STARPU_CUDA_PIPELINE", "32", 0);
+    if (ensure_starpu_dirs() != EM_OK) return em_last_status();
 
     struct starpu_conf conf;
     starpu_conf_init(&conf);

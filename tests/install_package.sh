@@ -2,7 +2,7 @@
 # The installed package works for a user: `cmake --install` into a temporary
 # prefix, then one small program built with find_package(Ember) and once more
 # with pkg-config (ember.pc) runs an op; the installed library exports no
-# em__ internal. Usage: install_package.sh BUILD_DIR [cmake] [cc]
+# em__ internal; the installed bin/ember runs, also from a moved prefix. Usage: install_package.sh BUILD_DIR [cmake] [cc]
 # Exit status 77 (CTest: skipped) where a tool it needs is missing.
 set -euo pipefail
 build="${1:?usage: install_package.sh BUILD_DIR [cmake] [cc]}"
@@ -53,4 +53,11 @@ if nm -D --defined-only "$lib" | awk '{print $3}' | grep '^em__' > /dev/null; th
   echo "install_package: the installed $lib exports em__ internals" >&2
   exit 1
 fi
-echo "install_package: ok (find_package, pkg-config)"
+# the installed program finds its library from any prefix chosen at install
+# time, also after the prefix is moved (RUNPATH $ORIGIN/../lib, issue #20)
+"$tmp/prefix/bin/ember" version > "$tmp/version.log" || { echo "install_package: installed bin/ember does not run" >&2; exit 1; }
+mv "$tmp/prefix" "$tmp/moved"
+"$tmp/moved/bin/ember" version > "$tmp/version2.log" || { echo "install_package: bin/ember does not run after moving the prefix" >&2; exit 1; }
+STARPU_SILENT=1 "$tmp/moved/bin/ember" devices > "$tmp/devices.log" || { echo "install_package: installed ember devices failed" >&2; exit 1; }
+grep -q "^ember " "$tmp/version2.log" || { echo "install_package: ember version printed: $(cat "$tmp/version2.log")" >&2; exit 1; }
+echo "install_package: ok (find_package, pkg-config, bin/ember from a moved prefix)"

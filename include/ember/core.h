@@ -126,7 +126,12 @@ typedef struct em_config {
 EM_API em_config em_config_default(void);
 
 /** Starts StarPU (and hwloc) with @p cfg (NULL = defaults + environment).
- *  Calling it twice without em_shutdown is an EM_ERR_STATE error. */
+ *  Calling it twice without em_shutdown is an EM_ERR_STATE error.
+ *  StarPU's performance-model directory ($STARPU_PERF_MODEL_DIR, else
+ *  $STARPU_HOME/.starpu/sampling, else $HOME/.starpu/sampling) is checked
+ *  first: an unwritable $HOME falls back to $TMPDIR/ember-starpu-UID (or
+ *  /tmp/...) with a warning, and sets STARPU_HOME to it; an unwritable
+ *  directory named by a STARPU_ variable is an EM_ERR_IO error naming it. */
 EM_API em_status em_init(const em_config *cfg);
 /** Waits for all submitted tasks, releases pooled handles and stops StarPU. */
 EM_API void em_shutdown(void);
