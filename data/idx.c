@@ -26,6 +26,14 @@ static size_t idx_type_size(int type)
     }
 }
 
+/* zlib's message without the "path: " it starts with. */
+static const char *gz_msg(const char *msg, const char *path)
+{
+    if (!msg) return "?";
+    size_t n = strlen(path);
+    return strncmp(msg, path, n) == 0 && msg[n] == ':' && msg[n + 1] == ' ' ? msg + n + 2 : msg;
+}
+
 /* Reads up to n bytes; returns bytes read, or -1 (message set) on a stream error. */
 static int64_t gz_read_full(gzFile f, const char *path, void *buf, size_t n)
 {
@@ -40,7 +48,7 @@ static int64_t gz_read_full(gzFile f, const char *path, void *buf, size_t n)
             if (errnum == Z_ERRNO)
                 em__set_error(EM_ERR_IO, "%s: read error: %s", path, strerror(errno));
             else
-                em__set_error(EM_ERR_FORMAT, "%s: corrupt gzip stream: %s", path, msg ? msg : "?");
+                em__set_error(EM_ERR_FORMAT, "%s: corrupt gzip stream: %s", path, gz_msg(msg, path));
             return -1;
         }
         if (r == 0) {
@@ -50,13 +58,13 @@ static int64_t gz_read_full(gzFile f, const char *path, void *buf, size_t n)
                 /* the compressed stream stops before its end-of-stream marker
                  * and trailer: data missing, or at least the CRC-32 that
                  * checks it (Python's gzip refuses such files too) */
-                em__set_error(EM_ERR_FORMAT,
-                              "%s: truncated: the gzip stream ends before its end (after %zu bytes of IDX data; %s)",
-                              path, got, msg ? msg : "unexpected end of file");
+                (void)msg;
+                em__set_error(EM_ERR_FORMAT, "%s: truncated: the gzip stream ends before its end (compressed file cut short)",
+                              path);
                 return -1;
             }
             if (errnum != Z_OK) {
-                em__set_error(EM_ERR_FORMAT, "%s: corrupt gzip stream: %s", path, msg ? msg : "?");
+                em__set_error(EM_ERR_FORMAT, "%s: corrupt gzip stream: %s", path, gz_msg(msg, path));
                 return -1;
             }
             break; /* end of data */
