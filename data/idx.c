@@ -26,6 +26,14 @@ static size_t idx_type_size(int type)
     }
 }
 
+/* zlib's message without the "path: " it starts with. */
+static const char *gz_msg(const char *msg, const char *path)
+{
+    if (!msg) return "?";
+    size_t n = strlen(path);
+    return strncmp(msg, path, n) == 0 && msg[n] == ':' && msg[n + 1] == ' ' ? msg + n + 2 : msg;
+}
+
 /* Reads up to n bytes; returns bytes read, or -1 (message set) on a stream error. */
 static int64_t gz_read_full(gzFile f, const char *path, void *buf, size_t n)
 {
@@ -40,17 +48,26 @@ static int64_t gz_read_full(gzFile f, const char *path, void *buf, size_t n)
             if (errnum == Z_ERRNO)
                 em__set_error(EM_ERR_IO, "%s: read error: %s", path, strerror(errno));
             else
-                em__set_error(EM_ERR_FORMAT, "%s: corrupt gzip stream: %s", path, msg ? msg : "?");
+                em__set_error(EM_ERR_FORMAT, "%s: corrupt gzip stream: %s", path, gz_msg(msg, path));
             return -1;
         }
         if (r == 0) {
             int errnum = 0;
             const char *msg = gzerror(f, &errnum);
-            if (errnum != Z_OK && errnum != Z_BUF_ERROR) {
-                em__set_error(EM_ERR_FORMAT, "%s: corrupt gzip stream: %s", path, msg ? msg : "?");
+            if (errnum == Z_BUF_ERROR) {
+                /* the compressed stream stops before its end-of-stream marker
+                 * and trailer: data missing, or at least the CRC-32 that
+                 * checks it (Python's gzip refuses such files too) */
+                (void)msg;
+                em__set_error(EM_ERR_FORMAT, "%s: truncated: the gzip stream ends before its end (compressed file cut short)",
+                              path);
                 return -1;
             }
-            break; /* end of data (Z_BUF_ERROR: compressed stream cut short) */
+            if (errnum != Z_OK) {
+                em__set_error(EM_ERR_FORMAT, "%s: corrupt gzip stream: %s", path, gz_msg(msg, path));
+                return -1;
+            }
+            break; /* end of data */
         }
         got += (size_t)r;
     }
@@ -137,21 +154,23 @@ em_status em_idx_read(const char *path, uint32_t expected_magic, em_idx *out)
     out->elem_size = es;
     out->ndim = ndim;
     int64_t numel = 1;
-    bool overflow = false;
+    int overflow_at = -1;
     for (int i = 0; i < ndim; i++) {
         const uint8_t *d = dimbuf + 4 * i;
         int64_t v = ((int64_t)d[0] << 24) | ((int64_t)d[1] << 16) | ((int64_t)d[2] << 8) | d[3];
         out->dims[i] = v;
-        if (v && numel > (INT64_MAX / 16) / v) overflow = true;
-        else numel *= v;
-    }
-    if (overflow) {
-        st = em__set_error(EM_ERR_FORMAT, "%s: IDX sizes overflow (%d dims, first %lld)", path, ndim,
-                           (long long)out->dims[0]);
-        goto done;
+        if (overflow_at < 0 && v && numel > (INT64_MAX / 16) / v) overflow_at = i;
+        else if (overflow_at < 0) numel *= v;
     }
     for (int i = 0; i < ndim; i++)
-        if (out->dims[i] == 0) numel = 0;
+        if (out->dims[i] == 0) numel = 0, overflow_at = -1; /* an empty array, whatever the other sizes */
+    if (overflow_at >= 0) {
+        st = em__set_error(EM_ERR_FORMAT,
+                           "%s: IDX sizes overflow: the product of the %d dimensions exceeds 2^59 elements at dimension "
+                           "%d (%lld)",
+                           path, ndim, overflow_at, (long long)out->dims[overflow_at]);
+        goto done;
+    }
     size_t expected = (size_t)numel * es;
     /* Grow the buffer with the data actually read, so a lying header cannot
      * make us allocate more than twice what the file holds. */

@@ -3,6 +3,7 @@
 #include "ember/train.h"
 #include "runtime/runtime_internal.h"
 
+#include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -118,14 +119,67 @@ em_status em_checkpoint_save(const char *path, const em_module *model, const em_
     return st;
 }
 
-static bool parse_i64(const char *s, int64_t *out)
+/* Strict metadata values: a missing key leaves the default (files of older
+ * versions), a malformed one is an error naming the key. */
+static em_status meta_i64(const em_st_file *f, const char *path, const char *key, int64_t min, int64_t *out)
 {
-    if (!s) return false;
+    const char *s = em_safetensors_metadata(f, key);
+    if (!s) return EM_OK;
     char *end;
+    errno = 0;
     long long v = strtoll(s, &end, 10);
-    if (end == s || *end) return false;
+    if (end == s || *end || errno || v < min)
+        return em__set_error(EM_ERR_FORMAT, "%s: metadata '%s' is \"%.40s\", not an integer >= %lld", path, key, s,
+                             (long long)min);
     *out = v;
-    return true;
+    return EM_OK;
+}
+
+static em_status meta_u64(const em_st_file *f, const char *path, const char *key, uint64_t *out)
+{
+    const char *s = em_safetensors_metadata(f, key);
+    if (!s) return EM_OK;
+    char *end;
+    errno = 0;
+    unsigned long long v = strtoull(s, &end, 10);
+    if (end == s || *end || errno || s[0] == '-')
+        return em__set_error(EM_ERR_FORMAT, "%s: metadata '%s' is \"%.40s\", not an unsigned integer", path, key, s);
+    *out = v;
+    return EM_OK;
+}
+
+static em_status meta_f64(const em_st_file *f, const char *path, const char *key, double *out, bool *present)
+{
+    const char *s = em_safetensors_metadata(f, key);
+    if (present) *present = s != NULL;
+    if (!s) return EM_OK;
+    char *end;
+    double v = strtod(s, &end);
+    if (end == s || *end)
+        return em__set_error(EM_ERR_FORMAT, "%s: metadata '%s' is \"%.40s\", not a number", path, key, s);
+    *out = v;
+    return EM_OK;
+}
+
+/* Restores every optim.* tensor of @p f into @p opt. */
+static em_status apply_optim_state(const em_st_file *f, const char *path, em_optim *opt)
+{
+    em_status st = EM_OK;
+    for (size_t i = 0; i < em_safetensors_count(f) && st == EM_OK; i++) {
+        const em_st_tensor *t = em_safetensors_at(f, i);
+        if (strncmp(t->name, "optim.", 6)) continue;
+        em_tensor *v = em_safetensors_tensor(f, t->name);
+        if (!v) return em_last_status();
+        em__scope_remove(v);
+        st = em_optim_state_set(opt, t->name + 6, v);
+        if (st != EM_OK) {
+            char why[512];
+            snprintf(why, sizeof why, "%s", em_last_error());
+            em__set_error(st, "%s: optimizer state '%s': %s", path, t->name, why);
+        }
+        em_tensor_release(v);
+    }
+    return st;
 }
 
 em_status em_checkpoint_load(const char *path, em_module *model, em_optim *opt, em_lr_scheduler *sched,
@@ -135,19 +189,35 @@ em_status em_checkpoint_load(const char *path, em_module *model, em_optim *opt, 
     em_st_file *f = em_safetensors_open(path);
     if (!f) return em_last_status();
     em_status st = EM_OK;
+    int64_t *steps = NULL;
+    named c = {.prefix = "model."};
     const char *fmt = em_safetensors_metadata(f, "ember.format");
     if (!fmt || strcmp(fmt, "checkpoint-1") != 0) {
         st = em__set_error(EM_ERR_FORMAT, "%s: not an Ember checkpoint (metadata 'ember.format' is %s)", path,
                            fmt ? fmt : "missing");
         goto out;
     }
-    /* model: every parameter and buffer key must be present with its shape; no extra model.* keys */
-    named c = {.prefix = "model."};
+    /* Everything is checked before anything is written, so that a failed
+     * load leaves the model, optimizer and scheduler as they were: first the
+     * metadata, */
+    em_checkpoint_info ci = {0};
+    int64_t sched_step = 0;
+    double lr = 0;
+    bool has_lr = false;
+    if ((st = meta_i64(f, path, "ember.epoch", 0, &ci.epoch)) || (st = meta_i64(f, path, "ember.step", 0, &ci.step)) ||
+        (st = meta_i64(f, path, "ember.best_epoch", INT64_MIN, &ci.best_epoch)) ||
+        (st = meta_i64(f, path, "ember.bad_epochs", 0, &ci.bad_epochs)) ||
+        (st = meta_f64(f, path, "ember.best_metric", &ci.best_metric, NULL)) ||
+        (st = meta_u64(f, path, "ember.rng_seed", &ci.rng_seed)) ||
+        (st = meta_u64(f, path, "ember.rng_offset", &ci.rng_offset)) ||
+        (st = meta_i64(f, path, "ember.sched_step", 0, &sched_step)) ||
+        (st = meta_f64(f, path, "ember.lr", &lr, &has_lr)))
+        goto out;
+    /* then the model: every parameter and buffer key present with its shape; no extra model.* keys */
     em_module_visit_params(model, collect, &c);
     if (c.st == EM_OK) em_module_visit_buffers(model, collect, &c);
     if (c.st != EM_OK) {
         st = c.st;
-        named_free(&c);
         goto out;
     }
     size_t nfile_model = 0;
@@ -162,13 +232,13 @@ em_status em_checkpoint_load(const char *path, em_module *model, em_optim *opt, 
             if (!known) {
                 st = em__set_error(EM_ERR_FORMAT, "%s: unexpected key '%s' (a checkpoint of another model? it has %zu model "
                                    "tensors, this model %zu)", path, nm, nfile_model, c.n);
-                break;
+                goto out;
             }
         }
     }
-    if (st == EM_OK) st = em_safetensors_load_from(f, (const char *const *)c.names, c.ts, c.n, false);
-    named_free(&c);
-    if (st != EM_OK) goto out;
+    /* then the optimizer: its kind, parameter count, step counters, and each
+     * state tensor tried on a scratch optimizer over the same parameters */
+    int np = opt ? em_optim_num_params(opt) : 0;
     if (opt) {
         const char *kind = em_safetensors_metadata(f, "ember.optim_kind");
         if (kind && strcmp(kind, em_optim_kind_name(em_optim_get_config(opt)->kind)) != 0) {
@@ -176,45 +246,67 @@ em_status em_checkpoint_load(const char *path, em_module *model, em_optim *opt, 
                                em_optim_kind_name(em_optim_get_config(opt)->kind));
             goto out;
         }
-        for (size_t i = 0; i < em_safetensors_count(f) && st == EM_OK; i++) {
-            const em_st_tensor *t = em_safetensors_at(f, i);
-            if (strncmp(t->name, "optim.", 6)) continue;
-            em_tensor *v = em_safetensors_tensor(f, t->name);
-            if (!v) {
-                st = em_last_status();
-                break;
+        int64_t fnp = np;
+        if ((st = meta_i64(f, path, "ember.optim_nparams", 0, &fnp))) goto out;
+        if (kind && strcmp(kind, "none") && fnp != np) {
+            st = em__set_error(EM_ERR_FORMAT, "%s: the checkpoint's optimizer has %lld parameters, this one %d", path,
+                               (long long)fnp, np);
+            goto out;
+        }
+        const char *s = em_safetensors_metadata(f, "ember.optim_steps");
+        if (s && np > 0) {
+            steps = calloc((size_t)np, sizeof *steps);
+            if (!steps) {
+                st = em__set_error(EM_ERR_NOMEM, "out of memory");
+                goto out;
             }
-            em__scope_remove(v);
-            st = em_optim_state_set(opt, t->name + 6, v);
-            if (st != EM_OK) em__set_error(st, "%s: optimizer state '%s': %s", path, t->name, em_last_error());
-            em_tensor_release(v);
+            const char *p = s;
+            for (int i = 0; i < np; i++) {
+                char *end;
+                errno = 0;
+                long long v = strtoll(p, &end, 10);
+                if (end == p || errno || v < 0 || (*end != (i + 1 < np ? ',' : '\0'))) {
+                    st = em__set_error(EM_ERR_FORMAT,
+                                       "%s: metadata 'ember.optim_steps' is not %d comma-separated integers >= 0 "
+                                       "(entry %d of \"%.60s\")",
+                                       path, np, i, s);
+                    goto out;
+                }
+                steps[i] = v;
+                p = end + (*end == ',');
+            }
         }
-        const char *steps = em_safetensors_metadata(f, "ember.optim_steps");
-        for (int i = 0; steps && st == EM_OK && i < em_optim_num_params(opt); i++) {
-            em_optim_set_step(opt, i, strtoll(steps, (char **)&steps, 10));
-            if (*steps == ',') steps++;
+        em_tensor **params = malloc((size_t)(np ? np : 1) * sizeof *params);
+        if (!params) {
+            st = em__set_error(EM_ERR_NOMEM, "out of memory");
+            goto out;
         }
-        const char *lr = em_safetensors_metadata(f, "ember.lr");
-        if (st == EM_OK && lr) em_optim_set_lr(opt, strtod(lr, NULL));
+        for (int i = 0; i < np; i++) params[i] = em_optim_param(opt, i);
+        em_optim *scratch = em_optim_new(em_optim_get_config(opt), params, np);
+        free(params);
+        if (!scratch) {
+            st = em_last_status() < 0 ? em_last_status() : EM_ERR_RUNTIME;
+            goto out;
+        }
+        st = apply_optim_state(f, path, scratch);
+        em_optim_free(scratch);
+        if (st != EM_OK) goto out;
     }
-    if (st == EM_OK && sched) {
-        int64_t s = 0;
-        if (parse_i64(em_safetensors_metadata(f, "ember.sched_step"), &s)) em_lr_scheduler_set_step(sched, s);
+    /* now write: the model (em_safetensors_load_from checks every shape and
+     * dtype before its first copy), then the optimizer, the scheduler */
+    st = em_safetensors_load_from(f, (const char *const *)c.names, c.ts, c.n, false);
+    if (st != EM_OK) goto out;
+    if (opt) {
+        st = apply_optim_state(f, path, opt);
+        for (int i = 0; steps && st == EM_OK && i < np; i++) st = em_optim_set_step(opt, i, steps[i]);
+        if (st == EM_OK && has_lr) st = em_optim_set_lr(opt, lr);
+        if (st != EM_OK) goto out;
     }
-    if (st == EM_OK && info) {
-        memset(info, 0, sizeof *info);
-        int64_t v;
-        if (parse_i64(em_safetensors_metadata(f, "ember.epoch"), &v)) info->epoch = v;
-        if (parse_i64(em_safetensors_metadata(f, "ember.step"), &v)) info->step = v;
-        if (parse_i64(em_safetensors_metadata(f, "ember.best_epoch"), &v)) info->best_epoch = v;
-        if (parse_i64(em_safetensors_metadata(f, "ember.bad_epochs"), &v)) info->bad_epochs = v;
-        const char *b = em_safetensors_metadata(f, "ember.best_metric");
-        info->best_metric = b ? strtod(b, NULL) : 0;
-        const char *rs = em_safetensors_metadata(f, "ember.rng_seed"), *ro = em_safetensors_metadata(f, "ember.rng_offset");
-        info->rng_seed = rs ? strtoull(rs, NULL, 10) : 0;
-        info->rng_offset = ro ? strtoull(ro, NULL, 10) : 0;
-    }
+    if (sched && em_safetensors_metadata(f, "ember.sched_step")) em_lr_scheduler_set_step(sched, sched_step);
+    if (info) *info = ci;
 out:
+    named_free(&c);
+    free(steps);
     em_safetensors_close(f);
     return st;
 }

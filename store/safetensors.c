@@ -22,14 +22,34 @@
 typedef struct st_dtype_info {
     const char *name;
     em_dtype dt; /* EM_DTYPE_COUNT: no Ember equivalent */
-    size_t size;
+    unsigned bits; /* bits per element (F4 and F6_* are sub-byte) */
 } st_dtype_info;
 
+/* Every dtype of the reference crate (safetensors 0.8), in its enum order:
+ * the writer lays tensors out by this order, descending, then by name. */
 static const st_dtype_info st_dtypes[] = {
-    {"F64", EM_F64, 8},        {"F32", EM_F32, 4},        {"F16", EM_F16, 2},           {"BF16", EM_BF16, 2},
-    {"I64", EM_I64, 8},        {"I32", EM_I32, 4},        {"U8", EM_U8, 1},             {"BOOL", EM_BOOL, 1},
-    {"I16", EM_DTYPE_COUNT, 2}, {"I8", EM_DTYPE_COUNT, 1}, {"U16", EM_DTYPE_COUNT, 2},  {"U32", EM_DTYPE_COUNT, 4},
-    {"U64", EM_DTYPE_COUNT, 8}, {"F8_E5M2", EM_DTYPE_COUNT, 1}, {"F8_E4M3", EM_DTYPE_COUNT, 1},
+    {"BOOL", EM_BOOL, 8},
+    {"F4", EM_DTYPE_COUNT, 4},
+    {"F6_E2M3", EM_DTYPE_COUNT, 6},
+    {"F6_E3M2", EM_DTYPE_COUNT, 6},
+    {"U8", EM_U8, 8},
+    {"I8", EM_DTYPE_COUNT, 8},
+    {"F8_E5M2", EM_DTYPE_COUNT, 8},
+    {"F8_E4M3", EM_DTYPE_COUNT, 8},
+    {"F8_E8M0", EM_DTYPE_COUNT, 8},
+    {"F8_E4M3FNUZ", EM_DTYPE_COUNT, 8},
+    {"F8_E5M2FNUZ", EM_DTYPE_COUNT, 8},
+    {"I16", EM_DTYPE_COUNT, 16},
+    {"U16", EM_DTYPE_COUNT, 16},
+    {"F16", EM_F16, 16},
+    {"BF16", EM_BF16, 16},
+    {"I32", EM_I32, 32},
+    {"U32", EM_DTYPE_COUNT, 32},
+    {"F32", EM_F32, 32},
+    {"C64", EM_DTYPE_COUNT, 64},
+    {"F64", EM_F64, 64},
+    {"I64", EM_I64, 64},
+    {"U64", EM_DTYPE_COUNT, 64},
 };
 #define N_ST_DTYPES (sizeof st_dtypes / sizeof st_dtypes[0])
 
@@ -40,11 +60,18 @@ static const st_dtype_info *st_dtype_lookup(const char *s)
     return NULL;
 }
 
-const char *em_safetensors_dtype_str(em_dtype dt)
+/* Position of Ember dtype dt in the crate's order, -1 if it has none. */
+static int st_dtype_rank(em_dtype dt)
 {
     for (size_t i = 0; i < N_ST_DTYPES; i++)
-        if (st_dtypes[i].dt == dt && dt != EM_DTYPE_COUNT) return st_dtypes[i].name;
-    return NULL;
+        if (st_dtypes[i].dt == dt && dt != EM_DTYPE_COUNT) return (int)i;
+    return -1;
+}
+
+const char *em_safetensors_dtype_str(em_dtype dt)
+{
+    int r = st_dtype_rank(dt);
+    return r < 0 ? NULL : st_dtypes[r].name;
 }
 
 /* ---- the open file ------------------------------------------------------------ */
@@ -84,13 +111,6 @@ static int cmp_tensor_name(const void *a, const void *b)
     return strcmp(((const em_st_tensor *)a)->name, ((const em_st_tensor *)b)->name);
 }
 
-static int cmp_by_begin(const void *a, const void *b)
-{
-    const em_st_tensor *x = *(const em_st_tensor *const *)a, *y = *(const em_st_tensor *const *)b;
-    if (x->data_begin != y->data_begin) return x->data_begin < y->data_begin ? -1 : 1;
-    return x->data_end < y->data_end ? -1 : x->data_end > y->data_end;
-}
-
 static void *aligned_buf(size_t n)
 {
     void *p = NULL;
@@ -98,8 +118,19 @@ static void *aligned_buf(size_t n)
     return p;
 }
 
-/* Parses one tensor entry; returns EM_OK or an error naming file and key. */
-static em_status parse_entry(const char *file, const char *key, json_t *v, size_t buflen, em_st_tensor *t)
+/* What validation needs of an entry beyond em_st_tensor. */
+typedef struct st_aux {
+    size_t rank;        /* rank in the file (may exceed EM_MAX_DIMS) */
+    bool overflow;      /* numel or its bit count overflows u64 (the crate's ValidationOverflow) */
+    bool partial_byte;  /* a sub-byte dtype whose elements do not fill whole bytes */
+    uint64_t need;      /* bytes the shape and dtype need */
+    const st_dtype_info *di;
+} st_aux;
+
+/* Parses one tensor entry's fields and types; the checks across entries
+ * (offsets, sizes) come after, in offset order, as the reference crate's
+ * validate(). Returns EM_OK or an error naming file and key. */
+static em_status parse_entry(const char *file, const char *key, json_t *v, em_st_tensor *t, st_aux *aux)
 {
     if (!json_is_object(v)) return em__set_error(EM_ERR_FORMAT, "%s: tensor '%s': entry is not a JSON object", file, key);
     json_t *jd = json_object_get(v, "dtype"), *js = json_object_get(v, "shape"), *jo = json_object_get(v, "data_offsets");
@@ -110,23 +141,19 @@ static em_status parse_entry(const char *file, const char *key, json_t *v, size_
                              json_string_value(jd));
     if (!json_is_array(js)) return em__set_error(EM_ERR_FORMAT, "%s: tensor '%s': missing or non-list \"shape\"", file, key);
     size_t nd = json_array_size(js);
-    if (nd > EM_MAX_DIMS)
-        return em__set_error(EM_ERR_FORMAT, "%s: tensor '%s': rank %zu exceeds EM_MAX_DIMS (%d)", file, key, nd,
-                             EM_MAX_DIMS);
-    int64_t numel = 1;
+    /* numel folded left to right with overflow checks, as the crate does */
+    uint64_t numel = 1;
     bool overflow = false;
     for (size_t i = 0; i < nd; i++) {
         json_t *d = json_array_get(js, i);
         if (!json_is_integer(d) || json_integer_value(d) < 0)
             return em__set_error(EM_ERR_FORMAT, "%s: tensor '%s': shape entry %zu is not an integer >= 0", file, key, i);
-        int64_t s = (int64_t)json_integer_value(d);
-        t->shape[i] = s;
-        if (s && numel > INT64_MAX / 8 / s) overflow = true;
-        else numel *= s;
+        uint64_t s = (uint64_t)json_integer_value(d);
+        if (i < EM_MAX_DIMS) t->shape[i] = (int64_t)s;
+        if (!overflow && s && numel > UINT64_MAX / s) overflow = true;
+        else if (!overflow) numel *= s;
     }
-    for (size_t i = 0; i < nd; i++)
-        if (t->shape[i] == 0) numel = 0, overflow = false;
-    if (overflow) return em__set_error(EM_ERR_FORMAT, "%s: tensor '%s': shape overflows", file, key);
+    if (!overflow && numel > UINT64_MAX / di->bits) overflow = true;
     if (!json_is_array(jo) || json_array_size(jo) != 2 || !json_is_integer(json_array_get(jo, 0)) ||
         !json_is_integer(json_array_get(jo, 1)))
         return em__set_error(EM_ERR_FORMAT, "%s: tensor '%s': \"data_offsets\" is not [begin, end]", file, key);
@@ -134,28 +161,125 @@ static em_status parse_entry(const char *file, const char *key, json_t *v, size_
     if (b < 0 || e < b)
         return em__set_error(EM_ERR_FORMAT, "%s: tensor '%s': bad data_offsets [%lld, %lld]", file, key, (long long)b,
                              (long long)e);
-    uint64_t need = (uint64_t)numel * di->size;
-    if ((uint64_t)(e - b) != need) {
-        char sh[128];
-        em_shape_str(t->shape, (int)nd, sh, sizeof sh);
-        return em__set_error(EM_ERR_FORMAT,
-                             "%s: tensor '%s': shape %s of %s needs %llu bytes but data_offsets [%lld, %lld] hold %llu",
-                             file, key, sh, di->name, (unsigned long long)need, (long long)b, (long long)e,
-                             (unsigned long long)(e - b));
-    }
-    if ((uint64_t)e > buflen)
-        return em__set_error(EM_ERR_FORMAT,
-                             "%s: tensor '%s': data_offsets [%lld, %lld] beyond the %zu-byte data buffer (file truncated?)",
-                             file, key, (long long)b, (long long)e, buflen);
+    aux->rank = nd;
+    aux->overflow = overflow;
+    aux->partial_byte = !overflow && (numel * di->bits) % 8 != 0;
+    aux->need = overflow ? 0 : numel * di->bits / 8;
+    aux->di = di;
     t->dtype = di->dt;
     t->st_dtype = di->name;
-    t->elem_size = di->size;
-    t->ndim = (int)nd;
-    t->numel = numel;
-    t->nbytes = (size_t)need;
+    t->elem_size = di->bits % 8 ? 0 : di->bits / 8;
+    t->ndim = nd > EM_MAX_DIMS ? EM_MAX_DIMS : (int)nd;
+    t->numel = overflow || numel > INT64_MAX ? -1 : (int64_t)numel;
+    t->nbytes = (size_t)aux->need;
     t->data_begin = (uint64_t)b;
     t->data_end = (uint64_t)e;
     return EM_OK;
+}
+
+/* The crate's validate() and buffer check over the entries sorted by
+ * offsets: contiguous from 0 (no hole, no overlap), sizes that match shape
+ * and dtype, the last end at the end of the buffer; then Ember's rank limit. */
+static em_status validate_layout(const char *file, em_st_tensor *tensors, const st_aux *aux, size_t n, size_t buflen)
+{
+    size_t *by = malloc((n ? n : 1) * sizeof *by);
+    if (!by) return em__set_error(EM_ERR_NOMEM, "%s: out of memory", file);
+    for (size_t i = 0; i < n; i++) by[i] = i;
+    /* insertion sort by (begin, end): stable and headers are small */
+    for (size_t i = 1; i < n; i++) {
+        size_t k = by[i], j = i;
+        while (j > 0 && (tensors[by[j - 1]].data_begin > tensors[k].data_begin ||
+                         (tensors[by[j - 1]].data_begin == tensors[k].data_begin &&
+                          tensors[by[j - 1]].data_end > tensors[k].data_end))) {
+            by[j] = by[j - 1];
+            j--;
+        }
+        by[j] = k;
+    }
+    em_status st = EM_OK;
+    uint64_t start = 0;
+    const em_st_tensor *prev = NULL;
+    for (size_t r = 0; r < n && st == EM_OK; r++) {
+        const em_st_tensor *t = &tensors[by[r]];
+        const st_aux *x = &aux[by[r]];
+        char sh[160];
+        if (t->data_begin > start) {
+            st = em__set_error(EM_ERR_FORMAT,
+                               "%s: tensor '%s': bytes [%llu, %llu) of the data buffer belong to no tensor (data_offsets "
+                               "[%llu, %llu])",
+                               file, t->name, (unsigned long long)start, (unsigned long long)t->data_begin,
+                               (unsigned long long)t->data_begin, (unsigned long long)t->data_end);
+        } else if (t->data_begin < start) {
+            st = em__set_error(EM_ERR_FORMAT, "%s: tensors '%s' [%llu, %llu] and '%s' [%llu, %llu] overlap", file,
+                               prev->name, (unsigned long long)prev->data_begin, (unsigned long long)prev->data_end,
+                               t->name, (unsigned long long)t->data_begin, (unsigned long long)t->data_end);
+        } else if (x->overflow) {
+            if (x->rank <= EM_MAX_DIMS) em_shape_str(t->shape, t->ndim, sh, sizeof sh);
+            else snprintf(sh, sizeof sh, "of rank %zu", x->rank);
+            st = em__set_error(EM_ERR_FORMAT, "%s: tensor '%s': shape %s of %s overflows", file, t->name, sh,
+                               x->di->name);
+        } else if (x->partial_byte) {
+            st = em__set_error(EM_ERR_FORMAT, "%s: tensor '%s': %lld elements of %s do not fill whole bytes", file,
+                               t->name, (long long)t->numel, x->di->name);
+        } else if (t->data_end - t->data_begin != x->need) {
+            if (x->rank <= EM_MAX_DIMS) em_shape_str(t->shape, t->ndim, sh, sizeof sh);
+            else snprintf(sh, sizeof sh, "of rank %zu", x->rank);
+            st = em__set_error(EM_ERR_FORMAT,
+                               "%s: tensor '%s': shape %s of %s needs %llu bytes but data_offsets [%llu, %llu] hold %llu",
+                               file, t->name, sh, x->di->name, (unsigned long long)x->need,
+                               (unsigned long long)t->data_begin, (unsigned long long)t->data_end,
+                               (unsigned long long)(t->data_end - t->data_begin));
+        }
+        start = t->data_end;
+        prev = t;
+    }
+    if (st == EM_OK && start > buflen)
+        st = em__set_error(EM_ERR_FORMAT,
+                           "%s: tensor '%s': data_offsets [%llu, %llu] beyond the %zu-byte data buffer (file truncated?)",
+                           file, prev->name, (unsigned long long)prev->data_begin, (unsigned long long)prev->data_end,
+                           buflen);
+    if (st == EM_OK && start < buflen) {
+        if (prev)
+            st = em__set_error(EM_ERR_FORMAT,
+                               "%s: %llu bytes after the end of the last tensor's data ('%s' ends at %llu of the %zu-byte "
+                               "data buffer)",
+                               file, (unsigned long long)(buflen - start), prev->name, (unsigned long long)start, buflen);
+        else
+            st = em__set_error(EM_ERR_FORMAT, "%s: %zu bytes of data after a header that lists no tensor", file, buflen);
+    }
+    for (size_t i = 0; i < n && st == EM_OK; i++)
+        if (aux[i].rank > EM_MAX_DIMS)
+            st = em__set_error(EM_ERR_UNSUPPORTED, "%s: tensor '%s': rank %zu above Ember's limit of %d dimensions", file,
+                               tensors[i].name, aux[i].rank, EM_MAX_DIMS);
+    free(by);
+    return st;
+}
+
+/* Offset of the first byte that breaks UTF-8 in s[0..n), or n when valid
+ * (no overlong forms, no surrogates, nothing above U+10FFFF). */
+static size_t utf8_bad_at(const uint8_t *s, size_t n)
+{
+    size_t i = 0;
+    while (i < n) {
+        uint8_t c = s[i];
+        size_t len;
+        uint32_t min, cp;
+        if (c < 0x80) {
+            i++;
+            continue;
+        } else if ((c & 0xE0) == 0xC0) len = 2, min = 0x80, cp = c & 0x1F;
+        else if ((c & 0xF0) == 0xE0) len = 3, min = 0x800, cp = c & 0x0F;
+        else if ((c & 0xF8) == 0xF0) len = 4, min = 0x10000, cp = c & 0x07;
+        else return i;
+        if (i + len > n) return i;
+        for (size_t k = 1; k < len; k++) {
+            if ((s[i + k] & 0xC0) != 0x80) return i;
+            cp = (cp << 6) | (s[i + k] & 0x3F);
+        }
+        if (cp < min || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return i;
+        i += len;
+    }
+    return n;
 }
 
 /* Builds the file object from a header and an owned, aligned byte buffer
@@ -170,6 +294,14 @@ static em_st_file *st_build(const char *file, const char *hdr, size_t hlen, uint
     }
     f->buf = buf;
     f->buflen = buflen;
+    st_aux *aux = NULL;
+    size_t bad = utf8_bad_at((const uint8_t *)hdr, hlen);
+    if (bad < hlen) {
+        em__set_error(EM_ERR_FORMAT, "%s: header is not valid UTF-8 (header byte %zu is 0x%02x)", file, bad,
+                      (unsigned)(uint8_t)hdr[bad]);
+        em_safetensors_close(f);
+        return NULL;
+    }
     json_error_t jerr;
     json_t *root = json_loadb(hdr, hlen, JSON_REJECT_DUPLICATES, &jerr);
     if (!root) {
@@ -184,7 +316,8 @@ static em_st_file *st_build(const char *file, const char *hdr, size_t hlen, uint
     size_t cap = json_object_size(root);
     f->tensors = calloc(cap ? cap : 1, sizeof *f->tensors);
     f->copies = calloc(cap ? cap : 1, sizeof *f->copies);
-    if (!f->tensors || !f->copies) {
+    aux = calloc(cap ? cap : 1, sizeof *aux);
+    if (!f->tensors || !f->copies || !aux) {
         em__set_error(EM_ERR_NOMEM, "%s: out of memory", file);
         goto fail;
     }
@@ -224,7 +357,7 @@ static em_st_file *st_build(const char *file, const char *hdr, size_t hlen, uint
             continue;
         }
         em_st_tensor *t = &f->tensors[f->n];
-        if (parse_entry(file, key, val, buflen, t) != EM_OK) goto fail;
+        if (parse_entry(file, key, val, t, &aux[f->n]) != EM_OK) goto fail;
         t->name = strdup(key);
         f->n++;
         if (!t->name) {
@@ -235,36 +368,14 @@ static em_st_file *st_build(const char *file, const char *hdr, size_t hlen, uint
     json_decref(root);
     root = NULL;
 
-    /* overlap check: sort by begin, each non-empty range must start at or
-     * after the end of the previous non-empty one */
-    if (f->n > 1) {
-        em_st_tensor **by = malloc(f->n * sizeof *by);
-        if (!by) {
-            em__set_error(EM_ERR_NOMEM, "%s: out of memory", file);
-            goto fail;
-        }
-        for (size_t i = 0; i < f->n; i++) by[i] = &f->tensors[i];
-        qsort(by, f->n, sizeof *by, cmp_by_begin);
-        const em_st_tensor *prev = NULL;
-        for (size_t i = 0; i < f->n; i++) {
-            const em_st_tensor *t = by[i];
-            if (t->data_begin == t->data_end) continue;
-            if (prev && t->data_begin < prev->data_end) {
-                em__set_error(EM_ERR_FORMAT, "%s: tensors '%s' [%llu, %llu] and '%s' [%llu, %llu] overlap", file,
-                              prev->name, (unsigned long long)prev->data_begin, (unsigned long long)prev->data_end,
-                              t->name, (unsigned long long)t->data_begin, (unsigned long long)t->data_end);
-                free(by);
-                goto fail;
-            }
-            prev = t;
-        }
-        free(by);
-    }
+    if (validate_layout(file, f->tensors, aux, f->n, buflen) != EM_OK) goto fail;
+    free(aux);
+    aux = NULL;
     qsort(f->tensors, f->n, sizeof *f->tensors, cmp_tensor_name);
     for (size_t i = 0; i < f->n; i++) {
         em_st_tensor *t = &f->tensors[i];
         const uint8_t *p = f->buf + t->data_begin;
-        if ((uintptr_t)p % t->elem_size != 0) {
+        if (t->elem_size > 1 && (uintptr_t)p % t->elem_size != 0) {
             f->copies[i] = aligned_buf(t->nbytes);
             if (!f->copies[i]) {
                 em__set_error(EM_ERR_NOMEM, "%s: out of memory", file);
@@ -278,6 +389,7 @@ static em_st_file *st_build(const char *file, const char *hdr, size_t hlen, uint
     return f;
 fail:
     if (root) json_decref(root);
+    free(aux);
     em_safetensors_close(f);
     return NULL;
 }
@@ -296,12 +408,12 @@ em_st_file *em_safetensors_open_memory(const void *data, size_t n, const char *n
     const uint8_t *d = data;
     if (n < 8) return em__fail(EM_ERR_FORMAT, "%s: %zu bytes, shorter than the 8-byte header length", name, n);
     uint64_t hl = le64(d);
-    if (hl > n - 8)
-        return em__fail(EM_ERR_FORMAT, "%s: header length %llu beyond the end of the file (%zu bytes)", name,
-                        (unsigned long long)hl, n);
     if (hl > EM_ST_MAX_HEADER)
         return em__fail(EM_ERR_FORMAT, "%s: header length %llu above the limit of %llu bytes", name,
                         (unsigned long long)hl, (unsigned long long)EM_ST_MAX_HEADER);
+    if (hl > n - 8)
+        return em__fail(EM_ERR_FORMAT, "%s: header length %llu beyond the end of the file (%zu bytes)", name,
+                        (unsigned long long)hl, n);
     size_t buflen = n - 8 - (size_t)hl;
     uint8_t *buf = aligned_buf(buflen);
     if (!buf) return em__fail(EM_ERR_NOMEM, "%s: out of memory for %zu bytes", name, buflen);
@@ -329,15 +441,15 @@ em_st_file *em_safetensors_open(const char *path)
                         (unsigned long long)size);
     }
     uint64_t hl = le64(lenb);
+    if (hl > EM_ST_MAX_HEADER) { /* the crate's order: HeaderTooLarge before InvalidHeaderLength */
+        fclose(fp);
+        return em__fail(EM_ERR_FORMAT, "%s: header length %llu above the limit of %llu bytes", path,
+                        (unsigned long long)hl, (unsigned long long)EM_ST_MAX_HEADER);
+    }
     if (hl > size - 8) {
         fclose(fp);
         return em__fail(EM_ERR_FORMAT, "%s: header length %llu beyond the end of the file (%llu bytes)", path,
                         (unsigned long long)hl, (unsigned long long)size);
-    }
-    if (hl > EM_ST_MAX_HEADER) {
-        fclose(fp);
-        return em__fail(EM_ERR_FORMAT, "%s: header length %llu above the limit of %llu bytes", path,
-                        (unsigned long long)hl, (unsigned long long)EM_ST_MAX_HEADER);
     }
     size_t buflen = (size_t)(size - 8 - hl);
     char *hdr = malloc((size_t)hl + 1);
@@ -390,8 +502,15 @@ em_tensor *em_safetensors_tensor(const em_st_file *f, const char *name)
     const em_st_tensor *t = em_safetensors_find(f, name);
     if (!t) return NULL;
     if (t->dtype == EM_DTYPE_COUNT)
-        return em__fail(EM_ERR_DTYPE, "%s: tensor '%s': dtype %s has no Ember equivalent", f->path, name, t->st_dtype);
-    return em_from_host(t->data, t->shape, t->ndim, t->dtype);
+        return em__fail(EM_ERR_DTYPE, "%s: unsupported dtype %s for tensor '%s' (Ember has no such dtype)", f->path,
+                        t->st_dtype, name);
+    em_tensor *r = em_from_host(t->data, t->shape, t->ndim, t->dtype);
+    if (!r && em_last_status() == EM_ERR_DTYPE) { /* declared but not supported yet (F16, BF16) */
+        char why[256];
+        snprintf(why, sizeof why, "%s", em_last_error());
+        return em__fail(EM_ERR_DTYPE, "%s: unsupported dtype %s for tensor '%s' (%s)", f->path, t->st_dtype, name, why);
+    }
+    return r;
 }
 
 const char *em_safetensors_metadata(const em_st_file *f, const char *key)
@@ -417,6 +536,7 @@ typedef struct save_item {
     em_tensor *t;
     size_t elem_size;
     size_t nbytes;
+    int rank; /* dtype's position in the crate's order */
 } save_item;
 
 static int cmp_name_ptr(const void *a, const void *b)
@@ -424,12 +544,14 @@ static int cmp_name_ptr(const void *a, const void *b)
     return strcmp(*(const char *const *)a, *(const char *const *)b);
 }
 
-/* Layout order of the reference writer: larger element first (keeps every
- * tensor aligned to its element size), then by name. */
+/* Layout order of the reference writer: dtype in the crate's enum order,
+ * descending (which also puts larger elements first, keeping every tensor
+ * aligned to its element size), then by name: the same bytes as
+ * safetensors.torch.save_file for the same tensors and no metadata. */
 static int cmp_layout(const void *a, const void *b)
 {
     const save_item *x = a, *y = b;
-    if (x->elem_size != y->elem_size) return x->elem_size > y->elem_size ? -1 : 1;
+    if (x->rank != y->rank) return x->rank > y->rank ? -1 : 1;
     return strcmp(x->name, y->name);
 }
 
@@ -528,6 +650,7 @@ em_status em_safetensors_save(const char *path, const char *const names[], em_te
         items[i].name = nm;
         items[i].t = t;
         items[i].elem_size = em_dtype_size(dt);
+        items[i].rank = st_dtype_rank(dt);
         items[i].nbytes = (size_t)numel * items[i].elem_size;
         sorted[i] = nm;
     }
@@ -730,6 +853,9 @@ em_status em_safetensors_load_from(const em_st_file *f, const char *const names[
         em_dtype dt = em_tensor_dtype(dst);
         if (t->dtype != dt) {
             const char *md = em_safetensors_dtype_str(dt);
+            if (t->dtype == EM_DTYPE_COUNT)
+                return em__set_error(EM_ERR_DTYPE, "%s: unsupported dtype %s for tensor '%s' (the model's is %s)", file,
+                                     t->st_dtype, names[i], md ? md : "?");
             return em__set_error(EM_ERR_DTYPE, "%s: key '%s': dtype %s in file, %s in model", file, names[i],
                                  t->st_dtype, md ? md : "?");
         }

@@ -108,9 +108,12 @@ typedef struct em_idx {
  *  equal it (checked before the data is read). On success fills @p out (free
  *  with em_idx_free). Errors, each naming @p path:
  *  EM_ERR_IO (cannot open), EM_ERR_FORMAT (bad or unexpected magic, unknown
- *  type, rank 0 or > EM_MAX_DIMS, truncated header or data, corrupt gzip
- *  stream, bytes after the data). Memory use is bounded by the data actually
- *  present, whatever the header claims. */
+ *  type, rank 0 or > EM_MAX_DIMS, sizes whose product exceeds 2^59 elements
+ *  (naming the dimension), truncated header or data, a gzip stream cut
+ *  before its end (even when only its CRC trailer is missing) or with a bad
+ *  CRC, bytes after the data). A dimension of size 0 gives an empty array.
+ *  Memory use is bounded by the data actually present, whatever the header
+ *  claims. docs/file-formats.md lists every rule. */
 EM_API em_status em_idx_read(const char *path, uint32_t expected_magic, em_idx *out);
 /** Frees out->data and zeroes @p idx (NULL is a no-op). */
 EM_API void em_idx_free(em_idx *idx);

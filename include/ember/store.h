@@ -31,11 +31,14 @@ extern "C" {
 typedef struct em_st_tensor {
     const char *name;
     /** Ember dtype, or EM_DTYPE_COUNT when the file's dtype has no Ember
-     *  equivalent (I8, I16, U16, U32, U64, F8_E4M3, F8_E5M2): such tensors
-     *  can be inspected as bytes but not turned into em_tensor. */
+     *  equivalent (I8, I16, U16, U32, U64, C64, F4, F6_E2M3, F6_E3M2,
+     *  F8_E5M2, F8_E4M3, F8_E8M0, F8_E4M3FNUZ, F8_E5M2FNUZ): such tensors can
+     *  be inspected as bytes but not turned into em_tensor (EM_ERR_DTYPE,
+     *  "unsupported dtype I16 for tensor 'x'"); F16/BF16 are Ember dtypes
+     *  that em_tensor does not support yet (the same error). */
     em_dtype dtype;
     const char *st_dtype;        /**< dtype as written in the file ("F32", ...)   */
-    size_t elem_size;            /**< bytes per element                            */
+    size_t elem_size;            /**< bytes per element; 0 for the sub-byte F4 / F6_* */
     int ndim;                    /**< 0 (scalar) .. EM_MAX_DIMS                     */
     int64_t shape[EM_MAX_DIMS];
     int64_t numel;
@@ -53,15 +56,23 @@ typedef struct em_st_kv {
 
 typedef struct em_st_file em_st_file;
 
-/** Reads and validates a whole SafeTensors file into memory. Errors
- *  (EM_ERR_IO cannot open/read; EM_ERR_FORMAT otherwise), each naming
- *  @p path and the tensor: file shorter than 8 bytes; header length beyond
- *  the file or above EM_ST_MAX_HEADER; header not JSON / not an object /
- *  duplicate key; entry not an object; unknown dtype; shape not a list of
- *  integers >= 0 or rank > EM_MAX_DIMS; data_offsets not [begin, end] with
- *  begin <= end; numel * size != end - begin; end beyond the byte buffer
- *  (truncated file); two tensors' bytes overlapping; __metadata__ not an
- *  object of strings. */
+/** Reads and validates a whole SafeTensors file into memory, with the
+ *  reference crate's rules (docs/file-formats.md lists each rule, the crate's
+ *  verdict and Ember's). Errors, each naming @p path and, where it applies,
+ *  the tensor: EM_ERR_IO cannot open/read; EM_ERR_FORMAT: file shorter than
+ *  8 bytes; header length above EM_ST_MAX_HEADER or beyond the file; header
+ *  not UTF-8 (naming the byte) / not JSON (trailing characters included) /
+ *  not an object / duplicate key; entry not an object; unknown dtype; shape
+ *  not a list of integers >= 0; data_offsets not [begin, end] with
+ *  0 <= begin <= end; the tensors, sorted by offsets, not contiguous from 0
+ *  (a hole names its bytes, an overlap both tensors); a shape whose element
+ *  or bit count overflows 64 bits; sub-byte elements not filling whole
+ *  bytes; numel * size != end - begin; the last end before the end of the
+ *  byte buffer (trailing bytes) or beyond it (truncated file);
+ *  __metadata__ not an object of strings (null is accepted).
+ *  EM_ERR_UNSUPPORTED: a valid file with a tensor of rank > EM_MAX_DIMS.
+ *  Leading JSON whitespace and trailing spaces in the header are accepted;
+ *  unknown fields of an entry are ignored. */
 EM_API em_st_file *em_safetensors_open(const char *path);
 /** Same from @p n bytes in memory (copied); @p name is used in messages
  *  (NULL = "<memory>"). */
@@ -91,7 +102,10 @@ EM_API const em_st_kv *em_safetensors_metadata_at(const em_st_file *f, size_t i)
  *  data goes to "<path>.tmp.XXXXXX" in the same directory, is fsync'ed and
  *  renamed over @p path; on any failure the temporary file is removed and an
  *  existing @p path is left untouched. Tensors may be views (copied out in C
- *  order); f16/bf16 are stored as F16/BF16. Waits for pending tasks on the
+ *  order); f16/bf16 are stored as F16/BF16. The layout is the reference
+ *  writer's (dtypes in the crate's order, descending, then names; header
+ *  padded with spaces to a multiple of 8): without metadata the file is
+ *  byte for byte what safetensors.torch.save_file writes. Waits for pending tasks on the
  *  tensors. Errors: EM_ERR_INVALID (NULL or duplicate name/tensor), EM_ERR_IO
  *  (cannot create/write/rename, message with errno text), and whatever
  *  em_to_host reports. */

@@ -37,9 +37,16 @@ EM_API em_status em_checkpoint_save(const char *path, const em_module *model, co
                                     const em_lr_scheduler *sched, const em_checkpoint_info *info,
                                     const em_st_kv *meta, size_t n_meta);
 /** Loads a checkpoint into model (and opt/sched when non-NULL) and fills info.
- *  Everything is validated before anything changes: a missing or extra model
- *  key, a shape or dtype mismatch (a checkpoint of another model) is an error
- *  naming the file and key, and the model is left untouched. */
+ *  Everything is validated before anything changes: a file that is not a
+ *  valid SafeTensors checkpoint (em_safetensors_open's errors), malformed
+ *  progress metadata (EM_ERR_FORMAT naming the key, e.g. 'ember.epoch' not an
+ *  integer; a missing key keeps its default of 0), a missing or extra model
+ *  key, a shape or dtype mismatch (a checkpoint of another model), an
+ *  optimizer of another kind or parameter count, or an optimizer state tensor
+ *  that does not fit (tried first on a scratch optimizer over the same
+ *  parameters) is an error naming the file and key, and the model, optimizer,
+ *  scheduler and info are left untouched. Only a runtime failure while
+ *  copying (out of memory, a device error) can leave a partial load. */
 EM_API em_status em_checkpoint_load(const char *path, em_module *model, em_optim *opt, em_lr_scheduler *sched,
                                     em_checkpoint_info *info);
 
