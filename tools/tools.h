@@ -5,6 +5,7 @@
 #include "ember/ember.h"
 #include "ember/train.h"
 
+#include <stdbool.h>
 #include <stddef.h>
 
 int em_tool_train(int argc, char **argv);
@@ -31,7 +32,25 @@ int em_tool_check_spec(const char *spec, char *err, size_t nerr);
 /** Checks that samples of @p ds fit the model's input: 0, or -1 and err. */
 int em_tool_check_input(const char *spec, const em_dataset *ds, char *err, size_t nerr);
 int em_tool_parse_optim(const char *name, em_optim_kind *out);
-/** Scheduler by name for @p epochs epochs (stepped once per epoch). */
-em_lr_scheduler *em_tool_make_scheduler(const char *name, double lr, int64_t epochs);
+/** The schedulers of `ember train --scheduler NAME` for a run of @p epochs
+ *  epochs of @p steps_per_epoch optimizer steps, from base lr @p lr:
+ *  - constant: lr.
+ *  - step: StepLR(step_size = max(1, epochs / 3), gamma = 0.1), per epoch.
+ *  - cosine: CosineAnnealingLR(T_max = epochs, eta_min = 0), per epoch:
+ *    epoch e (0-based) runs at lr (1 + cos(pi e / epochs)) / 2.
+ *  - exponential: ExponentialLR(gamma = 0.9), per epoch.
+ *  - warmup-cosine: em_lr_warmup_cosine over epochs x steps_per_epoch steps,
+ *    stepped per optimizer step (*per_step = true), @p warmup warm-up steps
+ *    (< 0: em_tool_default_warmup), eta_min 0.
+ *  Returns NULL with the reason in @p err for an unknown name, @p warmup >= 0
+ *  with another scheduler, or warmup >= the total steps. Caller owns the result. */
+em_lr_scheduler *em_tool_make_scheduler(const char *name, double lr, int64_t epochs, int64_t steps_per_epoch, int64_t warmup,
+                                        bool *per_step, char *err, size_t nerr);
+/** Checks a --scheduler name and whether --warmup (@p warmup >= 0) applies to
+ *  it, without building anything: 0, or -1 with the reason in err. */
+int em_tool_check_scheduler(const char *name, int64_t warmup, char *err, size_t nerr);
+/** Default warm-up of warmup-cosine: min(ceil(0.1 x total_steps), total_steps - 1)
+ *  (transformers' warmup_ratio 0.1; 0 for a one-step run). */
+int64_t em_tool_default_warmup(int64_t total_steps);
 
 #endif
