@@ -362,6 +362,27 @@ static void train_help(void)
            EM_FASHION_MNIST_DIR, EM_TOOL_CNN_DEFAULT, EM_FASHION_MNIST_MEAN, EM_FASHION_MNIST_STD);
 }
 
+/* After each epoch (em_learner_config.on_epoch): redraw the run's plots next
+ * to its metrics.csv. A failure (or a build without cairo) is reported once
+ * and does not stop training. */
+typedef struct plot_hook {
+    const char *out;
+    bool reported;
+} plot_hook;
+
+static void plot_after_epoch(const em_epoch_metrics *m, void *ctx)
+{
+    plot_hook *h = ctx;
+    char csv[4096], prefix[4096], err[1024];
+    snprintf(csv, sizeof csv, "%s/metrics.csv", h->out);
+    snprintf(prefix, sizeof prefix, "%s/", h->out);
+    const char *paths[1] = {csv};
+    if (em_tool_plot_metrics(paths, NULL, 1, prefix, NULL, err, sizeof err) != 0 && !h->reported) {
+        fprintf(stderr, "ember train: plots not written: %s\n", err);
+        h->reported = true;
+    }
+}
+
 int em_tool_train(int argc, char **argv)
 {
     const char *data = default_data_dir(), *hidden = "256,128", *optname = "adam", *schedname = "cosine";
@@ -698,6 +719,9 @@ int em_tool_train(int argc, char **argv)
     cfg.clip_grad_norm = clip;
     cfg.loss.label_smoothing = smoothing;
     cfg.sched_per_step = sched_per_step;
+    plot_hook ph = {.out = out};
+    cfg.on_epoch = plot_after_epoch; /* loss.png / accuracy.png (+ .svg) next to metrics.csv */
+    cfg.on_epoch_ctx = &ph;
     cfg.replicas = rep; /* [dist] */
     char mean_s[32], std_s[32];
     snprintf(mean_s, sizeof mean_s, "%.9g", (double)norm_mean[0]);
