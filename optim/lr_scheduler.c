@@ -187,7 +187,7 @@ double em_lr_scheduler_lr_at(const em_lr_scheduler *s, int64_t t)
     case K_EXP: return s->base * pow(s->gamma, td);
     case K_COSINE: return s->eta_min + (s->base - s->eta_min) * (1.0 + cos(M_PI * td / (double)s->a)) / 2.0;
     case K_WARMUP_COSINE: {
-        if (t < s->a) return s->base * td / (double)s->a;
+        if (t < s->a) return s->base * (td + 1.0) / (double)s->a; /* (t + 1) / warmup: no step at lr 0 */
         double p = (td - (double)s->a) / (double)(s->b - s->a);
         if (p > 1) p = 1;
         return s->eta_min + (s->base - s->eta_min) * (1.0 + cos(M_PI * p)) / 2.0;

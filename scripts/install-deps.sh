@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs everything Ember needs to build, test and train, idempotently:
 #   1. Debian packages (compilers, CMake, hwloc, Open MPI, cmocka, OpenBLAS,
-#      oneDNN, zlib, jansson, PoCL/OpenCL, the Fashion-MNIST data package);
+#      oneDNN, zlib, jansson, cairo (plots), PoCL/OpenCL, the Fashion-MNIST data package);
 #   2. StarPU 1.4.10 built from Debian's source package into $EMBER_DEPS_PREFIX
 #      (default /opt/ember-deps), with CUDA when nvcc exists, OpenCL and MPI, and
 #      compile-time limits raised for big hosts (256 CPUs, 16 GPUs, 32 nodes).
@@ -31,6 +31,7 @@ PKGS=(build-essential cmake pkg-config git
       libhwloc-dev hwloc
       libopenmpi-dev openmpi-bin
       libcmocka-dev libopenblas-dev libdnnl-dev zlib1g-dev libjansson-dev
+      libcairo2-dev
       pocl-opencl-icd ocl-icd-opencl-dev opencl-headers clinfo
       dataset-fashion-mnist
       clang libclang-rt-14-dev

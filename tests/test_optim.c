@@ -348,9 +348,9 @@ static void test_schedulers(void **state)
     em_lr_scheduler_free(s);
 
     s = em_lr_warmup_cosine(1.0, 4, 14, 0.0);
-    LR_EQ(s, 0, 0.0);
-    LR_EQ(s, 1, 0.25);
-    LR_EQ(s, 3, 0.75);
+    LR_EQ(s, 0, 0.25); /* (t + 1) / warmup: the first step is not at lr 0 */
+    LR_EQ(s, 1, 0.5);
+    LR_EQ(s, 3, 1.0);
     LR_EQ(s, 4, 1.0);
     LR_EQ(s, 9, 0.5);
     LR_EQ(s, 14, 0.0);

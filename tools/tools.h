@@ -5,6 +5,7 @@
 #include "ember/ember.h"
 #include "ember/train.h"
 
+#include <stdbool.h>
 #include <stddef.h>
 
 int em_tool_train(int argc, char **argv);
@@ -31,7 +32,77 @@ int em_tool_check_spec(const char *spec, char *err, size_t nerr);
 /** Checks that samples of @p ds fit the model's input: 0, or -1 and err. */
 int em_tool_check_input(const char *spec, const em_dataset *ds, char *err, size_t nerr);
 int em_tool_parse_optim(const char *name, em_optim_kind *out);
-/** Scheduler by name for @p epochs epochs (stepped once per epoch). */
-em_lr_scheduler *em_tool_make_scheduler(const char *name, double lr, int64_t epochs);
+/** The schedulers of `ember train --scheduler NAME` for a run of @p epochs
+ *  epochs of @p steps_per_epoch optimizer steps, from base lr @p lr:
+ *  - constant: lr.
+ *  - step: StepLR(step_size = max(1, epochs / 3), gamma = 0.1), per epoch.
+ *  - cosine: CosineAnnealingLR(T_max = epochs, eta_min = 0), per epoch:
+ *    epoch e (0-based) runs at lr (1 + cos(pi e / epochs)) / 2.
+ *  - exponential: ExponentialLR(gamma = 0.9), per epoch.
+ *  - warmup-cosine: em_lr_warmup_cosine over epochs x steps_per_epoch steps,
+ *    stepped per optimizer step (*per_step = true), @p warmup warm-up steps
+ *    (< 0: em_tool_default_warmup), eta_min 0.
+ *  Returns NULL with the reason in @p err for an unknown name, @p warmup >= 0
+ *  with another scheduler, or warmup >= the total steps. Caller owns the result. */
+em_lr_scheduler *em_tool_make_scheduler(const char *name, double lr, int64_t epochs, int64_t steps_per_epoch, int64_t warmup,
+                                        bool *per_step, char *err, size_t nerr);
+/** Checks a --scheduler name and whether --warmup (@p warmup >= 0) applies to
+ *  it, without building anything: 0, or -1 with the reason in err. */
+int em_tool_check_scheduler(const char *name, int64_t warmup, char *err, size_t nerr);
+/** Default warm-up of warmup-cosine: min(ceil(0.1 x total_steps), total_steps - 1)
+ *  (transformers' warmup_ratio 0.1; 0 for a one-step run). */
+int64_t em_tool_default_warmup(int64_t total_steps);
+
+/* ---- plots of metrics.csv (tools/plot.c) --------------------------------------
+ * In the program rather than in libember, so that the library does not
+ * depend on a drawing library: cairo is linked into `ember` when the build
+ * finds it (pkg-config cairo), and without it plotting reports that it is
+ * unavailable. */
+
+/** The columns of one metrics.csv that the plots use (one entry per epoch row;
+ *  NAN where the file has "nan", e.g. no validation set). */
+typedef struct em_tool_metrics {
+    int n;
+    double *epoch, *train_loss, *train_accuracy, *val_loss, *val_accuracy;
+} em_tool_metrics;
+
+/** Reads an `ember train` metrics.csv (train/learner.c append_metrics: a
+ *  header naming at least epoch, train_loss, train_accuracy, val_loss,
+ *  val_accuracy, in any order, then one row per epoch). Every row must have
+ *  the header's field count, numbers in those columns ("nan" allowed) and
+ *  strictly increasing whole epochs >= 1; at least one row. 0, or -1 with the
+ *  file, line and reason in @p err (@p out is then empty). Free with
+ *  em_tool_metrics_free. */
+int em_tool_read_metrics(const char *path, em_tool_metrics *out, char *err, size_t nerr);
+void em_tool_metrics_free(em_tool_metrics *m);
+
+enum {
+    EM_TOOL_PLOT_MAX_RUNS = 10,     /**< one colour per run (matplotlib's tab10) */
+    EM_TOOL_PLOT_BAD_METRICS = 1,   /**< a metrics.csv is unreadable or malformed: nothing written */
+    EM_TOOL_PLOT_WRITE = 2,         /**< an image could not be written */
+    EM_TOOL_PLOT_UNAVAILABLE = 3,   /**< built without cairo: nothing written */
+};
+
+/** Draws @p nruns (1..EM_TOOL_PLOT_MAX_RUNS) metrics.csv files as two figures,
+ *  loss and accuracy against the epoch, train and validation curves of every
+ *  run (one run: train and validation in two colours; several: one colour per
+ *  run, train dashed, validation solid), with axes, ticks, labels, a legend and
+ *  a title (@p title, or the run names: @p labels[i], or the folder of
+ *  metrics_csv[i] when labels or labels[i] is NULL). Writes
+ *  <out_prefix>loss.png, <out_prefix>loss.svg, <out_prefix>accuracy.png and
+ *  <out_prefix>accuracy.svg (800 x 500 px; out_prefix "runs/a/" puts them in
+ *  runs/a), each atomically (a .tmp file renamed over it). In the SVG each
+ *  curve is one <path class="curve">. All files are read before anything is
+ *  written, so a bad one writes nothing. Returns 0 or an EM_TOOL_PLOT_* code
+ *  with the reason in @p err. */
+int em_tool_plot_metrics(const char *const *metrics_csv, const char *const *labels, int nruns, const char *out_prefix,
+                         const char *title, char *err, size_t nerr);
+/** Whether this build can plot (cairo found at build time). */
+bool em_tool_plot_available(void);
+/** The figure's size and its plot area in pixels (x grows right, y down): the
+ *  axes span left..right and top..bottom. */
+void em_tool_plot_geometry(int *width, int *height, int *left, int *top, int *right, int *bottom);
+/** `ember plot`. */
+int em_tool_plot(int argc, char **argv);
 
 #endif

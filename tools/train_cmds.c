@@ -307,7 +307,19 @@ static void train_help(void)
            "  --lr X                 learning rate (default 1e-3; sgd 0.05)\n"
            "  --momentum X           SGD/RMSprop momentum (default 0.9 for sgd)\n"
            "  --weight-decay X       weight decay (default 0)\n"
-           "  --scheduler NAME       constant, step, cosine, exponential, warmup-cosine (default cosine)\n"
+           "  --scheduler NAME       learning-rate schedule from the --lr value (default cosine); the lr\n"
+           "                         printed for an epoch is the one its steps ran at (warmup-cosine:\n"
+           "                         the epoch's last step's). As torch.optim.lr_scheduler:\n"
+           "                           constant       the same lr throughout\n"
+           "                           step           StepLR: x0.1 every max(1, epochs/3) epochs\n"
+           "                           cosine         CosineAnnealingLR(T_max=epochs, eta_min=0), per epoch:\n"
+           "                                          epoch 1 at lr, epoch e at lr*(1+cos(pi*(e-1)/epochs))/2\n"
+           "                           exponential    ExponentialLR: x0.9 every epoch\n"
+           "                           warmup-cosine  per optimizer step: linear warm-up, step t (0-based)\n"
+           "                                          at lr*(t+1)/W for t < W, then cosine to 0 at the end\n"
+           "                                          of the run (W = --warmup)\n"
+           "  --warmup N             warmup-cosine's warm-up in optimizer steps (default 10%% of the\n"
+           "                         run's steps, rounded up; must be below them)\n"
            "  --label-smoothing X    cross-entropy label smoothing (default 0)\n"
            "  --clip-grad-norm X     clip gradients by global norm (default off)\n"
            "  --patience N           early stopping after N epochs without val improvement (default off)\n"
@@ -350,6 +362,27 @@ static void train_help(void)
            EM_FASHION_MNIST_DIR, EM_TOOL_CNN_DEFAULT, EM_FASHION_MNIST_MEAN, EM_FASHION_MNIST_STD);
 }
 
+/* After each epoch (em_learner_config.on_epoch): redraw the run's plots next
+ * to its metrics.csv. A failure (or a build without cairo) is reported once
+ * and does not stop training. */
+typedef struct plot_hook {
+    const char *out;
+    bool reported;
+} plot_hook;
+
+static void plot_after_epoch(const em_epoch_metrics *m, void *ctx)
+{
+    plot_hook *h = ctx;
+    char csv[4096], prefix[4096], err[1024];
+    snprintf(csv, sizeof csv, "%s/metrics.csv", h->out);
+    snprintf(prefix, sizeof prefix, "%s/", h->out);
+    const char *paths[1] = {csv};
+    if (em_tool_plot_metrics(paths, NULL, 1, prefix, NULL, err, sizeof err) != 0 && !h->reported) {
+        fprintf(stderr, "ember train: plots not written: %s\n", err);
+        h->reported = true;
+    }
+}
+
 int em_tool_train(int argc, char **argv)
 {
     const char *data = default_data_dir(), *hidden = "256,128", *optname = "adam", *schedname = "cosine";
@@ -360,10 +393,10 @@ int em_tool_train(int argc, char **argv)
     const char *model_name = "mlp";
     bool hidden_given = false;
     int augment = -1; /* -1: the model's default */
-    int64_t limit = 0;
+    int64_t limit = 0, warmup = -1; /* warmup < 0: the scheduler's default */
     uint64_t seed = 0;
     int workers = 1, progress = -1;
-    enum { O_HIDDEN = 256, O_LR, O_MOM, O_WD, O_SCHED, O_LS, O_CLIP, O_PAT, O_WORKERS, O_RESUME, O_PROG, O_NOPROG, O_DROP, O_STOP, O_DIST, O_GBATCH, O_DEVICES, O_MODEL, O_AUG, O_NOAUG, O_LIMIT };
+    enum { O_HIDDEN = 256, O_LR, O_MOM, O_WD, O_SCHED, O_LS, O_CLIP, O_PAT, O_WORKERS, O_RESUME, O_PROG, O_NOPROG, O_DROP, O_STOP, O_DIST, O_GBATCH, O_DEVICES, O_MODEL, O_AUG, O_NOAUG, O_LIMIT, O_WARMUP };
     static const struct option opts[] = {
         {"data", required_argument, 0, 'd'},         {"hidden", required_argument, 0, O_HIDDEN},
         {"epochs", required_argument, 0, 'e'},       {"batch-size", required_argument, 0, 'b'},
@@ -380,6 +413,7 @@ int em_tool_train(int argc, char **argv)
         {"devices", required_argument, 0, O_DEVICES},
         {"model", required_argument, 0, O_MODEL},    {"augment", no_argument, 0, O_AUG},
         {"no-augment", no_argument, 0, O_NOAUG},     {"limit", required_argument, 0, O_LIMIT},
+        {"warmup", required_argument, 0, O_WARMUP},
         {"help", no_argument, 0, 'h'},               {0, 0, 0, 0}};
     int64_t stop_after = 0;
     bool distributed = false; /* [dist] */
@@ -402,6 +436,16 @@ int em_tool_train(int argc, char **argv)
         case O_MOM: momentum = strtod(optarg, NULL); break;
         case O_WD: wd = strtod(optarg, NULL); break;
         case O_SCHED: schedname = optarg; break;
+        case O_WARMUP: {
+            char *end;
+            errno = 0;
+            warmup = strtoll(optarg, &end, 10);
+            if (end == optarg || *end || errno || warmup < 0) {
+                fprintf(stderr, "ember train: --warmup must be a whole number of optimizer steps >= 0, got '%s'\n", optarg);
+                return 2;
+            }
+            break;
+        }
         case O_LS: smoothing = strtod(optarg, NULL); break;
         case O_CLIP: clip = strtod(optarg, NULL); break;
         case O_PAT: patience = strtoll(optarg, NULL, 10); break;
@@ -472,6 +516,10 @@ int em_tool_train(int argc, char **argv)
     int nh = parse_list(hidden, hs, 14, 1);
     if (nh < 0) {
         fprintf(stderr, "ember train: bad --hidden '%s' (expected e.g. 256,128)\n", hidden);
+        return 2;
+    }
+    if (em_tool_check_scheduler(schedname, warmup, err, sizeof err) != 0) {
+        fprintf(stderr, "ember train: %s\n", err);
         return 2;
     }
     em_optim_kind kind;
@@ -593,11 +641,6 @@ int em_tool_train(int argc, char **argv)
             goto done;
         }
     }
-    sched = em_tool_make_scheduler(schedname, oc.lr, epochs);
-    if (!sched) {
-        fprintf(stderr, "ember train: unknown scheduler '%s' (constant, step, cosine, exponential, warmup-cosine)\n", schedname);
-        goto done;
-    }
     if (dist) { /* [dist] same model and settings everywhere, then identical replicas */
         char hp[1024];
         snprintf(hp, sizeof hp,
@@ -642,6 +685,14 @@ int em_tool_train(int argc, char **argv)
         fprintf(stderr, "ember train: %s\n", em_last_error());
         goto done;
     }
+    bool sched_per_step = false; /* steps per epoch are known now (per rank, per replica group) */
+    sched = em_tool_make_scheduler(schedname, oc.lr, epochs, em_loader_num_batches(ltr), warmup, &sched_per_step, err, sizeof err);
+    if (!sched) {
+        fprintf(stderr, "ember train: %s\n", err);
+        rc = 2;
+        clean_exit = true; /* [dist] same steps on every rank */
+        goto done;
+    }
     char dev[32];
     if (lead) printf("ember train: model %s (%lld parameters), %s lr %g, batch %lld, %lld epochs, device %s, %d CPU workers\n", spec,
            (long long)em_module_num_params(model), em_optim_kind_name(kind), oc.lr, (long long)batch, (long long)epochs,
@@ -667,6 +718,10 @@ int em_tool_train(int argc, char **argv)
     cfg.stop_after_epoch = stop_after;
     cfg.clip_grad_norm = clip;
     cfg.loss.label_smoothing = smoothing;
+    cfg.sched_per_step = sched_per_step;
+    plot_hook ph = {.out = out};
+    cfg.on_epoch = plot_after_epoch; /* loss.png / accuracy.png (+ .svg) next to metrics.csv */
+    cfg.on_epoch_ctx = &ph;
     cfg.replicas = rep; /* [dist] */
     char mean_s[32], std_s[32];
     snprintf(mean_s, sizeof mean_s, "%.9g", (double)norm_mean[0]);

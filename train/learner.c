@@ -378,8 +378,9 @@ em_status em_learner_fit(em_module *model, em_optim *opt, em_lr_scheduler *sched
             running_free(r, R);
         }
         if (st != EM_OK) return st;
+        /* the lr this epoch's steps ran at (per-step schedule: its last step's), read before the epoch step moves it */
+        m.lr = sched && cfg.sched_per_step ? em_lr_scheduler_lr_at(sched, em_lr_scheduler_get_step(sched) - 1) : em_optim_get_lr(opt);
         if (sched && !cfg.sched_per_step) em_lr_scheduler_step(sched, opt);
-        m.lr = em_optim_get_lr(opt);
         m.epoch_time_s = now_s() - t0;
         if (log) fprintf(log,
                 "epoch %lld/%lld  train_loss %.4f  train_acc %.4f  val_loss %.4f  val_acc %.4f  val_top5 %.4f  lr %.3g  "
@@ -410,6 +411,7 @@ em_status em_learner_fit(em_module *model, em_optim *opt, em_lr_scheduler *sched
                 if (em_checkpoint_save(path, model, NULL, NULL, &info, cfg.meta, cfg.n_meta) != EM_OK) return em_last_status();
             }
         }
+        if (cfg.on_epoch && em_dist_rank() == 0) cfg.on_epoch(&m, cfg.on_epoch_ctx);
         if (cfg.stop_after_epoch > 0 && epoch >= cfg.stop_after_epoch) {
             if (log) fprintf(log, "stopping after epoch %lld as asked (resume with --resume)\n", (long long)epoch);
             break;

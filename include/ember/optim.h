@@ -165,10 +165,16 @@ EM_API em_lr_scheduler *em_lr_exponential(double base_lr, double gamma);
 /** CosineAnnealingLR (closed form of SGDR without restarts):
  *  eta_min + (base_lr - eta_min) * (1 + cos(pi * t / T_max)) / 2. T_max > 0. */
 EM_API em_lr_scheduler *em_lr_cosine(double base_lr, int64_t T_max, double eta_min);
-/** Linear warm-up then cosine decay (as transformers'
- *  get_cosine_schedule_with_warmup, with a floor): t < warmup:
- *  base_lr * t / warmup; else with p = min(1, (t - warmup) / (total - warmup)):
- *  eta_min + (base_lr - eta_min) * (1 + cos(pi p)) / 2. 0 <= warmup < total. */
+/** Linear warm-up then cosine decay, meant to be stepped once per optimizer
+ *  step (t = number of steps done; the step t uses lr(t)). t < warmup:
+ *  base_lr * (t + 1) / warmup, so the first step runs at base_lr / warmup
+ *  (never at 0) and step warmup - 1 at base_lr; then with
+ *  p = min(1, (t - warmup) / (total - warmup)):
+ *  eta_min + (base_lr - eta_min) * (1 + cos(pi p)) / 2 (base_lr at t = warmup,
+ *  eta_min from t = total on). PyTorch: SequentialLR([LinearLR(start_factor =
+ *  1 / warmup, total_iters = warmup - 1), CosineAnnealingLR(T_max = total -
+ *  warmup, eta_min)], milestones = [warmup]). 0 <= warmup < total, else
+ *  EM_ERR_INVALID (NULL). */
 EM_API em_lr_scheduler *em_lr_warmup_cosine(double base_lr, int64_t warmup_steps, int64_t total_steps, double eta_min);
 /** Noam (Vaswani et al. 2017, "Attention is all you need", eq. 3):
  *  factor * d_model^-0.5 * min(t^-0.5, t * warmup^-1.5), with t = max(t, 1). */

@@ -55,7 +55,8 @@ typedef struct em_epoch_metrics {
     int64_t epoch;          /**< 1-based */
     double train_loss, train_accuracy;
     double val_loss, val_accuracy, val_top5;
-    double lr;              /**< learning rate at the end of the epoch */
+    double lr;              /**< learning rate this epoch's optimizer steps used (a scheduler
+                                 stepped per batch: the epoch's last step's) */
     double samples_per_s;   /**< training samples per second            */
     double epoch_time_s;    /**< wall time of the train + validation phases */
 } em_epoch_metrics;
@@ -74,6 +75,11 @@ typedef struct em_learner_config {
     const em_st_kv *meta;     /**< extra checkpoint metadata (model configuration)           */
     size_t n_meta;
     FILE *log;                /**< where progress goes (default stdout)                       */
+    /** Called once per completed epoch, after its metrics.csv row and
+     *  checkpoints are written (rank 0 only), with that epoch's metrics
+     *  (valid during the call). Cannot stop training. NULL: none. */
+    void (*on_epoch)(const em_epoch_metrics *m, void *ctx);
+    void *on_epoch_ctx;       /**< passed to on_epoch                                         */
     /** [dist] One process, several devices: data-parallel replicas
      *  (em_replicas_new; BORROWED). The model and optimizer passed to
      *  em_learner_fit must then be replica 0's. Every batch is split into
