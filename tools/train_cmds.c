@@ -295,11 +295,13 @@ static int init_runtime(const char *device)
  * the handler then restores the default action, so a second one ends the
  * process at once. Only async-signal-safe calls in the handler. */
 static volatile sig_atomic_t g_stop;
+static int g_stop_seen; /* set atomically: two signals may reach two threads at once */
 static struct sigaction g_old_int, g_old_term;
 
 static void on_stop_signal(int sig)
 {
     static const char msg[] = "\nember train: stopping after the current step (press Ctrl-C again to quit at once)\n";
+    if (__atomic_exchange_n(&g_stop_seen, 1, __ATOMIC_SEQ_CST)) _exit(128 + sig); /* the second one: at once */
     struct sigaction dfl;
     memset(&dfl, 0, sizeof dfl);
     dfl.sa_handler = SIG_DFL;
@@ -320,6 +322,7 @@ static void install_stop_handlers(void)
     sigemptyset(&sa.sa_mask);
     sa.sa_flags = SA_RESTART; /* writes in progress (a checkpoint) complete */
     g_stop = 0;
+    __atomic_store_n(&g_stop_seen, 0, __ATOMIC_SEQ_CST);
     sigaction(SIGINT, &sa, &g_old_int);
     sigaction(SIGTERM, &sa, &g_old_term);
 }
