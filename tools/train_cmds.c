@@ -460,7 +460,7 @@ static void train_help(void)
            "Ctrl-C (SIGINT) or SIGTERM stops between two steps: the rest of the epoch is\n"
            "abandoned, the files of the last finished epoch are kept, the command that\n"
            "resumes is printed, and the exit status is 130 (143 for SIGTERM); a second\n"
-           "Ctrl-C quits at once.\n\n"
+           "Ctrl-C quits at once. (Under mpirun, signals are left to mpirun.)\n\n"
            "Distributed: mpirun -np N ember train ... runs N replicas; each reads 1/N of every\n"
            "epoch (the same number of steps on every rank) and gradients are averaged\n"
            "across ranks before each step, so the effective batch is batch-size x N (the\n"
@@ -845,7 +845,7 @@ int em_tool_train(int argc, char **argv)
     cfg.clip_grad_norm = clip;
     cfg.loss.label_smoothing = smoothing;
     cfg.replicas = rep; /* [dist] */
-    cfg.stop_flag = &g_stop; /* Ctrl-C: install_stop_handlers */
+    cfg.stop_flag = dist ? NULL : &g_stop; /* Ctrl-C: install_stop_handlers; [dist] mpirun handles signals */
     char mean_s[32], std_s[32];
     snprintf(mean_s, sizeof mean_s, "%.9g", (double)norm_mean[0]);
     snprintf(std_s, sizeof std_s, "%.9g", (double)norm_std[0]);
@@ -866,12 +866,11 @@ int em_tool_train(int argc, char **argv)
         }
         if (removed > 0) printf("--overwrite: removed %d file%s of the earlier run in %s\n", removed, removed == 1 ? "" : "s", out);
     }
-    install_stop_handlers();
+    if (!dist) install_stop_handlers();
     em_status fit = em_learner_fit(model, opt, sched, ltr, lte, &cfg, hist, 1024, &nhist);
-    restore_stop_handlers();
+    if (!dist) restore_stop_handlers();
     if (fit == EM_ERR_INTERRUPTED) { /* Ctrl-C: the files of the last finished epoch are kept */
         rc = 128 + (g_stop ? (int)g_stop : SIGINT); /* 130 for SIGINT, 143 for SIGTERM */
-        clean_exit = true;                            /* [dist] every rank stopped after the same epoch */
         if (lead) {
             char ck[4200];
             snprintf(ck, sizeof ck, "%s/checkpoint.safetensors", out);

@@ -270,7 +270,7 @@ static em_status run_epoch(em_module *model, em_optim *opt, em_lr_scheduler *sch
             em_module_parameters(rep ? em_replicas_model(rep, k) : model, job.params + (size_t)k * (size_t)job.np, job.np);
     }
     const em_batch *b = NULL;
-    /* cfg->stop_flag: read between steps; [dist] with several ranks only at epoch ends (em_learner_fit) */
+    /* cfg->stop_flag: read between steps; [dist] not with several ranks (they would have to agree on the step) */
     const bool can_stop = cfg->stop_flag && em_dist_world_size() <= 1;
     for (;;) {
         if (can_stop && *cfg->stop_flag) {
@@ -607,13 +607,6 @@ em_status em_learner_fit(em_module *model, em_optim *opt, em_lr_scheduler *sched
             snprintf(last_ckpt, sizeof last_ckpt, "%s", path);
             last_ckpt_epoch = epoch;
             if (append_metrics(cfg.out_dir, &m) != EM_OK) return em_last_status();
-        }
-        if (cfg.stop_flag && em_dist_world_size() > 1) { /* [dist] every rank stops after the same epoch */
-            double v = *cfg.stop_flag ? 1.0 : 0.0;
-            if (em_dist_allreduce_sum(&v, 1) != EM_OK) return em_last_status();
-            if (v > 0 && epoch < cfg.epochs)
-                return em__set_error(EM_ERR_INTERRUPTED, "interrupted after epoch %lld; the last checkpoint is %s (epoch %lld)",
-                                     (long long)epoch, last_ckpt[0] ? last_ckpt : "(none: no --out)", (long long)last_ckpt_epoch);
         }
         if (cfg.stop_after_epoch > 0 && epoch >= cfg.stop_after_epoch) {
             if (log) fprintf(log, "stopping after epoch %lld as asked (resume with --resume)\n", (long long)epoch);

@@ -78,10 +78,9 @@ typedef struct em_learner_config {
      *  naming the epoch and the last checkpoint. The library never installs
      *  signal handlers: the program does (sigaction) and points this at the
      *  volatile sig_atomic_t its async-signal-safe handler sets. BORROWED.
-     *  [dist] With more than one rank the flag is read at the end of each
-     *  epoch (after its checkpoint) and agreed over all ranks (an
-     *  all-reduce), so every rank must pass one; the run then stops after
-     *  that finished epoch. NULL (default): never stops early. */
+     *  [dist] Not read with more than one rank (the ranks would have to
+     *  agree on the step; `ember train` under mpirun leaves signals to
+     *  mpirun). NULL (default): never stops early. */
     volatile sig_atomic_t *stop_flag;
     /** [dist] One process, several devices: data-parallel replicas
      *  (em_replicas_new; BORROWED). The model and optimizer passed to
