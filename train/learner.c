@@ -6,7 +6,6 @@
 
 #include <dirent.h>
 #include <errno.h>
-#include <fcntl.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -368,7 +367,7 @@ bool em_run_dir_holds_run(const char *dir, char *found, size_t nfound)
 }
 
 /* "<run file>.tmp.XXXXXX": the name mkstemp gives em_safetensors_save's and
- * rewrite_metrics' temporaries (six letters or digits). */
+ * trim_metrics' temporaries (six letters or digits). */
 static bool is_ember_tmp(const char *name)
 {
     for (int i = 0; RUN_FILES[i]; i++) {
