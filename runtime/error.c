@@ -121,6 +121,7 @@ const char *em_status_str(em_status s)
     case EM_ERR_RUNTIME: return "runtime error";
     case EM_ERR_STATE: return "invalid state";
     case EM_ERR_UNSUPPORTED: return "unsupported";
+    case EM_ERR_INTERRUPTED: return "interrupted";
     }
     return "unknown status";
 }

@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #ifdef EMBER_HAVE_CAIRO
 #include <cairo.h>
@@ -458,12 +459,45 @@ static void draw_figure(canvas *cv, const curve *cs, int nc, const char *title, 
 #undef PY
 }
 
-/* Writes @p path atomically (path.tmp, then rename). */
+/* Makes the temporary file of @p path: path.tmp.XXXXXX (mkstemp), the name
+ * em_run_dir_remove_stale_tmp removes when a killed run left one. Returns an
+ * open FILE (for the SVG) or, with @p keep_open false, NULL after closing it;
+ * -1 in *bad on failure. */
+static FILE *make_tmp(const char *path, char *tmp, size_t ntmp, bool keep_open, int *bad, char *err, size_t nerr)
+{
+    *bad = 0;
+    snprintf(tmp, ntmp, "%s.tmp.XXXXXX", path);
+    int fd = mkstemp(tmp);
+    if (fd < 0) {
+        snprintf(err, nerr, "cannot create a temporary file for %s: %s", path, strerror(errno));
+        *bad = -1;
+        return NULL;
+    }
+    mode_t um = umask(0);
+    umask(um);
+    fchmod(fd, 0666 & ~um); /* the mode a plain fopen would give, not mkstemp's 0600 */
+    if (!keep_open) {
+        close(fd);
+        return NULL;
+    }
+    FILE *f = fdopen(fd, "w");
+    if (!f) {
+        snprintf(err, nerr, "cannot write %s: %s", tmp, strerror(errno));
+        close(fd);
+        remove(tmp);
+        *bad = -1;
+    }
+    return f;
+}
+
+/* Writes @p path atomically (path.tmp.XXXXXX, then rename). */
 static int write_png(const char *path, const curve *cs, int nc, const char *title, const char *ylabel, bool legend_bottom,
                      bool unit_range, char *err, size_t nerr)
 {
     char tmp[4200];
-    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    int bad;
+    make_tmp(path, tmp, sizeof tmp, false, &bad, err, nerr);
+    if (bad) return EM_TOOL_PLOT_WRITE;
     cairo_surface_t *s = cairo_image_surface_create(CAIRO_FORMAT_RGB24, PLOT_W, PLOT_H);
     cairo_t *cr = cairo_create(s);
     canvas cv = {.cr = cr};
@@ -489,12 +523,9 @@ static int write_svg(const char *path, const curve *cs, int nc, const char *titl
                      bool unit_range, char *err, size_t nerr)
 {
     char tmp[4200];
-    snprintf(tmp, sizeof tmp, "%s.tmp", path);
-    FILE *f = fopen(tmp, "w");
-    if (!f) {
-        snprintf(err, nerr, "cannot write %s: %s", tmp, strerror(errno));
-        return EM_TOOL_PLOT_WRITE;
-    }
+    int bad;
+    FILE *f = make_tmp(path, tmp, sizeof tmp, true, &bad, err, nerr);
+    if (bad) return EM_TOOL_PLOT_WRITE;
     cairo_surface_t *s = cairo_image_surface_create(CAIRO_FORMAT_RGB24, 1, 1); /* text measurements */
     cairo_t *cr = cairo_create(s);
     canvas cv = {.cr = cr, .svg = f};

@@ -12,6 +12,9 @@ int em_tool_train(int argc, char **argv);
 int em_tool_eval(int argc, char **argv);
 int em_tool_predict(int argc, char **argv);
 
+/** Default run folder of `ember train` (numbered -2, -3, ... when it holds a run). */
+#define EM_TOOL_RUN_DIR "runs/fashion-mnist"
+
 /** The CNN of `ember train --model cnn` (Fashion-MNIST). */
 #define EM_TOOL_CNN_DEFAULT "cnn:1x28x28-32x2-64x2-fc128-10:dropout=0.25"
 

@@ -5,9 +5,12 @@
 #include <errno.h>
 #include <getopt.h>
 #include <math.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 static const char *FMNIST_CLASSES[10] = {"T-shirt/top", "Trouser", "Pullover", "Dress", "Coat",
                                          "Sandal",      "Shirt",   "Sneaker",  "Bag",   "Ankle boot"};
@@ -288,6 +291,130 @@ static int init_runtime(const char *device)
     return 0;
 }
 
+/* ---- Ctrl-C: the first SIGINT / SIGTERM asks the Learner to stop between steps;
+ * the handler then restores the default action, so a second one ends the
+ * process at once. Only async-signal-safe calls in the handler. */
+static volatile sig_atomic_t g_stop;
+static int g_stop_seen; /* set atomically: two signals may reach two threads at once */
+static struct sigaction g_old_int, g_old_term;
+
+static void on_stop_signal(int sig)
+{
+    static const char msg[] = "\nember train: stopping after the current step (press Ctrl-C again to quit at once)\n";
+    if (__atomic_exchange_n(&g_stop_seen, 1, __ATOMIC_SEQ_CST)) _exit(128 + sig); /* the second one: at once */
+    struct sigaction dfl;
+    memset(&dfl, 0, sizeof dfl);
+    dfl.sa_handler = SIG_DFL;
+    sigemptyset(&dfl.sa_mask);
+    sigaction(SIGINT, &dfl, NULL);
+    sigaction(SIGTERM, &dfl, NULL);
+    g_stop = sig;
+    ssize_t w = write(STDERR_FILENO, msg, sizeof msg - 1);
+    (void)w;
+}
+
+/* After em_init: StarPU installs its own SIGINT handler in starpu_init. */
+static void install_stop_handlers(void)
+{
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_stop_signal;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = SA_RESTART; /* writes in progress (a checkpoint) complete */
+    g_stop = 0;
+    __atomic_store_n(&g_stop_seen, 0, __ATOMIC_SEQ_CST);
+    sigaction(SIGINT, &sa, &g_old_int);
+    sigaction(SIGTERM, &sa, &g_old_term);
+}
+
+static void restore_stop_handlers(void)
+{
+    if (g_stop) return; /* already the default: a second Ctrl-C during shutdown ends the process */
+    sigaction(SIGINT, &g_old_int, NULL);
+    sigaction(SIGTERM, &g_old_term, NULL);
+}
+
+/* ---- run folders (issue #20): a run is never silently replaced ---- */
+
+/* Folder of a file path ("." when it has none). */
+static void dir_of(const char *path, char *out, size_t n)
+{
+    const char *slash = strrchr(path, '/');
+    if (!slash) snprintf(out, n, ".");
+    else if (slash == path) snprintf(out, n, "/");
+    else snprintf(out, n, "%.*s", (int)(slash - path), path);
+}
+
+static bool same_dir(const char *a, const char *b)
+{
+    struct stat sa, sb;
+    if (stat(a, &sa) != 0 || stat(b, &sb) != 0) return !strcmp(a, b);
+    return sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
+}
+
+/* The default folder: @p base when it holds no run, else the first of
+ * base-2, base-3, ... that holds none (Ultralytics' numbering). */
+static int next_run_dir(const char *base, char *out, size_t n)
+{
+    snprintf(out, n, "%s", base);
+    for (int k = 2; em_run_dir_holds_run(out, NULL, 0); k++) {
+        if (k > 100000) return -1;
+        snprintf(out, n, "%s-%d", base, k);
+    }
+    return 0;
+}
+
+/* One argument for a shell, quoted when it needs to be. */
+static void shell_word(FILE *f, const char *w)
+{
+    bool plain = *w != 0;
+    for (const char *p = w; *p; p++)
+        if (!strchr("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-./:,=+@%", *p)) plain = false;
+    if (plain) {
+        fputs(w, f);
+        return;
+    }
+    fputc('\'', f);
+    for (const char *p = w; *p; p++) {
+        if (*p == '\'') fputs("'\\''", f);
+        else fputc(*p, f);
+    }
+    fputc('\'', f);
+}
+
+/* Prints "ember train ARGS --resume CKPT": the command line without its
+ * --resume and --overwrite (re-parsed on a copy of argv, so every spelling
+ * getopt accepts is found). */
+static void print_resume_command(FILE *f, int argc, char **argv, const char *shortopts, const struct option *opts, int o_resume,
+                                 int o_overwrite, const char *ckpt)
+{
+    char **av = malloc(sizeof *av * (size_t)(argc + 1));
+    bool *skip = calloc((size_t)argc + 1, sizeof *skip);
+    fputs("ember train", f);
+    if (av && skip) {
+        memcpy(av, argv, sizeof *av * (size_t)argc);
+        av[argc] = NULL;
+        int saved_opterr = opterr, c;
+        opterr = 0;
+        optind = 1;
+        for (int prev = 1; (c = getopt_long(argc, av, shortopts, opts, NULL)) != -1; prev = optind)
+            if (c == o_resume || c == o_overwrite)
+                for (int i = prev; i < optind && i < argc; i++) skip[i] = true;
+        opterr = saved_opterr;
+        /* getopt_long may permute av; the command parsed without non-options, so av == argv */
+        for (int i = 1; i < argc; i++)
+            if (!skip[i]) {
+                fputc(' ', f);
+                shell_word(f, argv[i]);
+            }
+    }
+    fputs(" --resume ", f);
+    shell_word(f, ckpt);
+    fputc('\n', f);
+    free(av);
+    free(skip);
+}
+
 static void train_help(void)
 {
     printf("usage: ember train [options]\n\n"
@@ -329,14 +456,23 @@ static void train_help(void)
            "                         cuda:0,cuda:1, cuda:all (every GPU), opencl:0,opencl:1, or a mix\n"
            "                         such as cpu,opencl:0; --batch-size is per replica (see below)\n"
            "  --workers N            data-loader threads (default 1)\n"
-           "  --out DIR              output directory (default runs/fashion-mnist)\n"
-           "  --resume FILE          resume from a checkpoint (e.g. runs/fashion-mnist/checkpoint.safetensors)\n"
+           "  --out DIR              output directory (default runs/fashion-mnist, or the first of\n"
+           "                         runs/fashion-mnist-2, -3, ... that holds no run; with --resume,\n"
+           "                         the checkpoint's folder). A DIR holding a run is refused: give\n"
+           "                         --resume DIR/checkpoint.safetensors or --overwrite\n"
+           "  --overwrite            replace the run in --out DIR (its run files are removed first)\n"
+           "  --resume FILE          resume from a checkpoint (e.g. runs/fashion-mnist/checkpoint.safetensors),\n"
+           "                         in place: metrics.csv goes on from the checkpoint's epoch\n"
            "  --stop-after-epoch N   stop after epoch N as if interrupted (resume later with --resume)\n"
            "  --progress / --no-progress   force the progress bar on / off\n"
            /* [dist] */
            "  --distributed          data-parallel over MPI ranks (automatic under mpirun with > 1 rank)\n"
            "  --global-batch N       total batch over all ranks and replicas (per-replica batch =\n"
            "                         N / (ranks x devices); overrides --batch-size)\n\n"
+           "Ctrl-C (SIGINT) or SIGTERM stops between two steps: the rest of the epoch is\n"
+           "abandoned, the files of the last finished epoch are kept, the command that\n"
+           "resumes is printed, and the exit status is 130 (143 for SIGTERM); a second\n"
+           "Ctrl-C quits at once. (Under mpirun, signals are left to mpirun.)\n\n"
            "Distributed: mpirun -np N ember train ... runs N replicas; each reads 1/N of every\n"
            "epoch (the same number of steps on every rank) and gradients are averaged\n"
            "across ranks before each step, so the effective batch is batch-size x N (the\n"
@@ -386,7 +522,8 @@ static void plot_after_epoch(const em_epoch_metrics *m, void *ctx)
 int em_tool_train(int argc, char **argv)
 {
     const char *data = default_data_dir(), *hidden = "256,128", *optname = "adam", *schedname = "cosine";
-    const char *device = NULL, *out = "runs/fashion-mnist", *resume = NULL;
+    const char *device = NULL, *out = NULL, *resume = NULL; /* out: NULL = the default run folder (below) */
+    bool overwrite = false;
     int64_t epochs = 10, batch = 64, patience = 0; /* epochs: 10 for the MLP, 15 for the CNN unless given */
     bool epochs_given = false;
     double lr = NAN, momentum = NAN, wd = 0, smoothing = 0, clip = 0, dropout = NAN;
@@ -396,7 +533,7 @@ int em_tool_train(int argc, char **argv)
     int64_t limit = 0, warmup = -1; /* warmup < 0: the scheduler's default */
     uint64_t seed = 0;
     int workers = 1, progress = -1;
-    enum { O_HIDDEN = 256, O_LR, O_MOM, O_WD, O_SCHED, O_LS, O_CLIP, O_PAT, O_WORKERS, O_RESUME, O_PROG, O_NOPROG, O_DROP, O_STOP, O_DIST, O_GBATCH, O_DEVICES, O_MODEL, O_AUG, O_NOAUG, O_LIMIT, O_WARMUP };
+    enum { O_HIDDEN = 256, O_LR, O_MOM, O_WD, O_SCHED, O_LS, O_CLIP, O_PAT, O_WORKERS, O_RESUME, O_PROG, O_NOPROG, O_DROP, O_STOP, O_DIST, O_GBATCH, O_DEVICES, O_MODEL, O_AUG, O_NOAUG, O_LIMIT, O_WARMUP, O_OVERWRITE };
     static const struct option opts[] = {
         {"data", required_argument, 0, 'd'},         {"hidden", required_argument, 0, O_HIDDEN},
         {"epochs", required_argument, 0, 'e'},       {"batch-size", required_argument, 0, 'b'},
@@ -413,15 +550,16 @@ int em_tool_train(int argc, char **argv)
         {"devices", required_argument, 0, O_DEVICES},
         {"model", required_argument, 0, O_MODEL},    {"augment", no_argument, 0, O_AUG},
         {"no-augment", no_argument, 0, O_NOAUG},     {"limit", required_argument, 0, O_LIMIT},
-        {"warmup", required_argument, 0, O_WARMUP},
+        {"warmup", required_argument, 0, O_WARMUP},  {"overwrite", no_argument, 0, O_OVERWRITE},
         {"help", no_argument, 0, 'h'},               {0, 0, 0, 0}};
+    static const char shortopts[] = "d:e:b:o:s:D:O:h";
     int64_t stop_after = 0;
     bool distributed = false; /* [dist] */
     const char *devices = NULL;
     int64_t global_batch = 0;
     int c;
     optind = 1;
-    while ((c = getopt_long(argc, argv, "d:e:b:o:s:D:O:h", opts, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, shortopts, opts, NULL)) != -1) {
         switch (c) {
         case 'd': data = optarg; break;
         case O_HIDDEN: hidden = optarg; hidden_given = true; break;
@@ -454,6 +592,7 @@ int em_tool_train(int argc, char **argv)
         case O_WORKERS: workers = atoi(optarg); break;
         case 'O': out = optarg; break;
         case O_RESUME: resume = optarg; break;
+        case O_OVERWRITE: overwrite = true; break;
         case O_PROG: progress = 1; break;
         case O_NOPROG: progress = 0; break;
         case O_DROP: dropout = strtod(optarg, NULL); break;
@@ -533,6 +672,42 @@ int em_tool_train(int argc, char **argv)
     }
     if (global_batch < 0) {
         fprintf(stderr, "ember train: --global-batch must be >= 1\n");
+        return 2;
+    }
+    /* the run folder (issue #20): an earlier run is never silently replaced. Without --out: the
+     * checkpoint's folder with --resume, else runs/fashion-mnist or its first numbered sibling that
+     * holds no run (--overwrite: runs/fashion-mnist itself). With --out DIR holding a run: refused
+     * unless it is --resume's folder or --overwrite is given. Checked before anything starts. */
+    const bool out_given = out != NULL;
+    char out_buf[4096], ckpt_dir[4096], run_note[4200] = "";
+    if (resume) dir_of(resume, ckpt_dir, sizeof ckpt_dir);
+    if (!out_given) {
+        if (resume) {
+            snprintf(out_buf, sizeof out_buf, "%s", ckpt_dir);
+            snprintf(run_note, sizeof run_note, " (the folder of --resume)");
+        } else if (overwrite) {
+            snprintf(out_buf, sizeof out_buf, "%s", EM_TOOL_RUN_DIR);
+        } else {
+            if (next_run_dir(EM_TOOL_RUN_DIR, out_buf, sizeof out_buf) != 0) {
+                fprintf(stderr, "ember train: no free run folder %s-N; give --out DIR\n", EM_TOOL_RUN_DIR);
+                return 2;
+            }
+            if (strcmp(out_buf, EM_TOOL_RUN_DIR) != 0)
+                snprintf(run_note, sizeof run_note, " (%s holds an earlier run)", EM_TOOL_RUN_DIR);
+        }
+        out = out_buf;
+    }
+    const bool in_place = resume && same_dir(out, ckpt_dir);
+    if (overwrite && in_place) {
+        fprintf(stderr, "ember train: --overwrite would remove the checkpoint that --resume %s continues from; give one of them\n", resume);
+        return 2;
+    }
+    char found[64];
+    if (!in_place && !overwrite && em_run_dir_holds_run(out, found, sizeof found)) {
+        fprintf(stderr,
+                "ember train: %s already holds a run (%s/%s); continue it with --resume %s/checkpoint.safetensors, "
+                "replace it with --overwrite, or give another --out\n",
+                out, out, found, out);
         return 2;
     }
     /* [dist] under mpirun (or --distributed): MPI first, then the runtime */
@@ -700,6 +875,7 @@ int em_tool_train(int argc, char **argv)
     if (lead) printf("data: %s (%lld train, %lld test samples), normalised with mean %.4f std %.4f%s\n", data,
                      (long long)em_dataset_length(tr), (long long)em_dataset_length(te), norm_mean[0], norm_std[0],
                      augment ? "; training images randomly cropped (padding 2) and flipped" : "");
+    if (lead && !out_given) printf("run folder: %s%s\n", out, run_note);
     if (lead && rep) { /* [dist] */
         printf("replicas: %d in this process on", ndev);
         for (int i = 0; i < ndev; i++) printf("%s%s", i ? "," : " ", em_device_str(devs[i], dev, sizeof dev));
@@ -723,6 +899,7 @@ int em_tool_train(int argc, char **argv)
     cfg.on_epoch = plot_after_epoch; /* loss.png / accuracy.png (+ .svg) next to metrics.csv */
     cfg.on_epoch_ctx = &ph;
     cfg.replicas = rep; /* [dist] */
+    cfg.stop_flag = dist ? NULL : &g_stop; /* Ctrl-C: install_stop_handlers; [dist] mpirun handles signals */
     char mean_s[32], std_s[32];
     snprintf(mean_s, sizeof mean_s, "%.9g", (double)norm_mean[0]);
     snprintf(std_s, sizeof std_s, "%.9g", (double)norm_std[0]);
@@ -735,7 +912,35 @@ int em_tool_train(int argc, char **argv)
     cfg.n_meta = 5;
     em_epoch_metrics hist[1024];
     int nhist = 0;
-    if (em_learner_fit(model, opt, sched, ltr, lte, &cfg, hist, 1024, &nhist) != EM_OK) {
+    if (lead && overwrite) { /* --overwrite: the old run's files go, so no stale row or best model survives */
+        int removed = em_run_dir_clear(out);
+        if (removed < 0) {
+            fprintf(stderr, "ember train: --overwrite: %s\n", em_last_error());
+            goto done;
+        }
+        if (removed > 0) printf("--overwrite: removed %d file%s of the earlier run in %s\n", removed, removed == 1 ? "" : "s", out);
+    }
+    if (!dist) install_stop_handlers();
+    em_status fit = em_learner_fit(model, opt, sched, ltr, lte, &cfg, hist, 1024, &nhist);
+    if (!dist) restore_stop_handlers();
+    if (fit == EM_ERR_INTERRUPTED) { /* Ctrl-C: the files of the last finished epoch are kept */
+        rc = 128 + (g_stop ? (int)g_stop : SIGINT); /* 130 for SIGINT, 143 for SIGTERM */
+        if (lead) {
+            char ck[4200];
+            snprintf(ck, sizeof ck, "%s/checkpoint.safetensors", out);
+            if (access(ck, F_OK) != 0 && resume) snprintf(ck, sizeof ck, "%s", resume);
+            fflush(stdout);
+            fprintf(stderr, "ember train: %s\n", em_last_error());
+            if (access(ck, F_OK) == 0) {
+                fprintf(stderr, "interrupted: resume with: ");
+                print_resume_command(stderr, argc, argv, shortopts, opts, O_RESUME, O_OVERWRITE, ck);
+            } else {
+                fprintf(stderr, "interrupted: no checkpoint was written, nothing to resume\n");
+            }
+        }
+        goto done;
+    }
+    if (fit != EM_OK) {
         if (dist) fprintf(stderr, "ember train: rank %d: %s\n", rank, em_last_error()); /* [dist] */
         else fprintf(stderr, "ember train: %s\n", em_last_error());
         goto done;

@@ -4,6 +4,7 @@
 #include "ember/dist.h" /* [dist] */
 #include "runtime/runtime_internal.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
@@ -267,8 +268,16 @@ static em_status run_epoch(em_module *model, em_optim *opt, em_lr_scheduler *sch
         for (int k = 0; k < R; k++)
             em_module_parameters(rep ? em_replicas_model(rep, k) : model, job.params + (size_t)k * (size_t)job.np, job.np);
     }
-    const em_batch *b;
-    while ((b = em_loader_next(data))) {
+    const em_batch *b = NULL;
+    /* cfg->stop_flag: read between steps; [dist] not with several ranks (they would have to agree on the step) */
+    const bool can_stop = cfg->stop_flag && em_dist_world_size() <= 1;
+    for (;;) {
+        if (can_stop && *cfg->stop_flag) {
+            st = em__set_error(EM_ERR_INTERRUPTED, "interrupted in epoch %lld (%s, after %lld of %lld batches)", (long long)epoch,
+                               train ? "training" : "validation", (long long)done, (long long)total);
+            break;
+        }
+        if (!(b = em_loader_next(data))) break;
         job.b = b;
         st = rep ? em_replicas_run(rep, share_forward_backward, &job) : share_forward_backward(NULL, 0, &job);
         if (train && st == EM_OK) {
@@ -324,13 +333,183 @@ static em_status append_metrics(const char *dir, const em_epoch_metrics *m)
 {
     char path[4096];
     snprintf(path, sizeof path, "%s/metrics.csv", dir);
-    bool fresh = access(path, F_OK) != 0;
+    struct stat sb;
+    bool fresh = stat(path, &sb) != 0 || sb.st_size == 0;
     FILE *f = fopen(path, "a");
     if (!f) return em__set_error(EM_ERR_IO, "cannot open %s: %s", path, strerror(errno));
     if (fresh) fprintf(f, "epoch,train_loss,train_accuracy,val_loss,val_accuracy,val_top5,lr,samples_per_s,epoch_time_s\n");
     fprintf(f, "%lld,%.6f,%.6f,%.6f,%.6f,%.6f,%.8g,%.1f,%.3f\n", (long long)m->epoch, m->train_loss, m->train_accuracy,
             m->val_loss, m->val_accuracy, m->val_top5, m->lr, m->samples_per_s, m->epoch_time_s);
     return fclose(f) == 0 ? EM_OK : em__set_error(EM_ERR_IO, "cannot write %s", path);
+}
+
+/* ---- run folders ---- */
+
+static const char *const RUN_FILES[] = {"checkpoint.safetensors", "best.safetensors", "metrics.csv", "loss.png",
+                                        "accuracy.png", "loss.svg", "accuracy.svg", NULL};
+
+const char *const *em_run_files(void) { return RUN_FILES; }
+
+bool em_run_dir_holds_run(const char *dir, char *found, size_t nfound)
+{
+    if (found && nfound) found[0] = 0;
+    if (!dir) return false;
+    for (int i = 0; RUN_FILES[i]; i++) {
+        char path[4096];
+        struct stat sb;
+        if (snprintf(path, sizeof path, "%s/%s", dir, RUN_FILES[i]) >= (int)sizeof path) continue;
+        if (lstat(path, &sb) == 0) {
+            if (found && nfound) snprintf(found, nfound, "%s", RUN_FILES[i]);
+            return true;
+        }
+    }
+    return false;
+}
+
+/* "<run file>.tmp.XXXXXX": the name mkstemp gives em_safetensors_save's and
+ * trim_metrics' temporaries (six letters or digits). */
+static bool is_ember_tmp(const char *name)
+{
+    for (int i = 0; RUN_FILES[i]; i++) {
+        size_t n = strlen(RUN_FILES[i]);
+        if (strncmp(name, RUN_FILES[i], n) != 0 || strncmp(name + n, ".tmp.", 5) != 0) continue;
+        const char *x = name + n + 5;
+        if (strlen(x) != 6) continue;
+        bool ok = true;
+        for (int k = 0; k < 6; k++)
+            if (!((x[k] >= 'a' && x[k] <= 'z') || (x[k] >= 'A' && x[k] <= 'Z') || (x[k] >= '0' && x[k] <= '9'))) ok = false;
+        if (ok) return true;
+    }
+    return false;
+}
+
+int em_run_dir_remove_stale_tmp(const char *dir, FILE *log)
+{
+    if (!dir) return em__set_error(EM_ERR_INVALID, "em_run_dir_remove_stale_tmp: dir is NULL");
+    DIR *d = opendir(dir);
+    if (!d) return errno == ENOENT ? 0 : em__set_error(EM_ERR_IO, "cannot read folder %s: %s", dir, strerror(errno));
+    int removed = 0;
+    em_status st = EM_OK;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        if (!is_ember_tmp(e->d_name)) continue;
+        char path[4096];
+        struct stat sb;
+        if (snprintf(path, sizeof path, "%s/%s", dir, e->d_name) >= (int)sizeof path) continue;
+        if (lstat(path, &sb) != 0 || !S_ISREG(sb.st_mode)) continue;
+        if (unlink(path) != 0) {
+            st = em__set_error(EM_ERR_IO, "cannot remove stale temporary file %s: %s", path, strerror(errno));
+            break;
+        }
+        removed++;
+        if (log) fprintf(log, "removed %s (a temporary file left by an interrupted write)\n", path);
+    }
+    closedir(d);
+    return st != EM_OK ? (int)st : removed;
+}
+
+int em_run_dir_clear(const char *dir)
+{
+    if (!dir) return em__set_error(EM_ERR_INVALID, "em_run_dir_clear: dir is NULL");
+    int tmp = em_run_dir_remove_stale_tmp(dir, NULL);
+    if (tmp < 0) return tmp;
+    int removed = tmp;
+    for (int i = 0; RUN_FILES[i]; i++) {
+        char path[4096];
+        if (snprintf(path, sizeof path, "%s/%s", dir, RUN_FILES[i]) >= (int)sizeof path)
+            return em__set_error(EM_ERR_INVALID, "run folder path %s is too long", dir);
+        if (unlink(path) == 0) removed++;
+        else if (errno != ENOENT) return em__set_error(EM_ERR_IO, "cannot remove %s: %s", path, strerror(errno));
+    }
+    return removed;
+}
+
+/* With --resume: drops the rows of metrics.csv of epochs after @p epoch (the
+ * checkpoint's), rewriting the file atomically (metrics.csv.tmp.XXXXXX, then a
+ * rename). An absent file, or one with nothing to drop, is left untouched. */
+static em_status trim_metrics(const char *dir, int64_t epoch, FILE *log)
+{
+    char path[4096], tmpbuf[4096 + 16], *tmp = NULL;
+    if (snprintf(path, sizeof path, "%s/metrics.csv", dir) >= (int)sizeof path)
+        return em__set_error(EM_ERR_INVALID, "output directory path is too long");
+    FILE *f = fopen(path, "rb");
+    if (!f) return errno == ENOENT ? EM_OK : em__set_error(EM_ERR_IO, "cannot read %s: %s", path, strerror(errno));
+    struct stat sb;
+    if (fstat(fileno(f), &sb) != 0) {
+        fclose(f);
+        return em__set_error(EM_ERR_IO, "cannot read %s: %s", path, strerror(errno));
+    }
+    size_t n = (size_t)sb.st_size;
+    char *buf = malloc(n + 1), *out = malloc(n + 1);
+    if (!buf || !out) {
+        fclose(f);
+        free(buf);
+        free(out);
+        return em__set_error(EM_ERR_NOMEM, "%s: out of memory", path);
+    }
+    size_t got = fread(buf, 1, n, f);
+    int rerr = ferror(f);
+    fclose(f);
+    if (rerr || got != n) {
+        free(buf);
+        free(out);
+        return em__set_error(EM_ERR_IO, "cannot read %s", path);
+    }
+    buf[n] = 0;
+    size_t w = 0;
+    int64_t dropped = 0;
+    for (char *line = buf; *line;) {
+        char *nl = strchr(line, '\n');
+        size_t len = nl ? (size_t)(nl - line) + 1 : strlen(line);
+        char *end;
+        errno = 0;
+        long long e = strtoll(line, &end, 10);
+        bool row = end != line && *end == ',' && !errno;
+        if (row && e > epoch) dropped++;
+        else {
+            memcpy(out + w, line, len);
+            w += len;
+        }
+        line += len;
+    }
+    free(buf);
+    em_status st = EM_OK;
+    int fd = -1;
+    if (!dropped) goto done;
+    snprintf(tmpbuf, sizeof tmpbuf, "%s.tmp.XXXXXX", path); /* the name em_run_dir_remove_stale_tmp knows */
+    fd = mkstemp(tmpbuf);
+    if (fd < 0) {
+        st = em__set_error(EM_ERR_IO, "%s: cannot create temporary file %s: %s", path, tmpbuf, strerror(errno));
+        goto done;
+    }
+    tmp = tmpbuf;
+    for (size_t o = 0; o < w;) {
+        ssize_t k = write(fd, out + o, w - o);
+        if (k < 0 && errno == EINTR) continue;
+        if (k <= 0) {
+            st = em__set_error(EM_ERR_IO, "%s: write error: %s", tmp, strerror(errno));
+            goto done;
+        }
+        o += (size_t)k;
+    }
+    if (fchmod(fd, sb.st_mode & 07777) != 0 || fsync(fd) != 0) {
+        st = em__set_error(EM_ERR_IO, "%s: cannot sync %s: %s", path, tmp, strerror(errno));
+        goto done;
+    }
+    int c = close(fd);
+    fd = -1;
+    if (c != 0 || rename(tmp, path) != 0) {
+        st = em__set_error(EM_ERR_IO, "%s: cannot replace it with %s: %s", path, tmp, strerror(errno));
+        goto done;
+    }
+    tmp = NULL; /* renamed */
+    if (log) fprintf(log, "%s: dropped %lld row%s of epochs after the checkpoint's epoch %lld\n", path, (long long)dropped,
+                     dropped == 1 ? "" : "s", (long long)epoch);
+done:
+    if (fd >= 0) close(fd);
+    if (tmp) unlink(tmp);
+    free(out);
+    return st;
 }
 
 em_status em_learner_fit(em_module *model, em_optim *opt, em_lr_scheduler *sched, em_loader *train, em_loader *val,
@@ -360,6 +539,12 @@ em_status em_learner_fit(em_module *model, em_optim *opt, em_lr_scheduler *sched
         if (log) fprintf(log, "resumed from %s at epoch %lld (step %lld)\n", cfg.resume, (long long)info.epoch, (long long)info.step);
     }
     if (cfg.out_dir && ensure_dir(cfg.out_dir) != EM_OK) return em_last_status();
+    /* a kill during a write leaves NAME.tmp.XXXXXX behind; with --resume, rows after the checkpoint's epoch go */
+    if (cfg.out_dir && em_run_dir_remove_stale_tmp(cfg.out_dir, log) < 0) return em_last_status();
+    if (cfg.out_dir && cfg.resume && trim_metrics(cfg.out_dir, info.epoch, log) != EM_OK) return em_last_status();
+    char last_ckpt[4096]; /* for the interruption message */
+    snprintf(last_ckpt, sizeof last_ckpt, "%s", cfg.resume ? cfg.resume : "");
+    int64_t last_ckpt_epoch = info.epoch;
     if (sched && !cfg.resume) em_optim_set_lr(opt, em_lr_scheduler_get_lr(sched));
     for (int64_t epoch = info.epoch + 1; epoch <= cfg.epochs; epoch++) {
         em_epoch_metrics m = {.epoch = epoch, .val_loss = NAN, .val_accuracy = NAN, .val_top5 = NAN};
@@ -376,6 +561,14 @@ em_status em_learner_fit(em_module *model, em_optim *opt, em_lr_scheduler *sched
             st = run_epoch(model, opt, sched, val, &cfg, false, epoch, &info.step, r, NULL, 0, bar, log);
             running_read_global(r, R, st == EM_OK, &m.val_loss, &m.val_accuracy, &m.val_top5, &dummy); /* [dist] */
             running_free(r, R);
+        }
+        if (st == EM_ERR_INTERRUPTED) {
+            char why[512];
+            snprintf(why, sizeof why, "%s", em_last_error());
+            if (last_ckpt[0])
+                return em__set_error(EM_ERR_INTERRUPTED, "%s; nothing of epoch %lld was saved, the last checkpoint is %s (epoch %lld)",
+                                     why, (long long)epoch, last_ckpt, (long long)last_ckpt_epoch);
+            return em__set_error(EM_ERR_INTERRUPTED, "%s; no checkpoint was written yet", why);
         }
         if (st != EM_OK) return st;
         /* the lr this epoch's steps ran at (per-step schedule: its last step's), read before the epoch step moves it */
@@ -402,14 +595,18 @@ em_status em_learner_fit(em_module *model, em_optim *opt, em_lr_scheduler *sched
         info.epoch = epoch;
         em_rng_get_state(&info.rng_seed, &info.rng_offset);
         if (cfg.out_dir) {
+            /* best, then the checkpoint (the commit point: a run killed before it redoes this epoch and
+             * writes the same best again), then the metrics row, so no row describes an unsaved epoch */
             char path[4096];
-            if (append_metrics(cfg.out_dir, &m) != EM_OK) return em_last_status();
-            snprintf(path, sizeof path, "%s/checkpoint.safetensors", cfg.out_dir);
-            if (em_checkpoint_save(path, model, opt, sched, &info, cfg.meta, cfg.n_meta) != EM_OK) return em_last_status();
             if (better) {
                 snprintf(path, sizeof path, "%s/best.safetensors", cfg.out_dir);
                 if (em_checkpoint_save(path, model, NULL, NULL, &info, cfg.meta, cfg.n_meta) != EM_OK) return em_last_status();
             }
+            snprintf(path, sizeof path, "%s/checkpoint.safetensors", cfg.out_dir);
+            if (em_checkpoint_save(path, model, opt, sched, &info, cfg.meta, cfg.n_meta) != EM_OK) return em_last_status();
+            snprintf(last_ckpt, sizeof last_ckpt, "%s", path);
+            last_ckpt_epoch = epoch;
+            if (append_metrics(cfg.out_dir, &m) != EM_OK) return em_last_status();
         }
         if (cfg.on_epoch && em_dist_rank() == 0) cfg.on_epoch(&m, cfg.on_epoch_ctx);
         if (cfg.stop_after_epoch > 0 && epoch >= cfg.stop_after_epoch) {

@@ -42,6 +42,7 @@ typedef enum em_status {
     EM_ERR_RUNTIME = -8,  /**< StarPU / runtime failure                       */
     EM_ERR_STATE = -9,    /**< call not valid in the current state            */
     EM_ERR_UNSUPPORTED = -10, /**< not implemented for this input/device      */
+    EM_ERR_INTERRUPTED = -11, /**< stopped on request (em_learner_config.stop_flag, e.g. Ctrl-C) */
 } em_status;
 
 /** Element types. f16/bf16 are declared for later and rejected by ops today. */

@@ -17,6 +17,9 @@
 #include "ember/optim.h"
 #include "ember/store.h"
 
+#include <signal.h>
+#include <stdio.h>
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -80,6 +83,18 @@ typedef struct em_learner_config {
      *  (valid during the call). Cannot stop training. NULL: none. */
     void (*on_epoch)(const em_epoch_metrics *m, void *ctx);
     void *on_epoch_ctx;       /**< passed to on_epoch                                         */
+    /** Graceful stop (e.g. Ctrl-C): when non-NULL, em_learner_fit reads
+     *  *stop_flag between steps (training and validation); once it is
+     *  non-zero it abandons the rest of the epoch, writes nothing for it
+     *  (the files of the last finished epoch stay as they are: no
+     *  half-epoch checkpoint) and returns EM_ERR_INTERRUPTED with a message
+     *  naming the epoch and the last checkpoint. The library never installs
+     *  signal handlers: the program does (sigaction) and points this at the
+     *  volatile sig_atomic_t its async-signal-safe handler sets. BORROWED.
+     *  [dist] Not read with more than one rank (the ranks would have to
+     *  agree on the step; `ember train` under mpirun leaves signals to
+     *  mpirun). NULL (default): never stops early. */
+    volatile sig_atomic_t *stop_flag;
     /** [dist] One process, several devices: data-parallel replicas
      *  (em_replicas_new; BORROWED). The model and optimizer passed to
      *  em_learner_fit must then be replica 0's. Every batch is split into
@@ -94,14 +109,50 @@ typedef struct em_learner_config {
 EM_API em_learner_config em_learner_config_default(void);
 
 /** Trains @p model with cross-entropy on @p train (and evaluates on @p val
- *  when non-NULL) for cfg->epochs epochs: per epoch it prints metrics, appends
- *  a line to out_dir/metrics.csv, saves out_dir/checkpoint.safetensors and,
- *  on improvement, out_dir/best.safetensors. Writes up to @p max_history
+ *  when non-NULL) for cfg->epochs epochs: per epoch it prints metrics, saves
+ *  out_dir/best.safetensors on improvement, then out_dir/checkpoint.safetensors
+ *  (both atomically: a temporary file, then a rename), and only then appends
+ *  the epoch's row to out_dir/metrics.csv, so the file never holds a row of
+ *  an epoch its checkpoint does not contain. Writes up to @p max_history
  *  entries into @p history and their count into @p n_history (both may be
- *  NULL). */
+ *  NULL).
+ *
+ *  out_dir is created when missing. Existing run files in it are NOT checked
+ *  here (the caller decides: em_run_dir_holds_run, em_run_dir_clear); a
+ *  fresh run appends to an existing metrics.csv. At start, stale temporary
+ *  files of Ember's own run-file writes (em_run_dir_remove_stale_tmp) are
+ *  removed. With cfg->resume, rows of metrics.csv of epochs after the
+ *  checkpoint's epoch (left by a run stopped or killed after it) are dropped
+ *  (the file is rewritten atomically) before training continues.
+ *
+ *  Errors: the status of what failed (loading the checkpoint, a write, a
+ *  kernel); EM_ERR_INTERRUPTED when cfg->stop_flag was raised. */
 EM_API em_status em_learner_fit(em_module *model, em_optim *opt, em_lr_scheduler *sched, em_loader *train,
                                 em_loader *val, const em_learner_config *cfg, em_epoch_metrics *history,
                                 int max_history, int *n_history);
+
+/* ---- run folders ------------------------------------------------------------------ */
+
+/** Names of the files a run writes into its folder, NULL-terminated:
+ *  checkpoint.safetensors, best.safetensors, metrics.csv and the plots
+ *  loss.png, accuracy.png, loss.svg, accuracy.svg. Static storage. */
+EM_API const char *const *em_run_files(void);
+/** True when @p dir holds a run: any of em_run_files() exists in it (a
+ *  missing @p dir holds none). @p found (may be NULL) receives the first such
+ *  file's name, truncated to @p nfound bytes. */
+EM_API bool em_run_dir_holds_run(const char *dir, char *found, size_t nfound);
+/** Removes the run files of @p dir and Ember's stale temporaries of them
+ *  (--overwrite); anything else in the folder is left alone, and so is the
+ *  folder. A missing @p dir is not an error. Returns the number of files
+ *  removed, or a negative em_status (EM_ERR_IO naming the file). */
+EM_API int em_run_dir_clear(const char *dir);
+/** Removes the temporary files Ember's atomic writes of the run files leave
+ *  when killed mid-write: exactly "<run file>.tmp.XXXXXX" (mkstemp's six
+ *  letters or digits, e.g. "checkpoint.safetensors.tmp.a1B2c3"), regular
+ *  files only; nothing else is touched. Prints each removal to @p log when
+ *  non-NULL. Returns the number removed, or a negative em_status. Not safe
+ *  while another process writes into the same folder. */
+EM_API int em_run_dir_remove_stale_tmp(const char *dir, FILE *log);
 
 /** Evaluation results. */
 typedef struct em_eval_result {
