@@ -90,6 +90,20 @@ EM_API em_status em_learner_fit(em_module *model, em_optim *opt, em_lr_scheduler
                                 em_loader *val, const em_learner_config *cfg, em_epoch_metrics *history,
                                 int max_history, int *n_history);
 
+/** Checks, before a run starts, that @p dir (a run's output directory, e.g.
+ *  the final folder chosen for --out) can receive its files, and leaves
+ *  nothing behind: when @p dir exists it must be a directory in which a file
+ *  can be created (a probe file is created and removed at once); when it does
+ *  not, its nearest existing ancestor must be a directory in which it can be
+ *  created (probed the same way; @p dir itself is not created). A probe sees
+ *  what a real write would see (read-only file systems, ACLs, root's
+ *  permissions). Errors: EM_ERR_INVALID (NULL, empty or longer than 4095
+ *  bytes), EM_ERR_IO with a message naming @p dir and the reason, e.g.
+ *  "output directory runs/x is not writable (cannot create a file in it:
+ *  Permission denied)" or "cannot create output directory f/x: f is not a
+ *  directory". Needs no runtime (callable before em_init). */
+EM_API em_status em_check_output_dir(const char *dir);
+
 /** Evaluation results. */
 typedef struct em_eval_result {
     double loss, accuracy, top5;
