@@ -57,7 +57,11 @@ typedef struct em_learner_config {
     int64_t epochs;           /**< total epochs (default 10)                                */
     const char *out_dir;      /**< checkpoints + metrics.csv go here; NULL = none           */
     const char *resume;       /**< checkpoint to resume from; NULL = fresh start           */
-    int progress;             /**< 1 bar on a terminal, 0 plain lines, -1 auto (default)    */
+    /** Progress bar: 1 always, 0 never (the epoch lines only), -1 (default)
+     *  when @p log is a terminal. One line redrawn with '\r', at most the
+     *  terminal's width - 1 columns (TIOCGWINSZ on @p log, else $COLUMNS,
+     *  else 80), blanked before each epoch line. */
+    int progress;
     int64_t early_stopping_patience; /**< stop after this many epochs without improvement; 0 = off */
     int64_t stop_after_epoch; /**< > 0: return after this epoch as if interrupted (schedules still span `epochs`) */
     bool monitor_loss;        /**< monitor val loss (lower is better) instead of val accuracy */
@@ -81,7 +85,10 @@ typedef struct em_learner_config {
 EM_API em_learner_config em_learner_config_default(void);
 
 /** Trains @p model with cross-entropy on @p train (and evaluates on @p val
- *  when non-NULL) for cfg->epochs epochs: per epoch it prints metrics, appends
+ *  when non-NULL) for cfg->epochs epochs: per epoch it prints one row of a
+ *  table of metrics under a header printed once (columns train_loss,
+ *  train_acc, val_loss, val_acc, val_top5, lr, samples/s, time; each row
+ *  starts "epoch E/N" and is 91 columns wide for N < 100), appends
  *  a line to out_dir/metrics.csv, saves out_dir/checkpoint.safetensors and,
  *  on improvement, out_dir/best.safetensors. Writes up to @p max_history
  *  entries into @p history and their count into @p n_history (both may be
