@@ -136,9 +136,10 @@ TORCHRUN=(env LD_LIBRARY_PATH="$ORIG_LD" python3 -m torch.distributed.run --stan
 declare -A R PATHS
 FAILED=0
 result_of() { sed -n 's/.*samples_per_s=\([0-9.]*\).*/\1/p' "$1" | tail -1; }
-# mean samples/s of an `ember train` log's epochs 2.. (epoch 1 pays the start-up)
+# mean samples/s of an `ember train` log's epochs 2.. (epoch 1 pays the start-up); epoch rows are
+# "epoch N/M", train_loss, train_acc, val_loss, val_acc, val_top5, lr, samples/s, time
 epoch_mean() {
-  awk '/^epoch [0-9]+\/[0-9]+ / { split($2, e, "/"); for (i = 1; i <= NF; i++) if ($i == "samples/s") { v[e[1]] = $(i-1) } }
+  awk '/^epoch [0-9]+\/[0-9]+ / { split($2, e, "/"); v[e[1]] = $9 }
     END { s = 0; n = 0; for (k in v) if (k + 0 >= 2) { s += v[k]; n++ } if (n == 0) for (k in v) { s += v[k]; n++ } if (n) printf "%.1f", s / n }' "$1"
 }
 ember_path() { # which all-reduce path did Ember's ranks take (from EMBER_LOG=info lines)

@@ -46,8 +46,9 @@ acc2=$(awk '/^final test accuracy/ {print $4}' "$T/dist.log")
 [ "$(grep -c '^epoch 2/2' "$T/dist.log")" = 1 ] || fail "epoch lines printed by several ranks"
 grep -q "distributed: 2 ranks, batch 64 per rank = global batch 128" "$T/dist.log" || fail "no distributed banner"
 [ -f "$T/dist/checkpoint.safetensors" ] && [ "$(wc -l < "$T/dist/metrics.csv")" = 3 ] || fail "rank 0 did not write checkpoint + metrics once per epoch"
-sps1=$(awk '/^epoch 2\/2/ {for (i=1;i<=NF;i++) if ($i=="samples/s") print $(i-1)}' "$T/single.log")
-sps2=$(awk '/^epoch 2\/2/ {for (i=1;i<=NF;i++) if ($i=="samples/s") print $(i-1)}' "$T/dist.log")
+# epoch rows: "epoch 2/2", train_loss, train_acc, val_loss, val_acc, val_top5, lr, samples/s, time
+sps1=$(awk '/^epoch 2\/2/ {print $9}' "$T/single.log")
+sps2=$(awk '/^epoch 2\/2/ {print $9}' "$T/dist.log")
 printf "single process: test accuracy %s, %s samples/s (%.1fs wall)\n" "$acc1" "$sps1" "$(sub "$t1" "$t0")"
 printf "2 MPI ranks:    test accuracy %s, %s samples/s (%.1fs wall)\n" "$acc2" "$sps2" "$(sub "$t2" "$t1")"
 awk -v a="$acc1" -v b="$acc2" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(d <= 0.01) }' \

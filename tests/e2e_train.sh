@@ -96,7 +96,8 @@ sum_before=$(md5sum "$T/a/checkpoint.safetensors" "$T/a/best.safetensors" "$T/a/
 if "$EMBER" train "${common[@]}" --hidden 64 --epochs 4 --out "$T/a" --resume "$T/a/checkpoint.safetensors" 2> "$T/err.log" >/dev/null; then
   fail "resuming with another model succeeded"
 fi
-grep -q "shape" "$T/err.log" || fail "no shape message: $(cat "$T/err.log")"
+grep -q "holds model mlp:784-32-10, but the options (--hidden 64) give mlp:784-64-10" "$T/err.log" ||
+  fail "no message naming both models: $(cat "$T/err.log")"
 head -c 100 "$T/a/checkpoint.safetensors" > "$T/trunc.safetensors"
 if "$EMBER" eval --checkpoint "$T/trunc.safetensors" 2> "$T/err2.log" >/dev/null; then fail "truncated checkpoint accepted"; fi
 grep -q "trunc.safetensors" "$T/err2.log" || fail "error does not name the file: $(cat "$T/err2.log")"

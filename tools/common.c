@@ -1,6 +1,11 @@
 #include "tools/tools.h"
 
+#include <ctype.h>
+#include <errno.h>
+#include <getopt.h>
+#include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 int em_tool_parse_optim(const char *name, em_optim_kind *out)
@@ -68,4 +73,82 @@ em_lr_scheduler *em_tool_make_scheduler(const char *name, double lr, int64_t epo
     }
     if (!s) snprintf(err, nerr, "scheduler %s: %s", name, em_last_error());
     return s;
+}
+
+/* ---- strict command-line values (usage errors exit 2) ---- */
+
+/* The accepted range of an integer flag, e.g. "an integer >= 1", "an integer in [1, 256]". */
+static void i64_range(char *buf, size_t n, int64_t lo, int64_t hi)
+{
+    if (hi == INT64_MAX) snprintf(buf, n, "an integer >= %lld", (long long)lo);
+    else snprintf(buf, n, "an integer in [%lld, %lld]", (long long)lo, (long long)hi);
+}
+
+int em_tool_parse_i64(const char *cmd, const char *flag, const char *s, int64_t lo, int64_t hi, int64_t *out)
+{
+    char range[96];
+    i64_range(range, sizeof range, lo, hi);
+    char *end = NULL;
+    errno = 0;
+    long long v = s && *s && !isspace((unsigned char)*s) ? strtoll(s, &end, 10) : 0;
+    if (!s || !*s || !end || end == s || *end) {
+        fprintf(stderr, "ember %s: %s: '%s' is not an integer (expected %s)\n", cmd, flag, s ? s : "", range);
+        return -1;
+    }
+    if (errno == ERANGE || v < lo || v > hi) {
+        fprintf(stderr, "ember %s: %s: %s is out of range (expected %s)\n", cmd, flag, s, range);
+        return -1;
+    }
+    *out = v;
+    return 0;
+}
+
+int em_tool_parse_f64(const char *cmd, const char *flag, const char *s, double lo, bool lo_open, double hi, bool hi_open,
+                      double *out)
+{
+    char range[96];
+    if (isinf(hi)) snprintf(range, sizeof range, "a finite number %s %g", lo_open ? ">" : ">=", lo);
+    else snprintf(range, sizeof range, "a number in %s%g, %g%s", lo_open ? "(" : "[", lo, hi, hi_open ? ")" : "]");
+    char *end = NULL;
+    errno = 0;
+    double v = s && *s && !isspace((unsigned char)*s) ? strtod(s, &end) : 0;
+    if (!s || !*s || !end || end == s || *end) {
+        fprintf(stderr, "ember %s: %s: '%s' is not a number (expected %s)\n", cmd, flag, s ? s : "", range);
+        return -1;
+    }
+    if (!isfinite(v)) {
+        fprintf(stderr, "ember %s: %s: '%s' is not a finite number (expected %s)\n", cmd, flag, s, range);
+        return -1;
+    }
+    if (v < lo || (lo_open && v == lo) || v > hi || (hi_open && v == hi)) {
+        fprintf(stderr, "ember %s: %s: %s is out of range (expected %s)\n", cmd, flag, s, range);
+        return -1;
+    }
+    *out = v;
+    return 0;
+}
+
+int em_tool_bad_option(const char *cmd, int c, int argc, char **argv)
+{
+    const char *arg = optind >= 1 && optind <= argc ? argv[optind - 1] : "";
+    char name[128];
+    if (!strncmp(arg, "--", 2)) {
+        snprintf(name, sizeof name, "%s", arg);
+        char *eq = strchr(name, '=');
+        if (eq) *eq = 0;
+    } else if (optopt > 0 && optopt < 128) {
+        snprintf(name, sizeof name, "-%c", optopt);
+    } else {
+        snprintf(name, sizeof name, "%s", arg);
+    }
+    if (c == ':') fprintf(stderr, "ember %s: %s needs a value (see 'ember %s --help')\n", cmd, name, cmd);
+    else fprintf(stderr, "ember %s: unknown option '%s' (see 'ember %s --help')\n", cmd, name, cmd);
+    return 2;
+}
+
+int em_tool_no_operands(const char *cmd, int argc, char **argv)
+{
+    if (optind >= argc) return 0;
+    fprintf(stderr, "ember %s: unexpected argument '%s' (see 'ember %s --help')\n", cmd, argv[optind], cmd);
+    return 2;
 }

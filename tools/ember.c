@@ -16,22 +16,25 @@ static void usage(FILE *f)
             "  plot        draw (or overlay) runs' loss and accuracy curves from their metrics.csv\n"
             "  devices     list workers, devices, memory nodes and the hwloc topology\n"
             "  version     print the version\n\n"
-            "Run 'ember <command> --help' for a command's options.\n");
+            "Run 'ember <command> --help' for a command's options.\n\n" EM_TOOL_EXIT_HELP);
 }
 
 static int cmd_devices(int argc, char **argv)
 {
     static const struct option opts[] = {{"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
     int c;
-    while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+    optind = 1;
+    opterr = 0;
+    while ((c = getopt_long(argc, argv, ":h", opts, NULL)) != -1) {
         if (c == 'h') {
             printf("usage: ember devices\n\nLists StarPU workers (CPU cores, GPUs, OpenCL devices), memory nodes\n"
                    "and the hwloc topology. EMBER_DEVICE, EMBER_NCPU, EMBER_NCUDA, EMBER_NOPENCL and\n"
-                   "EMBER_SCHED are honoured.\n");
+                   "EMBER_SCHED are honoured.\n\n" EM_TOOL_EXIT_HELP);
             return 0;
         }
-        return 2;
+        return em_tool_bad_option("devices", c, argc, argv);
     }
+    if (em_tool_no_operands("devices", argc, argv)) return EM_TOOL_EXIT_USAGE;
     if (em_init(NULL) != EM_OK) {
         fprintf(stderr, "ember devices: %s\n", em_last_error());
         return 1;
@@ -43,9 +46,13 @@ static int cmd_devices(int argc, char **argv)
 
 int main(int argc, char **argv)
 {
-    if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {
+    if (argc < 2) { /* a usage error: the usage goes to stderr */
+        usage(stderr);
+        return EM_TOOL_EXIT_USAGE;
+    }
+    if (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {
         usage(stdout);
-        return argc < 2 ? 2 : 0;
+        return 0;
     }
     const char *cmd = argv[1];
     if (!strcmp(cmd, "devices")) return cmd_devices(argc - 1, argv + 1);

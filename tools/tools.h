@@ -108,4 +108,40 @@ void em_tool_plot_geometry(int *width, int *height, int *left, int *top, int *ri
 /** `ember plot`. */
 int em_tool_plot(int argc, char **argv);
 
+/* ---- Command-line values, parsed strictly (the `ember` exit codes) ----
+ * Every numeric flag is parsed whole (no trailing characters, no leading
+ * blanks, no "1e3" for an integer), must be finite and within its range. On
+ * a bad value the helpers print one line to stderr naming the command, the
+ * flag, the value and the accepted range, e.g.
+ *   ember train: --lr: 'abc' is not a number (expected a finite number > 0)
+ *   ember train: --batch-size: 0 is out of range (expected an integer in [1, 1048576])
+ * and return -1 without touching *out; the caller exits with
+ * EM_TOOL_EXIT_USAGE. @p cmd is the subcommand ("train"), @p flag the option
+ * as typed in the help ("--lr"). */
+#define EM_TOOL_EXIT_RUNTIME 1 /**< runtime error: files, data, device, training */
+#define EM_TOOL_EXIT_USAGE 2   /**< usage error: unknown option, missing or bad value */
+/** The exit-status paragraph of every --help. */
+#define EM_TOOL_EXIT_HELP                                                                                              \
+    "Exit status: 0 success; 1 runtime error (unreadable or unwritable files, bad data,\n"                              \
+    "device or training failure); 2 usage error (unknown option, missing or bad value,\n"                               \
+    "conflicting options).\n"
+/** Largest --batch-size (samples per replica and step): a batch of Fashion-MNIST
+ *  images at this size is 3.3 GB, under the 4 GiB per-tensor limit. */
+#define EM_TOOL_MAX_BATCH ((int64_t)1 << 20)
+
+/** Integer in [lo, hi] (hi == INT64_MAX: no upper bound) into *out: 0, or -1
+ *  after printing why. */
+int em_tool_parse_i64(const char *cmd, const char *flag, const char *s, int64_t lo, int64_t hi, int64_t *out);
+/** Finite number in the interval from lo to hi, each end open (excluded) or
+ *  closed (included); hi == INFINITY: no upper bound. 0, or -1 after printing why. */
+int em_tool_parse_f64(const char *cmd, const char *flag, const char *s, double lo, bool lo_open, double hi, bool hi_open,
+                      double *out);
+/** After getopt_long returned '?' (unknown option) or ':' (missing value; the
+ *  option string must start with ':' and opterr be 0): prints the message
+ *  naming the option and returns EM_TOOL_EXIT_USAGE. */
+int em_tool_bad_option(const char *cmd, int c, int argc, char **argv);
+/** 0 when getopt_long left no operands; else prints the first and returns
+ *  EM_TOOL_EXIT_USAGE (no subcommand takes operands). */
+int em_tool_no_operands(const char *cmd, int argc, char **argv);
+
 #endif

@@ -15,17 +15,22 @@
 static const char *FMNIST_CLASSES[10] = {"T-shirt/top", "Trouser", "Pullover", "Dress", "Coat",
                                          "Sandal",      "Shirt",   "Sneaker",  "Bag",   "Ankle boot"};
 
-/* Parses "256,128" into sizes. Returns the count or -1. */
-static int parse_list(const char *s, int64_t *out, int max, long long minval)
+/* Parses "256,128" into sizes, each in [minval, maxval]: the count, or -1
+ * (not a comma-separated list of integers, a value out of range, more than
+ * max values, an empty item). */
+static int parse_list(const char *s, int64_t *out, int max, long long minval, long long maxval)
 {
     int n = 0;
     while (s && *s) {
         char *end;
+        if (*s < '0' || *s > '9') return -1; /* no sign, no blank, no empty item */
+        errno = 0;
         long long v = strtoll(s, &end, 10);
-        if (end == s || v < minval || n == max) return -1;
+        if (end == s || errno || v < minval || v > maxval || n == max) return -1;
         out[n++] = v;
-        s = *end == ',' ? end + 1 : end;
         if (*end && *end != ',') return -1;
+        if (*end == ',' && !end[1]) return -1; /* trailing comma */
+        s = *end == ',' ? end + 1 : end;
     }
     return n;
 }
@@ -192,11 +197,45 @@ fail:
     return NULL;
 }
 
+/* "mlp:IN-H1-...-OUT[:dropout=P]": 0, or -1 with the reason in err. */
+static int check_mlp(const char *spec, char *err, size_t nerr)
+{
+    const char *p = spec + 4;
+    int n = 0;
+    for (;;) {
+        long long v = read_pos(&p);
+        if (v <= 0 || v > ((long long)1 << 24) || ++n > 16) {
+            snprintf(err, nerr, "bad model spec '%s': expected mlp:IN-H1-...-OUT with 2 to 16 sizes in [1, 16777216]", spec);
+            return -1;
+        }
+        if (*p != '-') break;
+        p++;
+    }
+    if (n < 2) {
+        snprintf(err, nerr, "model spec '%s' needs at least input and output sizes", spec);
+        return -1;
+    }
+    if (*p == ':') {
+        char *end;
+        double d = strncmp(p, ":dropout=", 9) ? NAN : strtod(p + 9, &end);
+        if (isnan(d) || end == p + 9 || *end || !(d >= 0 && d < 1)) {
+            snprintf(err, nerr, "bad model spec '%s': expected :dropout=P with P in [0, 1) after the sizes", spec);
+            return -1;
+        }
+        return 0;
+    }
+    if (*p) {
+        snprintf(err, nerr, "bad model spec '%s': unexpected '%s'", spec, p);
+        return -1;
+    }
+    return 0;
+}
+
 int em_tool_check_spec(const char *spec, char *err, size_t nerr)
 {
     cnn_spec cs;
     if (!strncmp(spec, "cnn:", 4)) return parse_cnn(spec, &cs, err, nerr);
-    if (!strncmp(spec, "mlp:", 4)) return 0; /* checked when built */
+    if (!strncmp(spec, "mlp:", 4)) return check_mlp(spec, err, nerr);
     snprintf(err, nerr, "unknown model '%s' (expected mlp:IN-H1-...-OUT or cnn:CxHxW-...)", spec);
     return -1;
 }
@@ -271,6 +310,130 @@ fail:
     snprintf(err, nerr, "%s", em_last_error());
     em_module_free(seq);
     return NULL;
+}
+
+/* Input normalisation of a checkpoint's model, per channel. */
+typedef struct tool_norm {
+    int n;
+    float mean[64], std[64];
+} tool_norm;
+
+/* Comma-separated floats into out (at most max); the count, or -1. */
+static int parse_floats(const char *s, float *out, int max)
+{
+    int n = 0;
+    while (s && *s) {
+        char *end;
+        double v = strtod(s, &end);
+        if (end == s || n == max) return -1;
+        out[n++] = (float)v;
+        if (*end && *end != ',') return -1;
+        s = *end ? end + 1 : end;
+    }
+    return n;
+}
+
+/* Reads a checkpoint's normalisation metadata ('ember.norm_mean' /
+ * 'ember.norm_std') into norm: 1 when present and valid, 0 when absent,
+ * -1 when malformed. */
+static int read_norm(const em_st_file *f, tool_norm *norm)
+{
+    const char *ms = em_safetensors_metadata(f, "ember.norm_mean"), *ss = em_safetensors_metadata(f, "ember.norm_std");
+    if (!ms && !ss) return 0;
+    int a = parse_floats(ms, norm->mean, 64), b = parse_floats(ss, norm->std, 64);
+    bool ok = a >= 1 && a == b;
+    for (int i = 0; ok && i < a; i++) ok = norm->std[i] != 0.0f && isfinite(norm->std[i]) && isfinite(norm->mean[i]);
+    norm->n = a;
+    return ok ? 1 : -1;
+}
+
+/* What `ember train --resume / --init-from` takes from a file's metadata. */
+typedef struct ckpt_meta {
+    bool is_ckpt;   /* 'ember.format' is an Ember checkpoint (tensors under model.*) */
+    bool has_spec;  /* 'ember.model' */
+    char spec[256];
+    bool has_norm;  /* 'ember.norm_mean' / 'ember.norm_std' */
+    tool_norm norm;
+    int augment;    /* 'ember.augment': 1 crop+flip, 0 none, -1 not recorded */
+    int64_t epoch;  /* 'ember.epoch': epochs completed */
+} ckpt_meta;
+
+/* Opens @p path (given as option @p flag of `ember train`) and reads its
+ * metadata: 0, or 1 (runtime error: unreadable or malformed file) after
+ * printing why. Needs no runtime. */
+static int read_ckpt_meta(const char *flag, const char *path, ckpt_meta *cm)
+{
+    memset(cm, 0, sizeof *cm);
+    cm->augment = -1;
+    em_st_file *f = em_safetensors_open(path);
+    if (!f) {
+        fprintf(stderr, "ember train: %s: %s\n", flag, em_last_error());
+        return 1;
+    }
+    int rc = 0;
+    const char *fmt = em_safetensors_metadata(f, "ember.format"), *spec = em_safetensors_metadata(f, "ember.model");
+    const char *aug = em_safetensors_metadata(f, "ember.augment"), *ep = em_safetensors_metadata(f, "ember.epoch");
+    cm->is_ckpt = fmt && !strcmp(fmt, "checkpoint-1");
+    if (spec && strlen(spec) < sizeof cm->spec) {
+        snprintf(cm->spec, sizeof cm->spec, "%s", spec);
+        cm->has_spec = true;
+    } else if (spec) {
+        fprintf(stderr, "ember train: %s: %s: model spec in 'ember.model' is too long\n", flag, path);
+        rc = 1;
+    }
+    int nr = read_norm(f, &cm->norm);
+    cm->has_norm = nr > 0;
+    if (nr < 0) {
+        fprintf(stderr, "ember train: %s: %s: bad normalisation metadata (ember.norm_mean '%s', ember.norm_std '%s')\n", flag, path,
+                em_safetensors_metadata(f, "ember.norm_mean") ? em_safetensors_metadata(f, "ember.norm_mean") : "",
+                em_safetensors_metadata(f, "ember.norm_std") ? em_safetensors_metadata(f, "ember.norm_std") : "");
+        rc = 1;
+    }
+    if (aug) cm->augment = strcmp(aug, "none") != 0;
+    if (ep) cm->epoch = strtoll(ep, NULL, 10);
+    em_safetensors_close(f);
+    return rc;
+}
+
+typedef struct key_list {
+    const char *names[4096];
+    em_tensor *ts[4096];
+    char buf[4096][96];
+    size_t n;
+    bool overflow;
+} key_list;
+
+static void collect_key(const char *key, em_tensor *t, void *ud)
+{
+    key_list *k = ud;
+    if (k->n == 4096 || strlen(key) >= sizeof k->buf[0]) {
+        k->overflow = true;
+        return;
+    }
+    snprintf(k->buf[k->n], sizeof k->buf[0], "%s", key);
+    k->names[k->n] = k->buf[k->n];
+    k->ts[k->n++] = em_tensor_retain(t); /* visitors may hand out temporaries */
+}
+
+/* --init-from: the weights (and buffers) of @p path into @p model, nothing
+ * else. An Ember checkpoint (best.safetensors, checkpoint.safetensors: keys
+ * model.<key>) or a weights-only file with the model's own keys (PyTorch's
+ * safetensors.torch.save_file(model.state_dict())). Every key of the model
+ * must be in the file with its shape and dtype, and the file must hold no
+ * other model tensor; else an error naming the key, and the model is left
+ * as it was. */
+static em_status load_weights(const char *path, bool is_ckpt, em_module *model)
+{
+    if (is_ckpt) return em_checkpoint_load(path, model, NULL, NULL, NULL);
+    key_list *k = calloc(1, sizeof *k);
+    if (!k) return em_set_error(EM_ERR_NOMEM, "out of memory");
+    em_status st = em_module_visit_params(model, collect_key, k);
+    if (st == EM_OK) st = em_module_visit_buffers(model, collect_key, k);
+    if (st == EM_OK && k->overflow) st = em_set_error(EM_ERR_INVALID, "%s: the model has too many or too long keys", path);
+    if (st == EM_OK) st = em_safetensors_load_into(path, k->names, k->ts, k->n, true);
+    for (size_t i = 0; i < k->n; i++) em_tensor_release(k->ts[i]);
+    free(k);
+    return st;
 }
 
 /* EMBER_DATA_DIR overrides the default MNIST-layout folder. */
@@ -427,13 +590,13 @@ static void train_help(void)
            "                         cnn: dropout of the classifier's hidden layer (default 0.25)\n"
            "  --augment / --no-augment   random crop (padding 2) and horizontal flip of the\n"
            "                         training images (default: on for cnn, off for mlp)\n"
-           "  --limit N              use the first N training and N test images (quick checks)\n"
-           "  --epochs N             epochs (default 10; 15 for --model cnn)\n"
-           "  --batch-size N         batch size (default 64)\n"
+           "  --limit N              use the first N training and N test images (quick checks; N >= 1)\n"
+           "  --epochs N             epochs, 1 to 1000000 (default 10; 15 for --model cnn)\n"
+           "  --batch-size N         batch size, 1 to 1048576 (default 64)\n"
            "  --optimizer NAME       adam, adamw, sgd, rmsprop, adagrad (default adam)\n"
-           "  --lr X                 learning rate (default 1e-3; sgd 0.05)\n"
-           "  --momentum X           SGD/RMSprop momentum (default 0.9 for sgd)\n"
-           "  --weight-decay X       weight decay (default 0)\n"
+           "  --lr X                 learning rate, > 0 (default 1e-3; sgd 0.05)\n"
+           "  --momentum X           SGD/RMSprop momentum in [0, 1] (default 0.9 for sgd, 0 for rmsprop)\n"
+           "  --weight-decay X       weight decay, >= 0 (default 0)\n"
            "  --scheduler NAME       learning-rate schedule from the --lr value (default cosine); the lr\n"
            "                         printed for an epoch is the one its steps ran at (warmup-cosine:\n"
            "                         the epoch's last step's). As torch.optim.lr_scheduler:\n"
@@ -447,24 +610,34 @@ static void train_help(void)
            "                                          of the run (W = --warmup)\n"
            "  --warmup N             warmup-cosine's warm-up in optimizer steps (default 10%% of the\n"
            "                         run's steps, rounded up; must be below them)\n"
-           "  --label-smoothing X    cross-entropy label smoothing (default 0)\n"
-           "  --clip-grad-norm X     clip gradients by global norm (default off)\n"
-           "  --patience N           early stopping after N epochs without val improvement (default off)\n"
-           "  --seed N               seed for initialisation, shuffling and dropout (default 0)\n"
+           "  --label-smoothing X    cross-entropy label smoothing in [0, 1] (default 0)\n"
+           "  --clip-grad-norm X     clip gradients by global norm X >= 0 (default 0: off)\n"
+           "  --patience N           early stopping after N epochs without val improvement (default 0: off)\n"
+           "  --seed N               seed for initialisation, shuffling and dropout, 0 to 2^63-1 (default 0)\n"
            "  --device DEV           cpu, cuda:N, opencl:N, auto (default: EMBER_DEVICE or cpu)\n"
            "  --devices LIST         data-parallel replicas in this process, one per device:\n"
            "                         cuda:0,cuda:1, cuda:all (every GPU), opencl:0,opencl:1, or a mix\n"
            "                         such as cpu,opencl:0; --batch-size is per replica (see below)\n"
-           "  --workers N            data-loader threads (default 1)\n"
+           "  --workers N            data-loader threads, 0 to 256 (default 1)\n"
            "  --out DIR              output directory (default runs/fashion-mnist, or the first of\n"
            "                         runs/fashion-mnist-2, -3, ... that holds no run; with --resume,\n"
            "                         the checkpoint's folder). A DIR holding a run is refused: give\n"
-           "                         --resume DIR/checkpoint.safetensors or --overwrite\n"
+           "                         --resume DIR/checkpoint.safetensors or --overwrite. Checked before\n"
+           "                         training: it must be writable, or creatable\n"
            "  --overwrite            replace the run in --out DIR (its run files are removed first)\n"
-           "  --resume FILE          resume from a checkpoint (e.g. runs/fashion-mnist/checkpoint.safetensors),\n"
-           "                         in place: metrics.csv goes on from the checkpoint's epoch\n"
+           "  --resume FILE          continue a run from its checkpoint (e.g. runs/fashion-mnist/checkpoint.safetensors),\n"
+           "                         in place (metrics.csv goes on from the checkpoint's epoch): model,\n"
+           "                         normalisation and augmentation come from the checkpoint (no\n"
+           "                         model options needed; one that disagrees is an error); --epochs\n"
+           "                         is the total and must be above the epochs already done\n"
+           "  --init-from FILE       a new run (fresh optimizer and schedule, epoch 1) starting from the\n"
+           "                         weights of FILE: a checkpoint (e.g. best.safetensors; its model and\n"
+           "                         normalisation are used unless model options are given) or a\n"
+           "                         weights-only SafeTensors file with the model's keys (\"1.weight\", ...)\n"
            "  --stop-after-epoch N   stop after epoch N as if interrupted (resume later with --resume)\n"
-           "  --progress / --no-progress   force the progress bar on / off\n"
+           "  --progress / --no-progress   progress bar on / off (default: on when stdout is a terminal;\n"
+           "                         it fits the terminal width, or $COLUMNS, or 80); off prints the\n"
+           "                         epoch lines only\n"
            /* [dist] */
            "  --distributed          data-parallel over MPI ranks (automatic under mpirun with > 1 rank)\n"
            "  --global-batch N       total batch over all ranks and replicas (per-replica batch =\n"
@@ -494,7 +667,10 @@ static void train_help(void)
            "      ReLU] then MaxPool2d(2); then Flatten; fcF is Linear(in, F), ReLU,\n"
            "      Dropout(P); last Linear(in, K). --model cnn is\n"
            "      %s\n"
-           "Inputs are normalised with the Fashion-MNIST mean %.4f and std %.4f.\n",
+           "Inputs are normalised with the Fashion-MNIST mean %.4f and std %.4f.\n\n"
+           "Numeric options take plain decimal values (no '1e3' for an integer) within the\n"
+           "ranges above; a bad value, an unknown option or a missing value is a usage error.\n"
+           EM_TOOL_EXIT_HELP,
            EM_FASHION_MNIST_DIR, EM_TOOL_CNN_DEFAULT, EM_FASHION_MNIST_MEAN, EM_FASHION_MNIST_STD);
 }
 
@@ -519,21 +695,25 @@ static void plot_after_epoch(const em_epoch_metrics *m, void *ctx)
     }
 }
 
+/* The largest --epochs, --patience and --stop-after-epoch. */
+#define TRAIN_MAX_EPOCHS 1000000
+
 int em_tool_train(int argc, char **argv)
 {
     const char *data = default_data_dir(), *hidden = "256,128", *optname = "adam", *schedname = "cosine";
-    const char *device = NULL, *out = NULL, *resume = NULL; /* out: NULL = the default run folder (below) */
+    const char *device = NULL, *out = NULL, *resume = NULL, *init_from = NULL; /* out: NULL = the default run folder (below) */
     bool overwrite = false;
     int64_t epochs = 10, batch = 64, patience = 0; /* epochs: 10 for the MLP, 15 for the CNN unless given */
     bool epochs_given = false;
     double lr = NAN, momentum = NAN, wd = 0, smoothing = 0, clip = 0, dropout = NAN;
     const char *model_name = "mlp";
-    bool hidden_given = false;
+    bool hidden_given = false, model_given = false;
+    const char *dropout_s = "";
     int augment = -1; /* -1: the model's default */
     int64_t limit = 0, warmup = -1; /* warmup < 0: the scheduler's default */
     uint64_t seed = 0;
     int workers = 1, progress = -1;
-    enum { O_HIDDEN = 256, O_LR, O_MOM, O_WD, O_SCHED, O_LS, O_CLIP, O_PAT, O_WORKERS, O_RESUME, O_PROG, O_NOPROG, O_DROP, O_STOP, O_DIST, O_GBATCH, O_DEVICES, O_MODEL, O_AUG, O_NOAUG, O_LIMIT, O_WARMUP, O_OVERWRITE };
+    enum { O_HIDDEN = 256, O_LR, O_MOM, O_WD, O_SCHED, O_LS, O_CLIP, O_PAT, O_WORKERS, O_RESUME, O_PROG, O_NOPROG, O_DROP, O_STOP, O_DIST, O_GBATCH, O_DEVICES, O_MODEL, O_AUG, O_NOAUG, O_LIMIT, O_WARMUP, O_OVERWRITE, O_INIT };
     static const struct option opts[] = {
         {"data", required_argument, 0, 'd'},         {"hidden", required_argument, 0, O_HIDDEN},
         {"epochs", required_argument, 0, 'e'},       {"batch-size", required_argument, 0, 'b'},
@@ -551,67 +731,83 @@ int em_tool_train(int argc, char **argv)
         {"model", required_argument, 0, O_MODEL},    {"augment", no_argument, 0, O_AUG},
         {"no-augment", no_argument, 0, O_NOAUG},     {"limit", required_argument, 0, O_LIMIT},
         {"warmup", required_argument, 0, O_WARMUP},  {"overwrite", no_argument, 0, O_OVERWRITE},
+        {"init-from", required_argument, 0, O_INIT},
         {"help", no_argument, 0, 'h'},               {0, 0, 0, 0}};
-    static const char shortopts[] = "d:e:b:o:s:D:O:h";
+    static const char shortopts[] = ":d:e:b:o:s:D:O:h"; /* leading colon: we report missing values */
     int64_t stop_after = 0;
     bool distributed = false; /* [dist] */
     const char *devices = NULL;
     int64_t global_batch = 0;
     int c;
     optind = 1;
+    opterr = 0; /* our own messages (em_tool_bad_option) */
+    const char *T = "train";
+    int64_t v;
+    /* every numeric value strictly (tools.h): a bad one is a usage error, exit 2 */
+#define I64(flag, lo, hi, dst) do { if (em_tool_parse_i64(T, flag, optarg, lo, hi, &v)) return EM_TOOL_EXIT_USAGE; dst = v; } while (0)
+#define F64(flag, lo, lo_open, hi, hi_open, dst) do { if (em_tool_parse_f64(T, flag, optarg, lo, lo_open, hi, hi_open, &dst)) return EM_TOOL_EXIT_USAGE; } while (0)
     while ((c = getopt_long(argc, argv, shortopts, opts, NULL)) != -1) {
         switch (c) {
         case 'd': data = optarg; break;
         case O_HIDDEN: hidden = optarg; hidden_given = true; break;
-        case O_MODEL: model_name = optarg; break;
+        case O_MODEL: model_name = optarg; model_given = true; break;
         case O_AUG: augment = 1; break;
         case O_NOAUG: augment = 0; break;
-        case O_LIMIT: limit = strtoll(optarg, NULL, 10); if (limit < 1) limit = -1; break;
-        case 'e': epochs = strtoll(optarg, NULL, 10); epochs_given = true; break;
-        case 'b': batch = strtoll(optarg, NULL, 10); break;
+        case O_LIMIT: I64("--limit", 1, INT64_MAX, limit); break;
+        case 'e': I64("--epochs", 1, TRAIN_MAX_EPOCHS, epochs); epochs_given = true; break;
+        case 'b': I64("--batch-size", 1, EM_TOOL_MAX_BATCH, batch); break;
         case 'o': optname = optarg; break;
-        case O_LR: lr = strtod(optarg, NULL); break;
-        case O_MOM: momentum = strtod(optarg, NULL); break;
-        case O_WD: wd = strtod(optarg, NULL); break;
+        case O_LR: F64("--lr", 0, true, INFINITY, false, lr); break;
+        case O_MOM: F64("--momentum", 0, false, 1, false, momentum); break;
+        case O_WD: F64("--weight-decay", 0, false, INFINITY, false, wd); break;
         case O_SCHED: schedname = optarg; break;
-        case O_WARMUP: {
-            char *end;
-            errno = 0;
-            warmup = strtoll(optarg, &end, 10);
-            if (end == optarg || *end || errno || warmup < 0) {
-                fprintf(stderr, "ember train: --warmup must be a whole number of optimizer steps >= 0, got '%s'\n", optarg);
-                return 2;
-            }
-            break;
-        }
-        case O_LS: smoothing = strtod(optarg, NULL); break;
-        case O_CLIP: clip = strtod(optarg, NULL); break;
-        case O_PAT: patience = strtoll(optarg, NULL, 10); break;
-        case 's': seed = strtoull(optarg, NULL, 10); break;
+        case O_WARMUP: I64("--warmup", 0, INT64_MAX, warmup); break;
+        case O_LS: F64("--label-smoothing", 0, false, 1, false, smoothing); break;
+        case O_CLIP: F64("--clip-grad-norm", 0, false, INFINITY, false, clip); break;
+        case O_PAT: I64("--patience", 0, TRAIN_MAX_EPOCHS, patience); break;
+        case 's': I64("--seed", 0, INT64_MAX, seed); break;
         case 'D': device = optarg; break;
-        case O_WORKERS: workers = atoi(optarg); break;
+        case O_WORKERS: I64("--workers", 0, 256, workers); break;
         case 'O': out = optarg; break;
         case O_RESUME: resume = optarg; break;
         case O_OVERWRITE: overwrite = true; break;
+        case O_INIT: init_from = optarg; break;
         case O_PROG: progress = 1; break;
         case O_NOPROG: progress = 0; break;
-        case O_DROP: dropout = strtod(optarg, NULL); break;
-        case O_STOP: stop_after = strtoll(optarg, NULL, 10); break;
-        case O_DIST: distributed = true; break;                          /* [dist] */
-        case O_GBATCH: global_batch = strtoll(optarg, NULL, 10); break;  /* [dist] */
-        case O_DEVICES: devices = optarg; break;                          /* [dist] */
+        case O_DROP: F64("--dropout", 0, false, 1, true, dropout); dropout_s = optarg; break;
+        case O_STOP: I64("--stop-after-epoch", 1, TRAIN_MAX_EPOCHS, stop_after); break;
+        case O_DIST: distributed = true; break;                                          /* [dist] */
+        case O_GBATCH: I64("--global-batch", 1, INT64_MAX, global_batch); break; /* [dist] */
+        case O_DEVICES: devices = optarg; break;                                          /* [dist] */
         case 'h': train_help(); return 0;
-        default: fprintf(stderr, "see 'ember train --help'\n"); return 2;
+        default: return em_tool_bad_option(T, c, argc, argv);
         }
     }
-    if (optind < argc) {
-        fprintf(stderr, "ember train: unexpected argument '%s' (see --help)\n", argv[optind]);
-        return 2;
+#undef I64
+#undef F64
+    if (em_tool_no_operands(T, argc, argv)) return EM_TOOL_EXIT_USAGE;
+    if (resume && init_from) {
+        fprintf(stderr, "ember train: give --resume (continue a run) or --init-from (a new run from its weights), not both\n");
+        return EM_TOOL_EXIT_USAGE;
     }
-    if (epochs < 1 || batch < 1 || workers < 0 || limit < 0) {
-        fprintf(stderr, "ember train: --epochs, --batch-size and --limit must be >= 1, --workers >= 0\n");
-        return 2;
+    /* --resume / --init-from: the model (when no model option is given), its
+     * input normalisation and, for --resume, the augmentation come from the
+     * file's metadata */
+    ckpt_meta cm = {.augment = -1};
+    const char *from = resume ? resume : init_from, *from_flag = resume ? "--resume" : "--init-from";
+    if (from && read_ckpt_meta(from_flag, from, &cm)) return EM_TOOL_EXIT_RUNTIME;
+    const bool model_flags = model_given || hidden_given || !isnan(dropout);
+    char given[320]; /* the model options given, as typed */
+    snprintf(given, sizeof given, "%s%s%s%s%s%s", model_given ? " --model " : "", model_given ? model_name : "",
+             hidden_given ? " --hidden " : "", hidden_given ? hidden : "", !isnan(dropout) ? " --dropout " : "",
+             !isnan(dropout) ? dropout_s : "");
+    if (resume && !cm.is_ckpt) {
+        fprintf(stderr, "ember train: --resume %s: not a checkpoint written by ember train (no 'ember.format' metadata; "
+                        "a weights-only file starts a new run with --init-from)\n", resume);
+        return EM_TOOL_EXIT_USAGE;
     }
+    if (cm.has_spec && !model_flags) model_name = cm.spec;
+    if (resume && augment < 0) augment = cm.augment;
     const bool is_mlp = !strcmp(model_name, "mlp") || !strncmp(model_name, "mlp:", 4);
     const bool is_cnn = !strcmp(model_name, "cnn") || !strncmp(model_name, "cnn:", 4);
     if (!is_mlp && !is_cnn) {
@@ -626,12 +822,18 @@ int em_tool_train(int argc, char **argv)
         fprintf(stderr, "ember train: --hidden applies to --model mlp (for the cnn, give a spec: --model cnn:...; see --help)\n");
         return 2;
     }
-    if (!isnan(dropout) && !(dropout >= 0 && dropout < 1)) {
-        fprintf(stderr, "ember train: --dropout must be in [0, 1)\n");
-        return 2;
-    }
     if (augment < 0) augment = is_cnn;
     if (!epochs_given && is_cnn) epochs = 15;
+    if (resume && cm.epoch >= epochs) {
+        fprintf(stderr, "ember train: --resume %s: the checkpoint has done %lld epoch%s and --epochs is %lld%s (the total, not "
+                        "the epochs to add): nothing to train; give --epochs above %lld\n", resume, (long long)cm.epoch,
+                cm.epoch == 1 ? "" : "s", (long long)epochs, epochs_given ? "" : " (the default)", (long long)cm.epoch);
+        return EM_TOOL_EXIT_USAGE;
+    }
+    if (!isnan(momentum) && strcmp(optname, "sgd") && strcmp(optname, "rmsprop")) {
+        fprintf(stderr, "ember train: --momentum applies to --optimizer sgd and rmsprop, not %s\n", optname);
+        return EM_TOOL_EXIT_USAGE;
+    }
     char spec[256];
     char err[512];
     if (strchr(model_name, ':')) {
@@ -644,17 +846,18 @@ int em_tool_train(int argc, char **argv)
             if (dropout > 0) snprintf(spec + strlen(spec), sizeof spec - strlen(spec), ":dropout=%g", dropout);
         }
     }
-    if (is_cnn) { /* a spec error is a usage error: check it before starting anything */
-        if (strncmp(spec, "cnn:", 4) || em_tool_check_spec(spec, err, sizeof err) != 0) {
+    if (is_cnn || strchr(model_name, ':')) { /* a spec error is a usage error: check it before starting anything */
+        if (em_tool_check_spec(spec, err, sizeof err) != 0) {
             fprintf(stderr, "ember train: %s\n", err);
             return 2;
         }
     }
     if (isnan(dropout)) dropout = 0;
     int64_t hs[16];
-    int nh = parse_list(hidden, hs, 14, 1);
+    int nh = parse_list(hidden, hs, 14, 1, (long long)1 << 24);
     if (nh < 0) {
-        fprintf(stderr, "ember train: bad --hidden '%s' (expected e.g. 256,128)\n", hidden);
+        fprintf(stderr, "ember train: --hidden: '%s' is not a list of layer sizes (expected at most 14 integers in [1, 16777216], "
+                        "comma-separated, e.g. 256,128)\n", hidden);
         return 2;
     }
     if (em_tool_check_scheduler(schedname, warmup, err, sizeof err) != 0) {
@@ -668,10 +871,6 @@ int em_tool_train(int argc, char **argv)
     }
     if (devices && device) {
         fprintf(stderr, "ember train: give --device or --devices, not both\n");
-        return 2;
-    }
-    if (global_batch < 0) {
-        fprintf(stderr, "ember train: --global-batch must be >= 1\n");
         return 2;
     }
     /* the run folder (issue #20): an earlier run is never silently replaced. Without --out: the
@@ -712,6 +911,11 @@ int em_tool_train(int argc, char **argv)
     }
     /* [dist] under mpirun (or --distributed): MPI first, then the runtime */
     bool dist = distributed || em_dist_launched();
+    /* an unwritable --out fails now, not after the first epoch (under MPI only rank 0 writes: checked below) */
+    if (!dist && em_check_output_dir(out) != EM_OK) {
+        fprintf(stderr, "ember train: --out: %s\n", em_last_error());
+        return EM_TOOL_EXIT_RUNTIME;
+    }
     if (dist) {
         em_config dc = em_config_default();
         if (device) dc.device = device;
@@ -724,6 +928,12 @@ int em_tool_train(int argc, char **argv)
     }
     const int rank = em_dist_rank(), world = em_dist_world_size();
     bool lead = rank == 0, clean_exit = false; /* clean_exit: every rank failed alike, no abort needed */
+    if (dist && lead && em_check_output_dir(out) != EM_OK) { /* [dist] rank 0 writes --out */
+        fprintf(stderr, "ember train: --out: %s\n", em_last_error());
+        em_dist_abort(EM_TOOL_EXIT_RUNTIME, "ember train: rank 0 cannot write --out: ending the job");
+        em_dist_shutdown();
+        return EM_TOOL_EXIT_RUNTIME;
+    }
     em_device devs[64]; /* [dist] replicas in this process */
     int ndev = 1;
     /* [dist] --devices: replica 0's device becomes the process's device */
@@ -742,6 +952,13 @@ int em_tool_train(int argc, char **argv)
             return 2;
         }
         batch = global_batch / world / ndev;
+        if (batch > EM_TOOL_MAX_BATCH) {
+            fprintf(stderr, "ember train: --global-batch %lld is %lld per replica, above the largest batch %lld\n", (long long)global_batch,
+                    (long long)batch, (long long)EM_TOOL_MAX_BATCH);
+            if (dist) em_dist_shutdown();
+            else em_shutdown();
+            return 2;
+        }
     }
     int rc = 1;
     em_dataset *tr = NULL, *te = NULL, *tr_full = NULL, *te_full = NULL;
@@ -773,6 +990,13 @@ int em_tool_train(int argc, char **argv)
         k += snprintf(spec + k, sizeof spec - (size_t)k, "-%lld", (long long)(tr->num_classes > 0 ? tr->num_classes : 10));
         if (dropout > 0) snprintf(spec + k, sizeof spec - (size_t)k, ":dropout=%g", dropout);
     }
+    if (resume && cm.has_spec && strcmp(spec, cm.spec) != 0) { /* model options given with --resume that disagree */
+        fprintf(stderr, "ember train: --resume %s holds model %s, but the options (%s) give %s: --resume takes the model "
+                        "from the checkpoint, leave out --model/--hidden/--dropout\n", resume, cm.spec, given + 1, spec);
+        rc = 2;
+        clean_exit = true; /* [dist] every rank sees the same options */
+        goto done;
+    }
     if (em_tool_check_input(spec, tr, err, sizeof err) != 0) {
         fprintf(stderr, "ember train: %s\n", err);
         rc = 2;
@@ -782,6 +1006,15 @@ int em_tool_train(int argc, char **argv)
     model = em_tool_build_model(spec, err, sizeof err);
     if (!model) {
         fprintf(stderr, "ember train: %s\n", err);
+        goto done;
+    }
+    if (init_from && load_weights(init_from, cm.is_ckpt, model) != EM_OK) { /* a new run from these weights */
+        em_status st = em_last_status();
+        fprintf(stderr, "ember train: --init-from: %s%s\n", em_last_error(),
+                st == EM_ERR_FORMAT || st == EM_ERR_SHAPE || st == EM_ERR_DTYPE
+                    ? (model_flags ? " (the file holds another model than the options give)"
+                                   : " (the file holds another model: give the --model / --hidden it was trained with)")
+                    : "");
         goto done;
     }
     em_optim_config oc = em_optim_config_default(kind);
@@ -840,7 +1073,20 @@ int em_tool_train(int argc, char **argv)
     lo.seed = seed;
     lo.num_workers = workers;
     /* normalisation (and, with --augment, random crop and flip) on the loader threads */
-    const float norm_mean[1] = {EM_FASHION_MNIST_MEAN}, norm_std[1] = {EM_FASHION_MNIST_STD};
+    /* (--resume / --init-from: the file's normalisation, one value per channel) */
+    tool_norm nm = {.n = 1, .mean = {EM_FASHION_MNIST_MEAN}, .std = {EM_FASHION_MNIST_STD}};
+    const int64_t channels = tr->feature_ndim == 3 ? tr->feature_shape[0] : 1;
+    if (cm.has_norm) {
+        nm = cm.norm;
+        if (nm.n != channels) {
+            fprintf(stderr, "ember train: %s %s: its normalisation has %d values, the data has %lld channels\n", from_flag, from, nm.n,
+                    (long long)channels);
+            rc = 2;
+            clean_exit = true; /* [dist] the same everywhere */
+            goto done;
+        }
+    }
+    const float *norm_mean = nm.mean, *norm_std = nm.std;
     lo.transform.mean = norm_mean;
     lo.transform.std = norm_std;
     if (augment) {
@@ -876,6 +1122,7 @@ int em_tool_train(int argc, char **argv)
                      (long long)em_dataset_length(tr), (long long)em_dataset_length(te), norm_mean[0], norm_std[0],
                      augment ? "; training images randomly cropped (padding 2) and flipped" : "");
     if (lead && !out_given) printf("run folder: %s%s\n", out, run_note);
+    if (lead && init_from) printf("weights from %s (a new run: fresh optimizer, epoch 1)\n", init_from);
     if (lead && rep) { /* [dist] */
         printf("replicas: %d in this process on", ndev);
         for (int i = 0; i < ndev; i++) printf("%s%s", i ? "," : " ", em_device_str(devs[i], dev, sizeof dev));
@@ -900,9 +1147,11 @@ int em_tool_train(int argc, char **argv)
     cfg.on_epoch_ctx = &ph;
     cfg.replicas = rep; /* [dist] */
     cfg.stop_flag = dist ? NULL : &g_stop; /* Ctrl-C: install_stop_handlers; [dist] mpirun handles signals */
-    char mean_s[32], std_s[32];
-    snprintf(mean_s, sizeof mean_s, "%.9g", (double)norm_mean[0]);
-    snprintf(std_s, sizeof std_s, "%.9g", (double)norm_std[0]);
+    char mean_s[64 * 18], std_s[64 * 18];
+    for (int i = 0, km = 0, ks = 0; i < nm.n; i++) {
+        km += snprintf(mean_s + km, sizeof mean_s - (size_t)km, "%s%.9g", i ? "," : "", (double)norm_mean[i]);
+        ks += snprintf(std_s + ks, sizeof std_s - (size_t)ks, "%s%.9g", i ? "," : "", (double)norm_std[i]);
+    }
     em_st_kv meta[5] = {{.key = "ember.model", .value = spec},
                         {.key = "ember.data", .value = data},
                         {.key = "ember.norm_mean", .value = mean_s}, /* per channel, comma-separated */
@@ -977,26 +1226,6 @@ done:
     return rc;
 }
 
-/* Input normalisation of a checkpoint's model, per channel. */
-typedef struct tool_norm {
-    int n;
-    float mean[64], std[64];
-} tool_norm;
-
-/* Comma-separated floats into out (at most max); the count, or -1. */
-static int parse_floats(const char *s, float *out, int max)
-{
-    int n = 0;
-    while (s && *s) {
-        char *end;
-        double v = strtod(s, &end);
-        if (end == s || n == max) return -1;
-        out[n++] = (float)v;
-        if (*end && *end != ',') return -1;
-        s = *end ? end + 1 : end;
-    }
-    return n;
-}
 
 /* Opens a checkpoint, builds its model from the 'ember.model' metadata and
  * loads it; @p norm gets its input normalisation ('ember.norm_mean' /
@@ -1051,26 +1280,34 @@ int em_tool_eval(int argc, char **argv)
                                          {0, 0, 0, 0}};
     int c;
     optind = 1;
-    while ((c = getopt_long(argc, argv, "c:d:b:D:h", opts, NULL)) != -1) {
+    opterr = 0;
+    while ((c = getopt_long(argc, argv, ":c:d:b:D:h", opts, NULL)) != -1) {
         switch (c) {
         case 'c': ckpt = optarg; break;
         case 'd': data = optarg; break;
-        case 'b': batch = strtoll(optarg, NULL, 10); break;
+        case 'b': if (em_tool_parse_i64("eval", "--batch-size", optarg, 1, EM_TOOL_MAX_BATCH, &batch)) return EM_TOOL_EXIT_USAGE; break;
         case 'D': device = optarg; break;
-        case 'l': limit = strtoll(optarg, NULL, 10); if (limit < 1) limit = -1; break;
+        case 'l': if (em_tool_parse_i64("eval", "--limit", optarg, 1, INT64_MAX, &limit)) return EM_TOOL_EXIT_USAGE; break;
         case 'h':
             printf("usage: ember eval --checkpoint FILE [--data DIR] [--batch-size N] [--limit N] [--device DEV]\n\n"
                    "Evaluates a checkpoint written by 'ember train' on the test split: loss,\n"
                    "accuracy, top-5 accuracy and the confusion matrix (rows: true class).\n"
                    "The model and its input normalisation come from the checkpoint's metadata.\n"
-                   "--limit N evaluates the first N test images only.\n");
+                   "--limit N evaluates the first N test images only.\n\n"
+                   "  --checkpoint FILE   a checkpoint of 'ember train' (checkpoint.safetensors or best.safetensors)\n"
+                   "  --data DIR          MNIST-layout folder (default $EMBER_DATA_DIR or %s)\n"
+                   "  --batch-size N      evaluation batch, 1 to %lld (default 1000)\n"
+                   "  --limit N           the first N test images, N >= 1 (default all)\n"
+                   "  --device DEV        cpu, cuda:N, opencl:N, auto (default: EMBER_DEVICE or cpu)\n\n" EM_TOOL_EXIT_HELP,
+                   EM_FASHION_MNIST_DIR, (long long)EM_TOOL_MAX_BATCH);
             return 0;
-        default: fprintf(stderr, "see 'ember eval --help'\n"); return 2;
+        default: return em_tool_bad_option("eval", c, argc, argv);
         }
     }
-    if (!ckpt || batch < 1 || limit < 0) {
-        fprintf(stderr, "ember eval: %s\n", !ckpt ? "--checkpoint FILE is required" : "--batch-size and --limit must be >= 1");
-        return 2;
+    if (em_tool_no_operands("eval", argc, argv)) return EM_TOOL_EXIT_USAGE;
+    if (!ckpt) {
+        fprintf(stderr, "ember eval: --checkpoint FILE is required (see 'ember eval --help')\n");
+        return EM_TOOL_EXIT_USAGE;
     }
     if (init_runtime(device)) return 1;
     int rc = 1;
@@ -1127,33 +1364,46 @@ int em_tool_eval(int argc, char **argv)
 int em_tool_predict(int argc, char **argv)
 {
     const char *ckpt = NULL, *data = default_data_dir(), *device = NULL, *idxs = "0,1,2,3,4";
-    int topk = 3;
+    int64_t topk = 3;
     static const struct option opts[] = {{"checkpoint", required_argument, 0, 'c'}, {"data", required_argument, 0, 'd'},
                                          {"index", required_argument, 0, 'i'},      {"top", required_argument, 0, 't'},
                                          {"device", required_argument, 0, 'D'},     {"help", no_argument, 0, 'h'},
                                          {0, 0, 0, 0}};
     int c;
     optind = 1;
-    while ((c = getopt_long(argc, argv, "c:d:i:t:D:h", opts, NULL)) != -1) {
+    opterr = 0;
+    while ((c = getopt_long(argc, argv, ":c:d:i:t:D:h", opts, NULL)) != -1) {
         switch (c) {
         case 'c': ckpt = optarg; break;
         case 'd': data = optarg; break;
         case 'i': idxs = optarg; break;
-        case 't': topk = atoi(optarg); break;
+        case 't': if (em_tool_parse_i64("predict", "--top", optarg, 1, 1000000, &topk)) return EM_TOOL_EXIT_USAGE; break;
         case 'D': device = optarg; break;
         case 'h':
             printf("usage: ember predict --checkpoint FILE [--index 0,1,2] [--top K] [--data DIR] [--device DEV]\n\n"
                    "Prints the predicted classes with probabilities for the chosen test images.\n"
-                   "The model and its input normalisation come from the checkpoint's metadata.\n");
+                   "The model and its input normalisation come from the checkpoint's metadata.\n\n"
+                   "  --checkpoint FILE   a checkpoint of 'ember train' (checkpoint.safetensors or best.safetensors)\n"
+                   "  --index LIST        test image numbers, comma-separated, at most 256 (default 0,1,2,3,4)\n"
+                   "  --top K             the K most probable classes, 1 to the model's class count (default 3)\n"
+                   "  --data DIR          MNIST-layout folder (default $EMBER_DATA_DIR or %s)\n"
+                   "  --device DEV        cpu, cuda:N, opencl:N, auto (default: EMBER_DEVICE or cpu)\n\n" EM_TOOL_EXIT_HELP,
+                   EM_FASHION_MNIST_DIR);
             return 0;
-        default: fprintf(stderr, "see 'ember predict --help'\n"); return 2;
+        default: return em_tool_bad_option("predict", c, argc, argv);
         }
     }
+    if (em_tool_no_operands("predict", argc, argv)) return EM_TOOL_EXIT_USAGE;
     int64_t index[256];
-    int n = parse_list(idxs, index, 256, 0);
-    if (!ckpt || n <= 0) {
-        fprintf(stderr, "ember predict: --checkpoint FILE is required and --index must list image numbers\n");
-        return 2;
+    int n = parse_list(idxs, index, 256, 0, INT64_MAX);
+    if (!ckpt) {
+        fprintf(stderr, "ember predict: --checkpoint FILE is required (see 'ember predict --help')\n");
+        return EM_TOOL_EXIT_USAGE;
+    }
+    if (n <= 0) {
+        fprintf(stderr, "ember predict: --index: '%s' is not a list of image numbers (expected at most 256 integers >= 0, "
+                        "comma-separated, e.g. 0,1,2)\n", idxs);
+        return EM_TOOL_EXIT_USAGE;
     }
     if (init_runtime(device)) return 1;
     int rc = 1;
@@ -1161,6 +1411,13 @@ int em_tool_predict(int argc, char **argv)
     em_module *m = load_model(ckpt, &norm);
     em_dataset *te = m ? em_mnist_open(data, false) : NULL;
     if (m && !te) fprintf(stderr, "ember predict: %s\n", em_last_error());
+    if (te && topk > (te->num_classes > 0 ? te->num_classes : 10)) {
+        fprintf(stderr, "ember predict: --top %lld: the data has %lld classes (expected 1 to %lld)\n", (long long)topk,
+                (long long)(te->num_classes > 0 ? te->num_classes : 10), (long long)(te->num_classes > 0 ? te->num_classes : 10));
+        em_dataset_free(te);
+        te = NULL;
+        rc = EM_TOOL_EXIT_USAGE;
+    }
     if (te) {
         em_module_train(m, false);
         em_no_grad_begin();

@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -136,22 +137,61 @@ static void running_free(running *r, int n)
     }
 }
 
-static void progress(FILE *f, bool bar, const char *phase, int64_t epoch, int64_t epochs, int64_t done, int64_t total,
-                     double elapsed, double loss)
+/* Columns of the terminal behind @p f: TIOCGWINSZ on its descriptor, else
+ * $COLUMNS, else 80. */
+static int term_width(FILE *f)
 {
+    struct winsize ws;
+    if (ioctl(fileno(f), TIOCGWINSZ, &ws) == 0 && ws.ws_col > 0) return ws.ws_col;
+    const char *c = getenv("COLUMNS");
+    char *end;
+    long v = c && *c ? strtol(c, &end, 10) : 0;
+    if (v > 0 && v < 10000 && !*end) return (int)v;
+    return 80;
+}
+
+/* The progress bar: one line, redrawn in place with \r, that fits the
+ * terminal: at most width - 1 characters (a character in the last column
+ * makes some terminals wrap), padded with blanks over the previous one. The
+ * bar shrinks first, then the timings and the loss go. */
+static void progress(FILE *f, const char *phase, int64_t epoch, int64_t epochs, int64_t done, int64_t total, double elapsed,
+                     double loss)
+{
+    int w = term_width(f) - 1;
+    if (w > 400) w = 400;
     double frac = total > 0 ? (double)done / (double)total : 1.0;
     double eta = frac > 0 ? elapsed * (1.0 - frac) / frac : 0;
-    if (bar) {
-        char b[31];
-        int fill = (int)(frac * 30);
-        for (int i = 0; i < 30; i++) b[i] = i < fill ? '#' : (i == fill ? '>' : '.');
-        b[30] = 0;
-        fprintf(f, "\r%s %3lld/%lld [%s] %5lld/%lld  loss %.4f  %.1fs  ETA %.1fs ", phase, (long long)epoch,
-                (long long)epochs, b, (long long)done, (long long)total, loss, elapsed, eta);
-    } else {
-        fprintf(f, "%s epoch %lld/%lld: batch %lld/%lld  loss %.4f  elapsed %.1fs  ETA %.1fs\n", phase, (long long)epoch,
-                (long long)epochs, (long long)done, (long long)total, loss, elapsed, eta);
+    char head[64], tail[3][128], line[512];
+    snprintf(head, sizeof head, "%s %lld/%lld ", phase, (long long)epoch, (long long)epochs);
+    snprintf(tail[0], sizeof tail[0], " %lld/%lld  loss %.4f  %.1fs  ETA %.1fs", (long long)done, (long long)total, loss, elapsed, eta);
+    snprintf(tail[1], sizeof tail[1], " %lld/%lld  loss %.4f", (long long)done, (long long)total, loss);
+    snprintf(tail[2], sizeof tail[2], " %lld/%lld", (long long)done, (long long)total);
+    const int hl = (int)strlen(head), min_bar = 10, max_bar = 30;
+    int t = 0, n;
+    while (t < 2 && hl + 2 + min_bar + (int)strlen(tail[t]) > w) t++;
+    int room = w - hl - 2 - (int)strlen(tail[t]);
+    if (room >= min_bar) {
+        int bw = room < max_bar ? room : max_bar, fill = (int)(frac * bw);
+        char b[64];
+        for (int i = 0; i < bw; i++) b[i] = i < fill ? '#' : (i == fill ? '>' : '.');
+        b[bw] = 0;
+        n = snprintf(line, sizeof line, "%s[%s]%s", head, b, tail[t]);
+    } else { /* too narrow for a bar: as much of "phase e/E d/T" as fits */
+        n = snprintf(line, sizeof line, "%s%s", head, tail[2] + 1);
     }
+    if (n > w) n = w;
+    if (n < 0) n = 0;
+    line[n] = 0;
+    fprintf(f, "\r%s%*s", line, w - n, "");
+    fflush(f);
+}
+
+/* Blanks the progress line (the epoch line is printed in its place). */
+static void progress_clear(FILE *f)
+{
+    int w = term_width(f) - 1;
+    if (w > 400) w = 400;
+    fprintf(f, "\r%*s\r", w, "");
     fflush(f);
 }
 
@@ -298,14 +338,14 @@ static em_status run_epoch(em_module *model, em_optim *opt, em_lr_scheduler *sch
         }
         if (st != EM_OK) break;
         done++;
-        if (log && (done % report_every == 0 || done == total) && (bar || done % (report_every * 5) == 0 || done == total)) {
+        if (log && bar && (done == 1 || done % report_every == 0 || done == total)) { /* each redraw reads the loss: a sync */
             double l, a;
             running_read(r, R, &l, &a, NULL);
-            progress(log, bar, train ? "train" : "valid", epoch, cfg->epochs, done, total, now_s() - t0, l);
+            progress(log, train ? "train" : "valid", epoch, cfg->epochs, done, total, now_s() - t0, l);
         }
     }
     if (st == EM_OK && em_last_status() < 0 && !b) st = em_last_status(); /* loader error */
-    if (bar && log) fputc('\n', log);
+    if (bar && log) progress_clear(log);
     free(job.params);
     free(job.g);
     if (!train) em_no_grad_end();
@@ -546,6 +586,14 @@ em_status em_learner_fit(em_module *model, em_optim *opt, em_lr_scheduler *sched
     snprintf(last_ckpt, sizeof last_ckpt, "%s", cfg.resume ? cfg.resume : "");
     int64_t last_ckpt_epoch = info.epoch;
     if (sched && !cfg.resume) em_optim_set_lr(opt, em_lr_scheduler_get_lr(sched));
+    /* the epoch lines: a table under one header, 91 columns for "epoch 10/10" (< 100 up to 999 epochs) */
+    char ep[64];
+    const int ew = snprintf(ep, sizeof ep, "epoch %lld/%lld", (long long)cfg.epochs, (long long)cfg.epochs);
+    if (log && info.epoch < cfg.epochs) {
+        fprintf(log, "%*s  %10s  %9s  %8s  %7s  %8s  %8s  %9s  %7s\n", ew, "", "train_loss", "train_acc", "val_loss", "val_acc",
+                "val_top5", "lr", "samples/s", "time");
+        fflush(log);
+    }
     for (int64_t epoch = info.epoch + 1; epoch <= cfg.epochs; epoch++) {
         em_epoch_metrics m = {.epoch = epoch, .val_loss = NAN, .val_accuracy = NAN, .val_top5 = NAN};
         running r[EM_LEARNER_MAX_REPLICAS] = {{0}};
@@ -575,11 +623,9 @@ em_status em_learner_fit(em_module *model, em_optim *opt, em_lr_scheduler *sched
         m.lr = sched && cfg.sched_per_step ? em_lr_scheduler_lr_at(sched, em_lr_scheduler_get_step(sched) - 1) : em_optim_get_lr(opt);
         if (sched && !cfg.sched_per_step) em_lr_scheduler_step(sched, opt);
         m.epoch_time_s = now_s() - t0;
-        if (log) fprintf(log,
-                "epoch %lld/%lld  train_loss %.4f  train_acc %.4f  val_loss %.4f  val_acc %.4f  val_top5 %.4f  lr %.3g  "
-                "%.0f samples/s  %.2fs\n",
-                (long long)epoch, (long long)cfg.epochs, m.train_loss, m.train_accuracy, m.val_loss, m.val_accuracy,
-                m.val_top5, m.lr, m.samples_per_s, m.epoch_time_s);
+        snprintf(ep, sizeof ep, "epoch %lld/%lld", (long long)epoch, (long long)cfg.epochs);
+        if (log) fprintf(log, "%-*s  %10.4f  %9.4f  %8.4f  %7.4f  %8.4f  %8.3g  %9.0f  %6.2fs\n", ew, ep, m.train_loss,
+                         m.train_accuracy, m.val_loss, m.val_accuracy, m.val_top5, m.lr, m.samples_per_s, m.epoch_time_s);
         if (log) fflush(log);
         if (history && n_history && *n_history < max_history) history[(*n_history)++] = m;
         /* early stopping / best model */

@@ -68,7 +68,11 @@ typedef struct em_learner_config {
     int64_t epochs;           /**< total epochs (default 10)                                */
     const char *out_dir;      /**< checkpoints + metrics.csv go here; NULL = none           */
     const char *resume;       /**< checkpoint to resume from; NULL = fresh start           */
-    int progress;             /**< 1 bar on a terminal, 0 plain lines, -1 auto (default)    */
+    /** Progress bar: 1 always, 0 never (the epoch lines only), -1 (default)
+     *  when @p log is a terminal. One line redrawn with '\r', at most the
+     *  terminal's width - 1 columns (TIOCGWINSZ on @p log, else $COLUMNS,
+     *  else 80), blanked before each epoch line. */
+    int progress;
     int64_t early_stopping_patience; /**< stop after this many epochs without improvement; 0 = off */
     int64_t stop_after_epoch; /**< > 0: return after this epoch as if interrupted (schedules still span `epochs`) */
     bool monitor_loss;        /**< monitor val loss (lower is better) instead of val accuracy */
@@ -109,7 +113,10 @@ typedef struct em_learner_config {
 EM_API em_learner_config em_learner_config_default(void);
 
 /** Trains @p model with cross-entropy on @p train (and evaluates on @p val
- *  when non-NULL) for cfg->epochs epochs: per epoch it prints metrics, saves
+ *  when non-NULL) for cfg->epochs epochs: per epoch it prints one row of a
+ *  table of metrics under a header printed once (columns train_loss,
+ *  train_acc, val_loss, val_acc, val_top5, lr, samples/s, time; each row
+ *  starts "epoch E/N" and is 91 columns wide for N < 100), saves
  *  out_dir/best.safetensors on improvement, then out_dir/checkpoint.safetensors
  *  (both atomically: a temporary file, then a rename), and only then appends
  *  the epoch's row to out_dir/metrics.csv, so the file never holds a row of
@@ -153,6 +160,20 @@ EM_API int em_run_dir_clear(const char *dir);
  *  non-NULL. Returns the number removed, or a negative em_status. Not safe
  *  while another process writes into the same folder. */
 EM_API int em_run_dir_remove_stale_tmp(const char *dir, FILE *log);
+
+/** Checks, before a run starts, that @p dir (a run's output directory, e.g.
+ *  the final folder chosen for --out) can receive its files, and leaves
+ *  nothing behind: when @p dir exists it must be a directory in which a file
+ *  can be created (a probe file is created and removed at once); when it does
+ *  not, its nearest existing ancestor must be a directory in which it can be
+ *  created (probed the same way; @p dir itself is not created). A probe sees
+ *  what a real write would see (read-only file systems, ACLs, root's
+ *  permissions). Errors: EM_ERR_INVALID (NULL, empty or longer than 4095
+ *  bytes), EM_ERR_IO with a message naming @p dir and the reason, e.g.
+ *  "output directory runs/x is not writable (cannot create a file in it:
+ *  Permission denied)" or "cannot create output directory f/x: f is not a
+ *  directory". Needs no runtime (callable before em_init). */
+EM_API em_status em_check_output_dir(const char *dir);
 
 /** Evaluation results. */
 typedef struct em_eval_result {
