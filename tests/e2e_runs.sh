@@ -87,8 +87,12 @@ set -e
 [ "$before" = "$(sums "$T/a")" ] || fail "--overwrite + --resume changed files"
 # --overwrite: a fresh run, no stale row, best model or plot of the old one
 "$EMBER" train "${tiny[@]}" --hidden 8 --epochs 1 --out "$T/ow" > /dev/null
+nrun=0
+for f in checkpoint.safetensors best.safetensors metrics.csv loss.png accuracy.png loss.svg accuracy.svg; do
+  [ -e "$T/a/$f" ] && nrun=$((nrun + 1))
+done
 "$EMBER" train "${tiny[@]}" --hidden 8 --epochs 1 --out "$T/a" --overwrite > "$T/ow.log"
-grep -q "removed 4 files of the earlier run" "$T/ow.log" || fail "--overwrite does not report what it removed: $(cat "$T/ow.log")"
+grep -q "removed $nrun files of the earlier run" "$T/ow.log" || fail "--overwrite does not report what it removed: $(cat "$T/ow.log")"
 [ "$(epochs_of "$T/a/metrics.csv")" = "1 " ] || fail "--overwrite: metrics epochs are '$(epochs_of "$T/a/metrics.csv")', not '1 '"
 [ "$(grep -c '^epoch,' "$T/a/metrics.csv")" = 1 ] || fail "--overwrite: metrics.csv has more than one header"
 cmp "$T/a/best.safetensors" "$T/ow/best.safetensors" || fail "--overwrite: best.safetensors is not the new run's"
@@ -166,11 +170,11 @@ cmp "$T/u/best.safetensors" "$T/i/best.safetensors" || fail "interrupted + resum
 echo "ok: SIGINT in epoch $ep: exit 130, resume command, loadable checkpoint; resumed run byte-identical, metrics epochs 1..8 once each"
 
 # SIGINT in epoch 1: nothing to resume, still 130
-"$EMBER" train "${sig[@]}" --out "$T/e1" > "$T/e1.log" 2> "$T/e1.err" &
+"$EMBER" train "${sig[@]}" --progress --out "$T/e1" > "$T/e1.log" 2> "$T/e1.err" &
 pid=$!
 pids+=("$pid")
-# the first progress line (batch 255 of 512) says the Learner, and its handler, runs
-for _ in $(seq 1 3000); do grep -q "^train epoch 1/8: batch" "$T/e1.log" && break; sleep 0.01; done
+# the first progress bar (forced into the log by --progress) says the Learner, and its handler, runs
+for _ in $(seq 1 3000); do grep -aq "train 1/8 \[" "$T/e1.log" && break; sleep 0.01; done
 kill -INT "$pid"
 set +e
 wait "$pid"
