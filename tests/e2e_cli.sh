@@ -9,7 +9,7 @@
 #   100 columns;
 # - --resume with --epochs not above the epochs done exits 2 naming both;
 #   --resume needs no model option (model, normalisation and augmentation
-#   from the checkpoint: the resumed run is byte-identical to an uninterrupted
+#   from the checkpoint, and so do the training settings: the resumed run is byte-identical to an uninterrupted
 #   one) and a disagreeing --model is an error naming both models;
 # - --init-from starts a new run from a PyTorch weights-only file (its
 #   validation loss and accuracy are PyTorch's) or from a checkpoint, and a
@@ -207,6 +207,22 @@ grep -q "model mlp:784-16-10:dropout=0.1 " "$T/s2.log" && grep -q "randomly crop
   fail "--resume did not take model and augmentation from the checkpoint: $(head -3 "$T/s2.log")"
 cmp "$T/u/checkpoint.safetensors" "$T/s/checkpoint.safetensors" || fail "--resume without model options differs from the uninterrupted run"
 ok "--resume without --hidden/--dropout/--augment: byte-identical to the uninterrupted run"
+
+# the training settings too ('ember.train'): only --resume and --epochs, with SGD, its own lr,
+# momentum, weight decay, batch size, scheduler, label smoothing, clipping, seed and --limit
+sgd=(--limit 320 --hidden 16 --optimizer sgd --lr 0.02 --momentum 0.5 --weight-decay 1e-4 --batch-size 32
+     --scheduler step --label-smoothing 0.1 --clip-grad-norm 1 --seed 9 --epochs 3 --no-progress)
+"$EMBER" train "${sgd[@]}" --out "$T/gu" > /dev/null
+"$EMBER" train "${sgd[@]}" --stop-after-epoch 2 --out "$T/gs" > /dev/null
+"$EMBER" train --epochs 3 --no-progress --resume "$T/gs/checkpoint.safetensors" > "$T/gs2.log"
+grep -q "^settings from the checkpoint: optimizer sgd, lr 0.02, momentum 0.5, weight_decay 0.0001, batch 32, scheduler step, label_smoothing 0.1, clip_grad_norm 1, seed 9, limit 320$" "$T/gs2.log" ||
+  fail "--resume: settings line: $(grep settings "$T/gs2.log")"
+cmp "$T/gu/checkpoint.safetensors" "$T/gs/checkpoint.safetensors" || fail "--resume with only --epochs differs from the uninterrupted SGD run"
+# an explicit option wins over the checkpoint's
+"$EMBER" train --epochs 4 --lr 0.01 --no-progress --resume "$T/gu/checkpoint.safetensors" > "$T/gu2.log"
+grep -q "SGD lr 0.01," "$T/gu2.log" && ! grep -q "settings from the checkpoint: .*lr 0.02" "$T/gu2.log" ||
+  fail "--resume --lr 0.01: $(head -4 "$T/gu2.log")"
+ok "--resume with only --epochs: optimizer, lr, batch, scheduler, seed, ... from the checkpoint (byte-identical); an explicit --lr wins"
 
 # --init-from a PyTorch state_dict (tests/fixtures/gen_init_from_fixture.py): with a vanishing lr the
 # validation loss and accuracy are PyTorch's on the same 256 test images

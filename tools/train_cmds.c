@@ -356,6 +356,7 @@ typedef struct ckpt_meta {
     tool_norm norm;
     int augment;    /* 'ember.augment': 1 crop+flip, 0 none, -1 not recorded */
     int64_t epoch;  /* 'ember.epoch': epochs completed */
+    char train[512]; /* 'ember.train': the run's settings, "key=value ..." (empty: not recorded) */
 } ckpt_meta;
 
 /* Opens @p path (given as option @p flag of `ember train`) and reads its
@@ -391,6 +392,8 @@ static int read_ckpt_meta(const char *flag, const char *path, ckpt_meta *cm)
     }
     if (aug) cm->augment = strcmp(aug, "none") != 0;
     if (ep) cm->epoch = strtoll(ep, NULL, 10);
+    const char *tr = em_safetensors_metadata(f, "ember.train");
+    if (tr && strlen(tr) < sizeof cm->train) snprintf(cm->train, sizeof cm->train, "%s", tr);
     em_safetensors_close(f);
     return rc;
 }
@@ -628,7 +631,9 @@ static void train_help(void)
            "  --resume FILE          continue a run from its checkpoint (e.g. runs/fashion-mnist/checkpoint.safetensors),\n"
            "                         in place (metrics.csv goes on from the checkpoint's epoch): model,\n"
            "                         normalisation and augmentation come from the checkpoint (no\n"
-           "                         model options needed; one that disagrees is an error); --epochs\n"
+           "                         model options needed; one that disagrees is an error), and so do\n"
+           "                         the training settings not given (optimizer, lr, batch, scheduler,\n"
+           "                         seed, ...); --epochs\n"
            "                         is the total and must be above the epochs already done\n"
            "  --init-from FILE       a new run (fresh optimizer and schedule, epoch 1) starting from the\n"
            "                         weights of FILE: a checkpoint (e.g. best.safetensors; its model and\n"
@@ -713,6 +718,10 @@ int em_tool_train(int argc, char **argv)
     int64_t limit = 0, warmup = -1; /* warmup < 0: the scheduler's default */
     uint64_t seed = 0;
     int workers = 1, progress = -1;
+    /* the training settings a checkpoint records ('ember.train') and --resume reuses unless given */
+    bool opt_given = false, lr_given = false, mom_given = false, wd_given = false, batch_given = false, sched_given = false,
+         warmup_given = false, ls_given = false, clip_given = false, seed_given = false, limit_given = false;
+    char ck_optname[16], ck_schedname[32];
     enum { O_HIDDEN = 256, O_LR, O_MOM, O_WD, O_SCHED, O_LS, O_CLIP, O_PAT, O_WORKERS, O_RESUME, O_PROG, O_NOPROG, O_DROP, O_STOP, O_DIST, O_GBATCH, O_DEVICES, O_MODEL, O_AUG, O_NOAUG, O_LIMIT, O_WARMUP, O_OVERWRITE, O_INIT };
     static const struct option opts[] = {
         {"data", required_argument, 0, 'd'},         {"hidden", required_argument, 0, O_HIDDEN},
@@ -753,19 +762,19 @@ int em_tool_train(int argc, char **argv)
         case O_MODEL: model_name = optarg; model_given = true; break;
         case O_AUG: augment = 1; break;
         case O_NOAUG: augment = 0; break;
-        case O_LIMIT: I64("--limit", 1, INT64_MAX, limit); break;
+        case O_LIMIT: I64("--limit", 1, INT64_MAX, limit); limit_given = true; break;
         case 'e': I64("--epochs", 1, TRAIN_MAX_EPOCHS, epochs); epochs_given = true; break;
-        case 'b': I64("--batch-size", 1, EM_TOOL_MAX_BATCH, batch); break;
-        case 'o': optname = optarg; break;
-        case O_LR: F64("--lr", 0, true, INFINITY, false, lr); break;
-        case O_MOM: F64("--momentum", 0, false, 1, false, momentum); break;
-        case O_WD: F64("--weight-decay", 0, false, INFINITY, false, wd); break;
-        case O_SCHED: schedname = optarg; break;
-        case O_WARMUP: I64("--warmup", 0, INT64_MAX, warmup); break;
-        case O_LS: F64("--label-smoothing", 0, false, 1, false, smoothing); break;
-        case O_CLIP: F64("--clip-grad-norm", 0, false, INFINITY, false, clip); break;
+        case 'b': I64("--batch-size", 1, EM_TOOL_MAX_BATCH, batch); batch_given = true; break;
+        case 'o': optname = optarg; opt_given = true; break;
+        case O_LR: F64("--lr", 0, true, INFINITY, false, lr); lr_given = true; break;
+        case O_MOM: F64("--momentum", 0, false, 1, false, momentum); mom_given = true; break;
+        case O_WD: F64("--weight-decay", 0, false, INFINITY, false, wd); wd_given = true; break;
+        case O_SCHED: schedname = optarg; sched_given = true; break;
+        case O_WARMUP: I64("--warmup", 0, INT64_MAX, warmup); warmup_given = true; break;
+        case O_LS: F64("--label-smoothing", 0, false, 1, false, smoothing); ls_given = true; break;
+        case O_CLIP: F64("--clip-grad-norm", 0, false, INFINITY, false, clip); clip_given = true; break;
         case O_PAT: I64("--patience", 0, TRAIN_MAX_EPOCHS, patience); break;
-        case 's': I64("--seed", 0, INT64_MAX, seed); break;
+        case 's': I64("--seed", 0, INT64_MAX, seed); seed_given = true; break;
         case 'D': device = optarg; break;
         case O_WORKERS: I64("--workers", 0, 256, workers); break;
         case 'O': out = optarg; break;
@@ -807,6 +816,49 @@ int em_tool_train(int argc, char **argv)
         return EM_TOOL_EXIT_USAGE;
     }
     if (cm.has_spec && !model_flags) model_name = cm.spec;
+    /* --resume: every training setting the checkpoint records and the command
+     * line does not give comes from the checkpoint, so the run goes on as it
+     * started (an explicit option wins: a new --lr, say) */
+    char from_ckpt[512] = "";
+    if (resume && cm.train[0]) {
+        char buf[sizeof cm.train], *save = NULL;
+        snprintf(buf, sizeof buf, "%s", cm.train);
+        for (char *tok = strtok_r(buf, " ", &save); tok; tok = strtok_r(NULL, " ", &save)) {
+            char *eq = strchr(tok, '=');
+            if (!eq) continue;
+            *eq = 0;
+            const char *k = tok, *v = eq + 1;
+            bool took = true;
+            if (!strcmp(k, "optimizer") && !opt_given && strlen(v) < sizeof ck_optname)
+                optname = strcpy(ck_optname, v);
+            else if (!strcmp(k, "scheduler") && !sched_given && strlen(v) < sizeof ck_schedname)
+                schedname = strcpy(ck_schedname, v);
+            else if (!strcmp(k, "lr") && !lr_given) lr = strtod(v, NULL);
+            else if (!strcmp(k, "momentum") && !mom_given) momentum = strtod(v, NULL);
+            else if (!strcmp(k, "weight_decay") && !wd_given) wd = strtod(v, NULL);
+            else if (!strcmp(k, "batch") && !batch_given) batch = strtoll(v, NULL, 10);
+            else if (!strcmp(k, "warmup") && !warmup_given) warmup = strtoll(v, NULL, 10);
+            else if (!strcmp(k, "label_smoothing") && !ls_given) smoothing = strtod(v, NULL);
+            else if (!strcmp(k, "clip_grad_norm") && !clip_given) clip = strtod(v, NULL);
+            else if (!strcmp(k, "seed") && !seed_given) seed = strtoull(v, NULL, 10);
+            else if (!strcmp(k, "limit") && !limit_given) limit = strtoll(v, NULL, 10);
+            else took = false;
+            if (took && !(!strcmp(v, "nan") || (!strcmp(k, "warmup") && !strcmp(v, "-1")) || (!strcmp(k, "limit") && !strcmp(v, "0"))))
+            {
+                char shown[64]; /* real numbers as %g (they are stored with 17 digits) */
+                const bool real = !strcmp(k, "lr") || !strcmp(k, "momentum") || !strcmp(k, "weight_decay") ||
+                                  !strcmp(k, "label_smoothing") || !strcmp(k, "clip_grad_norm");
+                if (real) snprintf(shown, sizeof shown, "%g", strtod(v, NULL));
+                else snprintf(shown, sizeof shown, "%s", v);
+                snprintf(from_ckpt + strlen(from_ckpt), sizeof from_ckpt - strlen(from_ckpt), "%s%s %s",
+                         from_ckpt[0] ? ", " : "", k, shown);
+            }
+        }
+        if (batch < 1 || batch > EM_TOOL_MAX_BATCH || !(isnan(lr) || lr > 0)) {
+            fprintf(stderr, "ember train: --resume %s: bad training settings in 'ember.train' ('%s')\n", resume, cm.train);
+            return EM_TOOL_EXIT_RUNTIME;
+        }
+    }
     if (resume && augment < 0) augment = cm.augment;
     const bool is_mlp = !strcmp(model_name, "mlp") || !strncmp(model_name, "mlp:", 4);
     const bool is_cnn = !strcmp(model_name, "cnn") || !strncmp(model_name, "cnn:", 4);
@@ -1123,6 +1175,7 @@ int em_tool_train(int argc, char **argv)
                      augment ? "; training images randomly cropped (padding 2) and flipped" : "");
     if (lead && !out_given) printf("run folder: %s%s\n", out, run_note);
     if (lead && init_from) printf("weights from %s (a new run: fresh optimizer, epoch 1)\n", init_from);
+    if (lead && from_ckpt[0]) printf("settings from the checkpoint: %s\n", from_ckpt);
     if (lead && rep) { /* [dist] */
         printf("replicas: %d in this process on", ndev);
         for (int i = 0; i < ndev; i++) printf("%s%s", i ? "," : " ", em_device_str(devs[i], dev, sizeof dev));
@@ -1152,13 +1205,20 @@ int em_tool_train(int argc, char **argv)
         km += snprintf(mean_s + km, sizeof mean_s - (size_t)km, "%s%.9g", i ? "," : "", (double)norm_mean[i]);
         ks += snprintf(std_s + ks, sizeof std_s - (size_t)ks, "%s%.9g", i ? "," : "", (double)norm_std[i]);
     }
-    em_st_kv meta[5] = {{.key = "ember.model", .value = spec},
+    char train_s[512]; /* the settings --resume reuses; lr and momentum as given ("nan": the optimizer's default) */
+    snprintf(train_s, sizeof train_s,
+             "optimizer=%s lr=%.17g momentum=%.17g weight_decay=%.17g batch=%lld scheduler=%s warmup=%lld "
+             "label_smoothing=%.17g clip_grad_norm=%.17g seed=%llu limit=%lld",
+             optname, lr, momentum, wd, (long long)batch, schedname, (long long)warmup, smoothing, clip,
+             (unsigned long long)seed, (long long)limit);
+    em_st_kv meta[6] = {{.key = "ember.train", .value = train_s},
+                        {.key = "ember.model", .value = spec},
                         {.key = "ember.data", .value = data},
                         {.key = "ember.norm_mean", .value = mean_s}, /* per channel, comma-separated */
                         {.key = "ember.norm_std", .value = std_s},
                         {.key = "ember.augment", .value = augment ? "crop2,hflip" : "none"}};
     cfg.meta = meta;
-    cfg.n_meta = 5;
+    cfg.n_meta = sizeof meta / sizeof meta[0];
     em_epoch_metrics hist[1024];
     int nhist = 0;
     if (lead && overwrite) { /* --overwrite: the old run's files go, so no stale row or best model survives */
