@@ -490,6 +490,17 @@ static FILE *make_tmp(const char *path, char *tmp, size_t ntmp, bool keep_open, 
     return f;
 }
 
+/* Ends an atomic write: renames @p tmp to @p path when @p ok, else (or when
+ * the rename fails) removes @p tmp and reports @p why. */
+static int finish_tmp(const char *tmp, const char *path, bool ok, const char *why, char *err, size_t nerr)
+{
+    if (!ok) snprintf(err, nerr, "cannot write %s: %s", tmp, why);
+    else if (rename(tmp, path) != 0) snprintf(err, nerr, "cannot rename %s to %s: %s", tmp, path, strerror(errno));
+    else return 0;
+    remove(tmp);
+    return EM_TOOL_PLOT_WRITE;
+}
+
 /* Writes @p path atomically (path.tmp.XXXXXX, then rename). */
 static int write_png(const char *path, const curve *cs, int nc, const char *title, const char *ylabel, bool legend_bottom,
                      bool unit_range, char *err, size_t nerr)
@@ -506,17 +517,8 @@ static int write_png(const char *path, const curve *cs, int nc, const char *titl
     cairo_destroy(cr);
     if (st == CAIRO_STATUS_SUCCESS) st = cairo_surface_write_to_png(s, tmp);
     cairo_surface_destroy(s);
-    if (st != CAIRO_STATUS_SUCCESS) {
-        snprintf(err, nerr, "cannot write %s: %s", tmp, st == CAIRO_STATUS_WRITE_ERROR ? strerror(errno) : cairo_status_to_string(st));
-        remove(tmp);
-        return EM_TOOL_PLOT_WRITE;
-    }
-    if (rename(tmp, path) != 0) {
-        snprintf(err, nerr, "cannot rename %s to %s: %s", tmp, path, strerror(errno));
-        remove(tmp);
-        return EM_TOOL_PLOT_WRITE;
-    }
-    return 0;
+    return finish_tmp(tmp, path, st == CAIRO_STATUS_SUCCESS,
+                      st == CAIRO_STATUS_WRITE_ERROR ? strerror(errno) : cairo_status_to_string(st), err, nerr);
 }
 
 static int write_svg(const char *path, const curve *cs, int nc, const char *title, const char *ylabel, bool legend_bottom,
@@ -540,17 +542,7 @@ static int write_svg(const char *path, const curve *cs, int nc, const char *titl
     cairo_surface_destroy(s);
     bool ok = !ferror(f);
     if (fclose(f) != 0) ok = false;
-    if (!ok) {
-        snprintf(err, nerr, "cannot write %s: %s", tmp, strerror(errno));
-        remove(tmp);
-        return EM_TOOL_PLOT_WRITE;
-    }
-    if (rename(tmp, path) != 0) {
-        snprintf(err, nerr, "cannot rename %s to %s: %s", tmp, path, strerror(errno));
-        remove(tmp);
-        return EM_TOOL_PLOT_WRITE;
-    }
-    return 0;
+    return finish_tmp(tmp, path, ok, strerror(errno), err, nerr);
 }
 
 static bool any_finite(const double *v, int n)
