@@ -47,6 +47,9 @@ static em_tensor *unary(enum em_op_kind kind, const em_tensor *a, double sa, dou
                            kind == EM_OP_POW_SCALAR || kind == EM_OP_REMAINDER_SCALAR ||
                            kind == EM_OP_MAXIMUM_SCALAR || kind == EM_OP_MINIMUM_SCALAR || kind == EM_OP_CLAMP))
         cdt = kind == EM_OP_NEG ? EM_BOOL : EM_I64;
+    if (a->dtype == EM_BOOL && (kind == EM_OP_SUB_SCALAR || kind == EM_OP_RSUB_SCALAR))
+        return em__fail(EM_ERR_DTYPE, "%s: subtraction with a bool tensor is not supported (as PyTorch): cast to an integer dtype first",
+                        name);
     if (cdt == EM_BOOL && kind == EM_OP_NEG)
         return em__fail(EM_ERR_DTYPE, "%s: negation of a bool tensor is not supported, use em_logical_not", name);
     em_dtype odt = (em__optab[kind].flags & F_CMP) ? EM_BOOL : cdt;
@@ -126,6 +129,9 @@ static em_tensor *binary(enum em_op_kind kind, const em_tensor *a, const em_tens
     if (!a || !b) return em__fail_null("%s: input %s is NULL", name, !a ? "a" : "b");
     if (!supported(a->dtype) || !supported(b->dtype))
         return em__fail(EM_ERR_DTYPE, "%s: dtype %s is not supported", name, em_dtype_name(supported(a->dtype) ? b->dtype : a->dtype));
+    if (kind == EM_OP_SUB && (a->dtype == EM_BOOL || b->dtype == EM_BOOL))
+        return em__fail(EM_ERR_DTYPE, "%s: subtraction with a bool tensor is not supported (as PyTorch): cast to an integer "
+                        "dtype first", name);
     em_dtype cdt = em__promote(a->dtype, b->dtype);
     if (float_math(kind) && !em_dtype_is_float(cdt)) cdt = EM_F32;
     if (kind == EM_OP_POW && !em_dtype_is_float(cdt)) cdt = EM_F32;

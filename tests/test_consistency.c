@@ -444,7 +444,7 @@ static bool case_binary(ctx *c)
     }
     if (!is_float_dt(c->dt) && (c->kind == EM_OP_DIV || c->kind == EM_OP_REMAINDER || c->kind == EM_OP_FMOD ||
                                 c->kind == EM_OP_FLOOR_DIVIDE))
-        blo = 1, bhi = 3;
+        blo = 1, bhi = 3, alo = c->kind == EM_OP_DIV ? alo : 1; /* integer division by zero is an error on the CPU */
     em_tensor *a = IN(c, c->dt, (13, 37), alo, ahi, fa);
     em_tensor *b = IN(c, c->dt, (37), blo, bhi, fb);
     REQ(c, a);
@@ -1304,7 +1304,7 @@ static op_case g_cases[EM_OP_COUNT] = {
     [EM_OP_GT_SCALAR] = {case_scalar, INT_OK, 1},
     [EM_OP_GE_SCALAR] = {case_scalar, INT_OK, 1},
     [EM_OP_ADD] = {case_binary, {D_F32, D_F64, D_I32, D_I64, D_U8, D_BOOL, END}, 1},
-    [EM_OP_SUB] = {case_binary, {D_F32, D_F64, D_I32, D_I64, D_BOOL, END}, 1},
+    [EM_OP_SUB] = {case_binary, {D_F32, D_F64, D_I32, D_I64, END}, 1}, /* bool: an error, as PyTorch */
     [EM_OP_MUL] = {case_binary, {D_F32, D_F64, D_I32, D_I64, D_U8, D_BOOL, END}, 1},
     [EM_OP_DIV] = {case_binary, FLOAT_MATH, 1},
     [EM_OP_POW] = {case_binary, FLOAT_MATH, 1},
