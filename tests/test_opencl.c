@@ -421,7 +421,8 @@ static void test_binary(void **state)
             const double rt = ops[i].exact_float ? 0 : (dt == EM_F32 ? 1e-5 : 1e-12);
             const double at = ops[i].exact_float ? 0 : 1e-30;
             CHECK(what, rt, at, ops[i].f(a, b));
-            CHECK(what, rt, at, ops[i].f(bt, a));
+            /* a holds zeros: an integer remainder by zero is an error on the CPU, 0 on OpenCL (test_edges) */
+            if (fl || ops[i].f != em_remainder) CHECK(what, rt, at, ops[i].f(bt, a));
             if (fl && ops[i].f != em_pow) CHECK(what, rt, at, ops[i].f(an, bt));
         }
         em_scope_end();
