@@ -416,13 +416,15 @@ static void test_binary(void **state)
         em_tensor *an = make(dt, SHAPE(3, 4, 5), 3, -3, 3, 2);                   /* NaN / inf */
         for (int i = 0; i < NELEM(ops); i++) {
             if (!fl && (ops[i].f == em_pow)) continue;
+            /* the integer operands may hold zeros: an integer remainder by zero is an error on the
+             * CPU and 0 on OpenCL (deliberate; test_edges_opencl covers the integer remainder) */
+            if (!fl && ops[i].f == em_remainder) continue;
             char what[64];
             snprintf(what, sizeof what, "%s(%s)", ops[i].name, em_dtype_name(dt));
             const double rt = ops[i].exact_float ? 0 : (dt == EM_F32 ? 1e-5 : 1e-12);
             const double at = ops[i].exact_float ? 0 : 1e-30;
             CHECK(what, rt, at, ops[i].f(a, b));
-            /* a holds zeros: an integer remainder by zero is an error on the CPU, 0 on OpenCL (test_edges) */
-            if (fl || ops[i].f != em_remainder) CHECK(what, rt, at, ops[i].f(bt, a));
+            CHECK(what, rt, at, ops[i].f(bt, a));
             if (fl && ops[i].f != em_pow) CHECK(what, rt, at, ops[i].f(an, bt));
         }
         em_scope_end();
