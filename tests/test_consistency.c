@@ -662,7 +662,7 @@ static bool case_copy(ctx *c)
 static bool case_gather(ctx *c)
 {
     em_tensor *a = IN(c, c->dt, (6, 8), -3, 3, grad_flag(c->dt));
-    em_tensor *i1 = index_input(c, S(6, 5), 2, -1, 8); /* -1 and 8 are out of range: read 0 */
+    em_tensor *i1 = index_input(c, S(6, 5), 2, 0, 7); /* in range: an out-of-range index is an error on the CPU (test_edges) */
     em_tensor *i0 = index_input(c, S(4, 8), 2, 0, 5);
     REQ(c, a);
     REQ(c, i1);
@@ -675,7 +675,7 @@ static bool case_gather(ctx *c)
 static bool case_index_select(ctx *c)
 {
     em_tensor *a = IN(c, c->dt, (7, 5), -3, 3, grad_flag(c->dt));
-    em_tensor *i = index_input(c, S(9), 1, -1, 7);
+    em_tensor *i = index_input(c, S(9), 1, 0, 6);
     em_tensor *j = index_input(c, S(4), 1, 0, 4);
     REQ(c, a);
     REQ(c, i);
@@ -692,7 +692,7 @@ static bool case_scatter(ctx *c)
     const int fl = grad_flag(c->dt);
     em_tensor *self = IN(c, c->dt, (6, 8), -3, 3, fl);
     em_tensor *src = IN(c, c->dt, (6, 5), -3, 3, fl);
-    em_tensor *i1 = index_input(c, S(6, 5), 2, -1, 8); /* duplicates and out-of-range values */
+    em_tensor *i1 = index_input(c, S(6, 5), 2, 0, 7); /* duplicates; out-of-range values: test_edges */
     em_tensor *src0 = IN(c, c->dt, (9, 8), -3, 3, fl);
     em_tensor *i0 = index_input(c, S(9, 8), 2, 0, 5);
     REQ(c, self);
@@ -707,7 +707,7 @@ static bool case_scatter(ctx *c)
 
 static bool case_one_hot(ctx *c)
 {
-    em_tensor *i = index_input(c, S(4, 6), 2, -1, 6);
+    em_tensor *i = index_input(c, S(4, 6), 2, 0, 4);
     REQ(c, i);
     OUT(c, em_one_hot(i, 5));
     em_tensor *j = index_input(c, S(300), 1, 0, 9);
