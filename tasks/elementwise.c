@@ -78,6 +78,10 @@ static em_tensor *unary(enum em_op_kind kind, const em_tensor *a, double sa, dou
     em_tensor *em_##nm(const em_tensor *a, double s) { return unary(EM_OP_##E, a, s, 0, "em_" #nm); }
 #define EWP(E, nm, fl, fx, ix, bw)
 #include "tasks/ops.def"
+/* sqrt whose gradient is 0 where the result is 0 (p.s.a = 1, which the kernel
+ * ignores; autodiff/rules.c bw_sqrt reads it): em_std's, as PyTorch's
+ * std_backward masks a zero std. */
+em_tensor *em__sqrt_std(const em_tensor *a) { return unary(EM_OP_SQRT, a, 1.0, 0, "em_std"); }
 em_tensor *em_clamp(const em_tensor *a, double lo, double hi)
 {
     if (lo > hi) return em__fail(EM_ERR_INVALID, "em_clamp: min %g is greater than max %g", lo, hi);
@@ -133,6 +137,8 @@ static em_tensor *binary(enum em_op_kind kind, const em_tensor *a, const em_tens
         return em__fail(EM_ERR_DTYPE, "%s: subtraction with a bool tensor is not supported (as PyTorch): cast to an integer "
                         "dtype first", name);
     em_dtype cdt = em__promote(a->dtype, b->dtype);
+    if ((kind == EM_OP_REMAINDER || kind == EM_OP_FMOD || kind == EM_OP_FLOOR_DIVIDE) && cdt == EM_BOOL)
+        return em__fail(EM_ERR_DTYPE, "%s: not supported for two bool tensors (as PyTorch): cast one to an integer dtype first", name);
     if (float_math(kind) && !em_dtype_is_float(cdt)) cdt = EM_F32;
     if (kind == EM_OP_POW && !em_dtype_is_float(cdt)) cdt = EM_F32;
     if (cdt == EM_BOOL && (kind == EM_OP_ADD || kind == EM_OP_SUB || kind == EM_OP_MUL || kind == EM_OP_REMAINDER))
