@@ -87,6 +87,8 @@ EM_EW_FLOAT_HELPERS(double, f64)
 #define em_floordiv(a_, b_) _Generic((a_), float: em_floordiv_f32, default: em_floordiv_f64)(a_, b_)
 #define em_erfinv(x_) _Generic((x_), float: em_erfinv_f32, default: em_erfinv_f64)(x_)
 #define em_tanhsat(x_) _Generic((x_), float: em_tanhsat_f32, default: em_tanhsat_f64)(x_)
+#define em_xexpn(x_) _Generic((x_), float: em_xexpn_f32, default: em_xexpn_f64)(x_)
+#define em_geluc(x_) _Generic((x_), float: em_geluc_f32, default: em_geluc_f64)(x_)
 #define EW_NA (T)0 /* placeholder of F_FLOAT kinds: their integer case is never run */
 
 /* One unary and one binary function per dtype: devices/cpu/ew_kernels.inc
