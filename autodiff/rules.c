@@ -127,7 +127,9 @@ BW1(bw_abs, em_mul(g, em_sign(x)))
 BW1(bw_exp, em_mul(g, y))
 BW1(bw_log, em_div(g, x))
 BW1(bw_log1p, em_div(g, em_add_scalar(x, 1.0)))
-BW1(bw_sqrt, em_div(g, em_mul_scalar(y, 2.0)))
+/* sa = 1: em_std's sqrt, whose gradient is 0 where the std is 0 (PyTorch's std_backward) */
+BW1(bw_sqrt, sa == 1.0 ? em_where(em_eq_scalar(y, 0.0), em_zeros(y->shape, y->ndim, dt), em_div(g, em_mul_scalar(y, 2.0)))
+                       : em_div(g, em_mul_scalar(y, 2.0)))
 BW1(bw_rsqrt, em_mul(g, em_mul_scalar(em_pow_scalar(y, 3.0), -0.5)))
 BW1(bw_reciprocal, em_mul(em_neg(g), em_square(y)))
 BW1(bw_square, em_mul(g, em_mul_scalar(x, 2.0)))
@@ -165,7 +167,8 @@ BW(bw_silu)
     gin[0] = em_mul(g, em_mul(s, em_add_scalar(em_mul(x, em_rsub_scalar(s, 1.0)), 1.0)));
     return EM_OK;
 }
-BW1(bw_softplus, em_mul(g, em_sigmoid(x)))
+/* above the forward's threshold (x > 20: softplus = x) the gradient is g, as PyTorch */
+BW1(bw_softplus, em_where(em_gt_scalar(x, 20.0), g, em_mul(g, em_sigmoid(x))))
 BW1(bw_erf, em_mul(g, em_mul_scalar(em_exp(em_neg(em_square(x))), 1.1283791670955126)))
 BW1(bw_clamp, em_mul(g, mask_f(em_logical_and(em_ge_scalar(x, sa), em_le_scalar(x, sb)), dt)))
 BW1(bw_pow_scalar, sa == 0 ? em_zeros(x->shape, x->ndim, dt) : em_mul(g, em_mul_scalar(em_pow_scalar(x, sa - 1.0), sa)))
@@ -245,8 +248,11 @@ BW2(bw_div, em_div(g, bf), em_neg(em_div(em_mul(g, af), em_square(bf))))
 BW(bw_pow)
 {
     BW2_ARGS;
-    /* d/da = b a^(b-1); d/db = a^b log(a), 0 where a == 0 and b >= 0 (PyTorch) */
-    em_tensor *ga = em_mul(g, em_mul(bf, em_pow(af, em_sub_scalar(bf, 1.0)))), *gb = NULL;
+    /* d/da = b a^(b-1), 0 where b == 0 (so 0^0 gives 0, not 0 * inf; PyTorch's
+     * pow_backward); d/db = a^b log(a), 0 where a == 0 and b >= 0 (PyTorch) */
+    em_tensor *ga = em_where(em_eq_scalar(bf, 0.0), em_zeros(g->shape, g->ndim, dt),
+                             em_mul(g, em_mul(bf, em_pow(af, em_sub_scalar(bf, 1.0))))),
+              *gb = NULL;
     if (n->in[1]->requires_grad) {
         em_tensor *lg = em_mul(n->out_alias, em_log(af));
         em_tensor *zero_mask = em_logical_and(em_eq_scalar(af, 0.0), em_ge_scalar(bf, 0.0));
@@ -254,14 +260,18 @@ BW(bw_pow)
     }
     return binary_out(n, ga, gb, gin);
 }
-/* maximum / minimum: ties split the gradient evenly */
+/* maximum / minimum, as PyTorch: ties split the gradient evenly, the operand
+ * that loses the comparison gets 0, and where either is NaN (no comparison
+ * holds) both get the whole gradient */
 static em_status bw_extremum(const em_node *n, em_tensor *g, em_tensor **gin, bool is_max)
 {
     BW2_ARGS;
     em_tensor *win = is_max ? em_gt(af, bf) : em_lt(af, bf);
-    em_tensor *tie = em_eq(af, bf);
-    em_tensor *wa = em_add(mask_f(win, dt), em_mul_scalar(mask_f(tie, dt), 0.5));
-    return binary_out(n, em_mul(g, wa), em_mul(g, em_rsub_scalar(wa, 1.0)), gin);
+    em_tensor *lose = is_max ? em_lt(af, bf) : em_gt(af, bf);
+    em_tensor *half_tie = em_mul_scalar(mask_f(em_eq(af, bf), dt), 0.5);
+    em_tensor *wa = em_rsub_scalar(em_add(mask_f(lose, dt), half_tie), 1.0);
+    em_tensor *wb = em_rsub_scalar(em_add(mask_f(win, dt), half_tie), 1.0);
+    return binary_out(n, em_mul(g, wa), em_mul(g, wb), gin);
 }
 BW(bw_maximum) { return bw_extremum(n, g, gin, true); }
 BW(bw_minimum) { return bw_extremum(n, g, gin, false); }

@@ -59,7 +59,7 @@ EW_FN em_i64 em_ifloordiv(em_i64 a, em_i64 b)
     return q;
 }
 
-#define EM_EW_FLOAT_HELPER_LIST(X) X(pymod, 2) X(floordiv, 2) X(erfinv, 1) X(tanhsat, 1)
+#define EM_EW_FLOAT_HELPER_LIST(X) X(pymod, 2) X(floordiv, 2) X(erfinv, 1) X(tanhsat, 1) X(xexpn, 1) X(geluc, 1)
 
 /* em_pymod: Python's a % b, the sign of the divisor (torch.remainder).
  * em_floordiv: Python's a // b for floats (torch.floor_divide), as CPython's
@@ -72,6 +72,19 @@ EW_FN em_i64 em_ifloordiv(em_i64 a, em_i64 b)
  *   short of 1 for every x (0.99999994 at x = 100), which expressions such as
  *   1 + tanh(u) (gelu_tanh) and 1 - tanh^2 (the backward of tanh, gelu_tanh,
  *   mish) turn into large errors, and the CPU and CUDA disagree with it.
+ * em_xexpn: x * exp(x) for x <= 0 without the underflow of exp(x): below
+ *   -80 (float) / -700 (double), where exp(x) alone would be subnormal or 0
+ *   and lose the digits of a result that is still representable, it is
+ *   (x * exp(x + 64)) * exp(-64) (x + 64 is exact there; 512 for double),
+ *   rounded once into the subnormal range. -inf gives nan (-inf * 0), as
+ *   PyTorch's silu. silu and mish use it for large negative x.
+ * em_geluc: x / 2 * erfc(-x / sqrt 2), with the rounding error of the argument
+ *   z = -x / sqrt 2 (1/sqrt 2 split into a rounded constant and its
+ *   remainder, fma for the product's error dz) corrected to first order:
+ *   erfc(z + dz) = erfc(z) - dz 2/sqrt(pi) exp(-z^2). erfc amplifies the
+ *   relative error of its argument by about 2 z^2 (50 at x = -7: 10 ulps in
+ *   float without the correction). 1 + erf(x / sqrt 2) would cancel for
+ *   negative x.
  * em_erfinv: the inverse error function on [-1, 1] (+-inf at +-1, nan
  *   outside): M. Giles, "Approximating the erfinv function" (GPU Computing
  *   Gems, 2011), single-precision polynomials in w = -log((1 - x)(1 + x)),
@@ -97,6 +110,23 @@ EW_FN em_i64 em_ifloordiv(em_i64 a, em_i64 b)
     EW_FN T em_tanhsat_##S(T x)                                                                   \
     {                                                                                             \
         return fabs(x) > (sizeof(T) == 4 ? (T)9.02 : (T)19.07) ? copysign((T)1, x) : tanh(x);     \
+    }                                                                                             \
+    EW_FN T em_xexpn_##S(T x)                                                                     \
+    {                                                                                             \
+        if (sizeof(T) == 4 ? x < (T)-80 : x < (T)-700)                                            \
+            return sizeof(T) == 4 ? x * exp(x + (T)64) * (T)1.60381089e-28                        \
+                                  : x * exp(x + (T)512) * (T)4.3596236141622470e-223;             \
+        return x * exp(x);                                                                        \
+    }                                                                                             \
+    EW_FN T em_geluc_##S(T x)                                                                      \
+    {                                                                                             \
+        const T ch = sizeof(T) == 4 ? (T)0.7071067690849304 : (T)0.7071067811865476;              \
+        const T cl = sizeof(T) == 4 ? (T)1.2101617104478969e-8 : (T)-4.8336466567264565e-17;      \
+        T z = -x * ch;                                                                            \
+        T dz = fma(-x, ch, -z) - x * cl;                                                          \
+        T e = erfc(z);                                                                            \
+        if (dz != 0 && z == z && fabs(z) < (T)30) e -= dz * (T)1.1283791670955126 * exp(-z * z);  \
+        return (T)0.5 * x * e;                                                                    \
     }                                                                                             \
     EW_FN T em_erfinv_##S(T x)                                                                    \
     {                                                                                             \

@@ -47,6 +47,9 @@ static em_tensor *unary(enum em_op_kind kind, const em_tensor *a, double sa, dou
                            kind == EM_OP_POW_SCALAR || kind == EM_OP_REMAINDER_SCALAR ||
                            kind == EM_OP_MAXIMUM_SCALAR || kind == EM_OP_MINIMUM_SCALAR || kind == EM_OP_CLAMP))
         cdt = kind == EM_OP_NEG ? EM_BOOL : EM_I64;
+    if (a->dtype == EM_BOOL && (kind == EM_OP_SUB_SCALAR || kind == EM_OP_RSUB_SCALAR))
+        return em__fail(EM_ERR_DTYPE, "%s: subtraction with a bool tensor is not supported (as PyTorch): cast to an integer dtype first",
+                        name);
     if (cdt == EM_BOOL && kind == EM_OP_NEG)
         return em__fail(EM_ERR_DTYPE, "%s: negation of a bool tensor is not supported, use em_logical_not", name);
     em_dtype odt = (em__optab[kind].flags & F_CMP) ? EM_BOOL : cdt;
@@ -75,6 +78,10 @@ static em_tensor *unary(enum em_op_kind kind, const em_tensor *a, double sa, dou
     em_tensor *em_##nm(const em_tensor *a, double s) { return unary(EM_OP_##E, a, s, 0, "em_" #nm); }
 #define EWP(E, nm, fl, fx, ix, bw)
 #include "tasks/ops.def"
+/* sqrt whose gradient is 0 where the result is 0 (p.s.a = 1, which the kernel
+ * ignores; autodiff/rules.c bw_sqrt reads it): em_std's, as PyTorch's
+ * std_backward masks a zero std. */
+em_tensor *em__sqrt_std(const em_tensor *a) { return unary(EM_OP_SQRT, a, 1.0, 0, "em_std"); }
 em_tensor *em_clamp(const em_tensor *a, double lo, double hi)
 {
     if (lo > hi) return em__fail(EM_ERR_INVALID, "em_clamp: min %g is greater than max %g", lo, hi);
@@ -126,7 +133,12 @@ static em_tensor *binary(enum em_op_kind kind, const em_tensor *a, const em_tens
     if (!a || !b) return em__fail_null("%s: input %s is NULL", name, !a ? "a" : "b");
     if (!supported(a->dtype) || !supported(b->dtype))
         return em__fail(EM_ERR_DTYPE, "%s: dtype %s is not supported", name, em_dtype_name(supported(a->dtype) ? b->dtype : a->dtype));
+    if (kind == EM_OP_SUB && (a->dtype == EM_BOOL || b->dtype == EM_BOOL))
+        return em__fail(EM_ERR_DTYPE, "%s: subtraction with a bool tensor is not supported (as PyTorch): cast to an integer "
+                        "dtype first", name);
     em_dtype cdt = em__promote(a->dtype, b->dtype);
+    if ((kind == EM_OP_REMAINDER || kind == EM_OP_FMOD || kind == EM_OP_FLOOR_DIVIDE) && cdt == EM_BOOL)
+        return em__fail(EM_ERR_DTYPE, "%s: not supported for two bool tensors (as PyTorch): cast one to an integer dtype first", name);
     if (float_math(kind) && !em_dtype_is_float(cdt)) cdt = EM_F32;
     if (kind == EM_OP_POW && !em_dtype_is_float(cdt)) cdt = EM_F32;
     if (cdt == EM_BOOL && (kind == EM_OP_ADD || kind == EM_OP_SUB || kind == EM_OP_MUL || kind == EM_OP_REMAINDER))

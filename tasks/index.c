@@ -22,9 +22,17 @@
  *
  * Index values are not read at submit time (that would wait for the data), so
  * they cannot be validated here. Instead every kernel checks each index
- * against the size of its dim and never reads or writes out of bounds: an
- * out-of-range (or negative) index yields 0 in gather / index_select, is
- * skipped in scatter / scatter_add, and gives an all-zero row in one_hot.
+ * against the size of its dim and never reads or writes out of bounds. On the
+ * CPU an out-of-range (or negative) index is an error, as PyTorch raises: the
+ * sticky kernel error EM_ERR_INVALID naming the op, the value and the dim's
+ * size, reported by the next em_sync / em_to_host / em_item. On CUDA and
+ * OpenCL (asynchronous kernels that cannot report a per-element condition
+ * without a synchronisation) it is not reported: the value yields 0 in
+ * gather / index_select, is skipped in scatter / scatter_add, and gives an
+ * all-zero row in one_hot.
+ *
+ * src of scatter / scatter_add must have self's dtype (EM_ERR_DTYPE
+ * otherwise, as PyTorch).
  *
  * Index tensors may be i64 or i32 (i32 is cast to i64 first, by a task the
  * tape does not record); any other dtype is an EM_ERR_DTYPE error.
@@ -86,6 +94,9 @@ static em_tensor *scatter(enum em_op_kind kind, const em_tensor *a, int dim, con
     if (!a || !index || !src) return em__fail_null("%s: input %s is NULL", op, !a ? "a" : !index ? "index" : "src");
     if (!supported(a->dtype)) return em__fail(EM_ERR_DTYPE, "%s: dtype %s is not supported", op, em_dtype_name(a->dtype));
     if (!supported(src->dtype)) return em__fail(EM_ERR_DTYPE, "%s: src dtype %s is not supported", op, em_dtype_name(src->dtype));
+    if (src->dtype != a->dtype)
+        return em__fail(EM_ERR_DTYPE, "%s: src dtype %s must be the input's dtype %s (as PyTorch): cast src first", op,
+                        em_dtype_name(src->dtype), em_dtype_name(a->dtype));
     int d = em__norm_dim(a, dim, 0, op);
     if (d < 0) return NULL;
     char sa[200], si[200], ss[200];
@@ -102,7 +113,7 @@ static em_tensor *scatter(enum em_op_kind kind, const em_tensor *a, int dim, con
     }
     em_tensor *idx = index_i64(index, op);
     if (!idx) return NULL;
-    em_tensor *s = em__as_dtype(src, a->dtype);
+    em_tensor *s = em__as_dtype(src, a->dtype); /* the same dtype: a retained reference */
     em_tensor *out = s ? em__tensor_new(a->dtype, a->shape, a->ndim) : NULL;
     em_tensor *r = NULL;
     if (out) {

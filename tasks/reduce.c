@@ -166,7 +166,9 @@ em_tensor *em_std(const em_tensor *a, const int *dims, int ndims, double correct
 {
     em_scope_begin();
     em_tensor *v = em_var(a, dims, ndims, correction, keepdim);
-    em_tensor *r = v ? em_keep(em_sqrt(v)) : NULL; /* keep em_var's error message */
+    /* keep em_var's error message; the gradient is 0 where std = 0 (a constant
+     * input), as PyTorch, not 0 / 0 */
+    em_tensor *r = v ? em_keep(em__sqrt_std(v)) : NULL;
     em_scope_end();
     return r;
 }

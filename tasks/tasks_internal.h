@@ -198,4 +198,7 @@ em_status em__batch_norm_running(const em_tensor *stats, em_tensor *running_mean
 em_status em__batch_norm_bwd(const em_tensor *dy, const em_tensor *x, const em_tensor *stats, const em_tensor *weight,
                              double eps, em_tensor **dx, em_tensor **dweight, em_tensor **dbias);
 
+/* sqrt with a zero gradient where the result is 0 (em_std; tasks/elementwise.c). */
+em_tensor *em__sqrt_std(const em_tensor *a);
+
 #endif

@@ -444,7 +444,7 @@ static bool case_binary(ctx *c)
     }
     if (!is_float_dt(c->dt) && (c->kind == EM_OP_DIV || c->kind == EM_OP_REMAINDER || c->kind == EM_OP_FMOD ||
                                 c->kind == EM_OP_FLOOR_DIVIDE))
-        blo = 1, bhi = 3;
+        blo = 1, bhi = 3, alo = c->kind == EM_OP_DIV ? alo : 1; /* integer division by zero is an error on the CPU */
     em_tensor *a = IN(c, c->dt, (13, 37), alo, ahi, fa);
     em_tensor *b = IN(c, c->dt, (37), blo, bhi, fb);
     REQ(c, a);
@@ -662,7 +662,7 @@ static bool case_copy(ctx *c)
 static bool case_gather(ctx *c)
 {
     em_tensor *a = IN(c, c->dt, (6, 8), -3, 3, grad_flag(c->dt));
-    em_tensor *i1 = index_input(c, S(6, 5), 2, -1, 8); /* -1 and 8 are out of range: read 0 */
+    em_tensor *i1 = index_input(c, S(6, 5), 2, 0, 7); /* in range: an out-of-range index is an error on the CPU (test_edges) */
     em_tensor *i0 = index_input(c, S(4, 8), 2, 0, 5);
     REQ(c, a);
     REQ(c, i1);
@@ -675,7 +675,7 @@ static bool case_gather(ctx *c)
 static bool case_index_select(ctx *c)
 {
     em_tensor *a = IN(c, c->dt, (7, 5), -3, 3, grad_flag(c->dt));
-    em_tensor *i = index_input(c, S(9), 1, -1, 7);
+    em_tensor *i = index_input(c, S(9), 1, 0, 6);
     em_tensor *j = index_input(c, S(4), 1, 0, 4);
     REQ(c, a);
     REQ(c, i);
@@ -692,7 +692,7 @@ static bool case_scatter(ctx *c)
     const int fl = grad_flag(c->dt);
     em_tensor *self = IN(c, c->dt, (6, 8), -3, 3, fl);
     em_tensor *src = IN(c, c->dt, (6, 5), -3, 3, fl);
-    em_tensor *i1 = index_input(c, S(6, 5), 2, -1, 8); /* duplicates and out-of-range values */
+    em_tensor *i1 = index_input(c, S(6, 5), 2, 0, 7); /* duplicates; out-of-range values: test_edges */
     em_tensor *src0 = IN(c, c->dt, (9, 8), -3, 3, fl);
     em_tensor *i0 = index_input(c, S(9, 8), 2, 0, 5);
     REQ(c, self);
@@ -707,7 +707,7 @@ static bool case_scatter(ctx *c)
 
 static bool case_one_hot(ctx *c)
 {
-    em_tensor *i = index_input(c, S(4, 6), 2, -1, 6);
+    em_tensor *i = index_input(c, S(4, 6), 2, 0, 4);
     REQ(c, i);
     OUT(c, em_one_hot(i, 5));
     em_tensor *j = index_input(c, S(300), 1, 0, 9);
@@ -1304,7 +1304,7 @@ static op_case g_cases[EM_OP_COUNT] = {
     [EM_OP_GT_SCALAR] = {case_scalar, INT_OK, 1},
     [EM_OP_GE_SCALAR] = {case_scalar, INT_OK, 1},
     [EM_OP_ADD] = {case_binary, {D_F32, D_F64, D_I32, D_I64, D_U8, D_BOOL, END}, 1},
-    [EM_OP_SUB] = {case_binary, {D_F32, D_F64, D_I32, D_I64, D_BOOL, END}, 1},
+    [EM_OP_SUB] = {case_binary, {D_F32, D_F64, D_I32, D_I64, END}, 1}, /* bool: an error, as PyTorch */
     [EM_OP_MUL] = {case_binary, {D_F32, D_F64, D_I32, D_I64, D_U8, D_BOOL, END}, 1},
     [EM_OP_DIV] = {case_binary, FLOAT_MATH, 1},
     [EM_OP_POW] = {case_binary, FLOAT_MATH, 1},

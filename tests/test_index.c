@@ -24,6 +24,25 @@ static em_tensor *i32_tensor(const int32_t *v, const int64_t *shape, int nd)
 #define I64(shape_list, ...) i64_tensor((const int64_t[]){__VA_ARGS__}, SHAPE shape_list, NDIM shape_list)
 #define I32(shape_list, ...) i32_tensor((const int32_t[]){__VA_ARGS__}, SHAPE shape_list, NDIM shape_list)
 
+/* An index out of range: on the CPU the kernel's sticky error EM_ERR_INVALID,
+ * reported by the next read and naming the op and the value (PyTorch raises);
+ * on CUDA / OpenCL no error and the documented value (want, n floats). */
+static void assert_range_error(em_tensor *r, const char *op, const char *value, const float *want, int n)
+{
+    assert_non_null(r);
+    float got[16];
+    em_status st = em_to_host(em_cast(r, EM_F32), got, sizeof(float) * (size_t)n);
+    if (em_get_device().kind == EM_DEVICE_CPU) {
+        assert_int_equal(st, EM_ERR_INVALID);
+        assert_non_null(strstr(em_last_error(), op));
+        assert_non_null(strstr(em_last_error(), value));
+        assert_non_null(strstr(em_last_error(), "out of range"));
+    } else {
+        assert_int_equal(st, EM_OK);
+        for (int i = 0; i < n; i++) assert_true(got[i] == want[i]);
+    }
+}
+
 static void test_gather(void **state)
 {
     (void)state;
@@ -50,8 +69,9 @@ static void test_gather(void **state)
     /* 3-D, dim 2 */
     em_tensor *b = F32((2, 2, 3), 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11);
     CLOSE(em_gather(b, 2, I64((2, 2, 1), 2, 0, 1, 2)), 2, 3, 7, 11);
-    /* out-of-range and negative indices read as 0 (documented) */
-    CLOSE(em_gather(t, 1, I64((2, 2), 5, 1, -1, 0)), 0, 2, 0, 3);
+    /* out-of-range and negative indices: an error on the CPU, 0 on CUDA / OpenCL (documented) */
+    assert_range_error(em_gather(t, 1, I64((2, 2), 5, 1, -1, 0)), "gather", "index 5", (const float[]){0, 2, 0, 3}, 4);
+    assert_range_error(em_gather(t, 1, I64((2, 2), 0, 1, -1, 0)), "gather", "index -1", (const float[]){1, 2, 0, 3}, 4);
     /* integer data */
     em_tensor *ti = I32((2, 3), 10, 20, 30, 40, 50, 60);
     em_tensor *gi = em_gather(ti, 1, I64((2, 2), 2, 1, 0, 0));
@@ -75,13 +95,17 @@ static void test_scatter(void **state)
     CLOSE(s1, 1, 2, 3, 0, 0, 6, 7, 0, 0, 8, 0, 0, 0, 0, 0);
     /* the input is not modified */
     CLOSE(z, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0);
-    /* non-zero self, strided self, src cast to self's dtype */
+    /* non-zero self, strided self */
     em_tensor *self = F32((2, 2), 1, 2, 3, 4);
+    CLOSE(em_scatter(em_transpose(self, 0, 1), 1, I64((1, 2), 1, 0), F32((1, 2), 7, 8)), 8, 7, 2, 4);
+    /* src of another dtype: an error at the call (as PyTorch) */
     int64_t sv[2] = {7, 8};
     em_tensor *si = em_from_host(sv, SHAPE(1, 2), 2, EM_I64);
-    CLOSE(em_scatter(em_transpose(self, 0, 1), 1, I64((1, 2), 1, 0), si), 8, 7, 2, 4);
-    /* out-of-range indices are skipped */
-    CLOSE(em_scatter(self, 0, I64((1, 2), 3, -1), src), 1, 2, 3, 4);
+    em_test_assert_error(em_scatter(self, 1, I64((1, 2), 1, 0), si), "em_scatter", "int64", "float32", NULL);
+    assert_int_equal(em_last_status(), EM_ERR_DTYPE);
+    em_test_assert_error(em_scatter_add(self, 1, I64((1, 2), 1, 0), si), "em_scatter_add", "int64", NULL);
+    /* out-of-range indices: an error on the CPU, skipped on CUDA / OpenCL */
+    assert_range_error(em_scatter(self, 0, I64((1, 2), 3, -1), src), "scatter", "index 3", (const float[]){1, 2, 3, 4}, 4);
     em_scope_end();
 }
 
@@ -101,9 +125,12 @@ static void test_scatter_add(void **state)
     CLOSE(em_scatter_add(a, 1, I64((2, 3), 0, 0, 2, 1, 1, 1), src), 4, 1, 4, 1, 16, 1);
     /* integer dtype, i32 index */
     em_tensor *ai = I32((4), 0, 0, 0, 0);
-    em_tensor *r = em_scatter_add(ai, 0, I32((5), 1, 3, 1, 1, 9), I32((5), 1, 2, 3, 4, 5));
+    em_tensor *r = em_scatter_add(ai, 0, I32((5), 1, 3, 1, 1, 0), I32((5), 1, 2, 3, 4, 5));
     assert_int_equal(em_tensor_dtype(r), EM_I32);
-    CLOSE(r, 0, 8, 0, 2);
+    CLOSE(r, 5, 8, 0, 2);
+    /* an out-of-range index (9 in a dim of 4): an error on the CPU, skipped on CUDA / OpenCL */
+    assert_range_error(em_scatter_add(ai, 0, I32((5), 1, 3, 1, 1, 9), I32((5), 1, 2, 3, 4, 5)), "scatter_add", "index 9",
+                       (const float[]){0, 8, 0, 2}, 4);
     em_scope_end();
 }
 
@@ -123,8 +150,8 @@ static void test_index_select(void **state)
     CLOSE(r2, 5, 9, 6, 10, 7, 11, 8, 12);
     /* strided index (every other element of [2, 9, 0, 9]) */
     CLOSE(em_index_select(a, 0, em_slice(I64((4), 2, 9, 0, 9), 0, 0, 4, 2)), 9, 10, 11, 12, 1, 2, 3, 4);
-    /* out-of-range rows are zero (documented) */
-    CLOSE(em_index_select(a, 0, I64((2), 3, 1)), 0, 0, 0, 0, 5, 6, 7, 8);
+    /* out-of-range rows: an error on the CPU, zero on CUDA / OpenCL (documented) */
+    assert_range_error(em_index_select(a, 0, I64((2), 3, 1)), "index_select", "index 3", (const float[]){0, 0, 0, 0, 5, 6, 7, 8}, 8);
     /* 0-d index picks one row */
     int64_t one = 1;
     ASSERT_SHAPE(em_index_select(a, 0, em_from_host(&one, NULL, 0, EM_I64)), 1, 4);
@@ -140,9 +167,11 @@ static void test_one_hot(void **state)
     ASSERT_SHAPE(o, 3, 3);
     assert_int_equal(em_tensor_dtype(o), EM_I64);
     CLOSE(o, 1, 0, 0, 0, 0, 1, 0, 1, 0);
-    em_tensor *o2 = em_one_hot(I32((2, 1), 1, 3), 3); /* 3 is out of range: an all-zero row */
+    em_tensor *o2 = em_one_hot(I32((2, 1), 1, 2), 3);
     ASSERT_SHAPE(o2, 2, 1, 3);
-    CLOSE(o2, 0, 1, 0, 0, 0, 0);
+    CLOSE(o2, 0, 1, 0, 0, 0, 1);
+    /* 3 is out of range: an error on the CPU, an all-zero row on CUDA / OpenCL */
+    assert_range_error(em_one_hot(I32((2, 1), 1, 3), 3), "one_hot", "num_classes 3", (const float[]){0, 1, 0, 0, 0, 0}, 6);
     em_tensor *o3 = em_one_hot(em_transpose(I64((2, 2), 0, 1, 2, 3), 0, 1), 4);
     CLOSE(o3, 1, 0, 0, 0, 0, 0, 1, 0, 0, 1, 0, 0, 0, 0, 0, 1);
     em_test_assert_error(em_one_hot(I64((2), 0, 1), 0), "em_one_hot", "num_classes", NULL);

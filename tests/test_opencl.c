@@ -416,6 +416,9 @@ static void test_binary(void **state)
         em_tensor *an = make(dt, SHAPE(3, 4, 5), 3, -3, 3, 2);                   /* NaN / inf */
         for (int i = 0; i < NELEM(ops); i++) {
             if (!fl && (ops[i].f == em_pow)) continue;
+            /* the integer operands may hold zeros: an integer remainder by zero is an error on the
+             * CPU and 0 on OpenCL (deliberate; test_edges_opencl covers the integer remainder) */
+            if (!fl && ops[i].f == em_remainder) continue;
             char what[64];
             snprintf(what, sizeof what, "%s(%s)", ops[i].name, em_dtype_name(dt));
             const double rt = ops[i].exact_float ? 0 : (dt == EM_F32 ? 1e-5 : 1e-12);
@@ -596,25 +599,25 @@ static void test_index(void **state)
         const em_dtype dt = ALL[t];
         em_scope_begin();
         em_tensor *a = make(dt, SHAPE(4, 6, 3), 3, dt == EM_U8 ? 0 : -9, 9, 0);
-        em_tensor *idx = make(EM_I64, SHAPE(4, 5, 3), 3, -1, 7, 0); /* some out of range */
+        /* indices in range: an out-of-range one is an error on the CPU and 0 / skipped on OpenCL
+         * (DELIBERATE 'index-range', checked by test_edges_opencl) */
         em_tensor *idx_ok = make(EM_I64, SHAPE(4, 5, 3), 3, 0, 6, 0);
-        CHECK("gather", EXACT, em_gather(a, 1, idx));
+        CHECK("gather", EXACT, em_gather(a, 1, idx_ok));
         em_tensor *at = em_transpose(a, 0, 2), *it = make(EM_I64, SHAPE(2, 6, 4), 3, 0, 3, 0);
         CHECK("gather (transposed input)", EXACT, em_gather(at, 0, it));
-        em_tensor *i1 = make(EM_I64, SHAPE(5), 1, -1, 6, 0);
+        em_tensor *i1 = make(EM_I64, SHAPE(5), 1, 0, 6, 0);
         CHECK("index_select", EXACT, em_index_select(a, 1, i1));
         em_tensor *i0 = make(EM_I64, SHAPE(7), 1, 0, 4, 0);
         CHECK("index_select dim 0", EXACT, em_index_select(a, 0, i0));
         em_tensor *src = make(dt, SHAPE(4, 5, 3), 3, dt == EM_U8 ? 0 : -9, 9, 0);
         CHECK("scatter (duplicates)", EXACT, em_scatter(a, 1, idx_ok, src));
-        CHECK("scatter (out of range)", EXACT, em_scatter(a, 1, idx, src));
         CHECK("scatter_add (duplicates)", EXACT, em_scatter_add(a, 1, idx_ok, src));
         em_tensor *i2 = make(EM_I64, SHAPE(4, 6, 5), 3, 0, 3, 0), *s2 = make(dt, SHAPE(4, 6, 5), 3, 0, 9, 0);
         CHECK("scatter_add dim 2", EXACT, em_scatter_add(a, 2, i2, s2));
         em_scope_end();
     }
     em_scope_begin();
-    em_tensor *oh64 = make(EM_I64, SHAPE(3, 7), 2, -1, 5, 0), *oh32 = make(EM_I32, SHAPE(9), 1, 0, 6, 0);
+    em_tensor *oh64 = make(EM_I64, SHAPE(3, 7), 2, 0, 4, 0), *oh32 = make(EM_I32, SHAPE(9), 1, 0, 6, 0);
     CHECK("one_hot", EXACT, em_one_hot(oh64, 4));
     CHECK("one_hot (i32 index)", EXACT, em_one_hot(oh32, 6));
     em_scope_end();

@@ -87,6 +87,8 @@ EM_EW_FLOAT_HELPERS(double, f64)
 #define em_floordiv(a_, b_) _Generic((a_), float: em_floordiv_f32, default: em_floordiv_f64)(a_, b_)
 #define em_erfinv(x_) _Generic((x_), float: em_erfinv_f32, default: em_erfinv_f64)(x_)
 #define em_tanhsat(x_) _Generic((x_), float: em_tanhsat_f32, default: em_tanhsat_f64)(x_)
+#define em_xexpn(x_) _Generic((x_), float: em_xexpn_f32, default: em_xexpn_f64)(x_)
+#define em_geluc(x_) _Generic((x_), float: em_geluc_f32, default: em_geluc_f64)(x_)
 #define EW_NA (T)0 /* placeholder of F_FLOAT kinds: their integer case is never run */
 
 /* One unary and one binary function per dtype: devices/cpu/ew_kernels.inc
@@ -112,10 +114,64 @@ EM_EW_FLOAT_HELPERS(double, f64)
 #define EW_IS_FLOAT 0
 #include "devices/cpu/ew_kernels.inc"
 
+/* Integer remainder / fmod / floor_divide by zero: the sticky kernel error
+ * (reported by the next em_sync / em_to_host / em_item), as PyTorch's CPU
+ * raises ZeroDivisionError; the output is not written. The expressions
+ * themselves (devices/ew_math.h) give 0 for it and never trap, which is what
+ * the CUDA and OpenCL kernels return (they cannot report a per-element
+ * condition without a synchronisation). */
+static bool int_div_kind(int kind)
+{
+    return kind == EM_OP_REMAINDER || kind == EM_OP_FMOD || kind == EM_OP_FLOOR_DIVIDE;
+}
+
+#define HAS_ZERO_T(T)                                                                                \
+    do {                                                                                             \
+        const T *B_ = (const T *)b;                                                                  \
+        EM_ITER_FOREACH_ROW(&it)                                                                     \
+        for (int64_t j = 0; j < it.inner; j++)                                                       \
+            if (B_[it.off[0] + j * it.inner_st[0]] == 0) return true;                                \
+    } while (0)
+
+/* Does operand d (of the output's shape) hold a zero? */
+static bool has_zero(const em_kargs *k, const em_tdesc *d, const void *b)
+{
+    const int64_t *st[1] = {d->strides};
+    const int64_t off[1] = {d->offset};
+    em_iter it;
+    em_iter_init(&it, k->out[0].ndim, k->out[0].shape, 1, st, off);
+    switch (d->dtype) {
+    case EM_I32: HAS_ZERO_T(int32_t); break;
+    case EM_I64: HAS_ZERO_T(int64_t); break;
+    case EM_U8:
+    case EM_BOOL: HAS_ZERO_T(uint8_t); break;
+    default: break;
+    }
+    return false;
+}
+
+static int64_t numel(const em_tdesc *d)
+{
+    int64_t n = 1;
+    for (int i = 0; i < d->ndim; i++) n *= d->shape[i];
+    return n;
+}
+
+static bool int_div_by_zero(const em_kargs *k, const char *what)
+{
+    em__kernel_error(k, EM_ERR_INVALID, "integer %s by zero (%s)", what, em__kernel_info[k->kind].name);
+    return true;
+}
+
 void em_cpu_unary(void *buffers[], void *cl_arg)
 {
     const em_kargs *k = cl_arg;
     void *bufs[2] = {em_cpu_ptr(buffers[0]), em_cpu_ptr(buffers[1])};
+    if (k->kind == EM_OP_REMAINDER_SCALAR && k->in[0].dtype != EM_F32 && k->in[0].dtype != EM_F64 &&
+        (int64_t)k->p.s.a == 0 && numel(&k->out[0]) > 0) {
+        int_div_by_zero(k, "remainder");
+        return;
+    }
     switch (k->in[0].dtype) {
     case EM_F32: unary_float(k, bufs); break;
     case EM_F64: unary_double(k, bufs); break;
@@ -141,6 +197,10 @@ void em_cpu_binary(void *buffers[], void *cl_arg)
 {
     const em_kargs *k = cl_arg;
     void *bufs[3] = {em_cpu_ptr(buffers[0]), em_cpu_ptr(buffers[1]), em_cpu_ptr(buffers[2])};
+    if (int_div_kind(k->kind) && k->in[1].dtype != EM_F32 && k->in[1].dtype != EM_F64 && has_zero(k, &k->in[1], bufs[1])) {
+        int_div_by_zero(k, k->kind == EM_OP_FLOOR_DIVIDE ? "division" : "remainder");
+        return;
+    }
     switch (k->in[0].dtype) {
     case EM_F32: binary_float(k, bufs); break;
     case EM_F64: binary_double(k, bufs); break;

@@ -1,12 +1,42 @@
 /* CPU kernels for the indexing ops: gather, index_select, scatter,
  * scatter_add, one_hot. The contracts are described at the top of
  * tasks/index.c. Index operands are i64. Every index value is checked against
- * the size of its dim: an out-of-range value reads as 0 (gather,
- * index_select), is skipped (scatter, scatter_add) or gives an all-zero row
- * (one_hot); nothing is ever read or written out of bounds. */
+ * the size of its dim before anything is written: an out-of-range (or
+ * negative) value is the sticky kernel error EM_ERR_INVALID (reported by the
+ * next em_sync / em_to_host / em_item), as PyTorch raises; the output is then
+ * not written. Nothing is ever read or written out of bounds. */
 #include "devices/cpu/cpu.h"
 
+#include <inttypes.h>
 #include <string.h>
+
+/* Every value of the index operand D (i64, iterated over D's own shape) in
+ * [0, n)? If not: the sticky kernel error naming the first bad value, and
+ * false. */
+static bool index_in_range(const em_kargs *k, const em_tdesc *D, const int64_t *I, int64_t n, int dim)
+{
+    const int64_t *st[1] = {D->strides};
+    const int64_t off[1] = {D->offset};
+    em_iter it;
+    em_iter_init(&it, D->ndim, D->shape, 1, st, off);
+    EM_ITER_FOREACH_ROW(&it)
+    {
+        const int64_t *ip = I + it.off[0];
+        for (int64_t j = 0; j < it.inner; j++) {
+            const int64_t v = ip[j * it.inner_st[0]];
+            if (v < 0 || v >= n) {
+                if (k->kind == EM_OP_ONE_HOT)
+                    em__kernel_error(k, EM_ERR_INVALID, "%s: index %" PRId64 " is out of range for num_classes %" PRId64,
+                                     em__kernel_info[k->kind].name, v, n);
+                else
+                    em__kernel_error(k, EM_ERR_INVALID, "%s: index %" PRId64 " is out of range for dim %d of size %" PRId64,
+                                     em__kernel_info[k->kind].name, v, dim, n);
+                return false;
+            }
+        }
+    }
+    return true;
+}
 
 /* ---- gather / index_select ------------------------------------------------ */
 
@@ -49,6 +79,7 @@ static void gather(const em_kargs *k, void **bufs, bool index_select)
     em_iter it;
     em_iter_init(&it, O->ndim, O->shape, 3, st, off);
     const int64_t n = A->shape[dim], sd = A->strides[dim];
+    if (!index_in_range(k, Ix, I, n, dim)) return;
     switch (em_cpu_dtype_size(A->dtype)) {
     case 1: GATHER_T(uint8_t); break;
     case 4: GATHER_T(uint32_t); break;
@@ -111,6 +142,7 @@ static void scatter(const em_kargs *k, void **bufs)
     const int64_t *I = (const int64_t *)bufs[1];
     const void *src = bufs[2];
     void *y = bufs[3];
+    if (!index_in_range(k, Ix, I, O->shape[dim], dim)) return;
     copy_same(Sf, bufs[0], O, y);
     int64_t ost[EM_KARGS_MAX_DIMS];
     for (int d = 0; d < O->ndim; d++) ost[d] = d == dim ? 0 : O->strides[d];
@@ -148,6 +180,7 @@ static void one_hot(const em_kargs *k, void **bufs)
     int64_t *Y = (int64_t *)bufs[1];
     const int nd = Ix->ndim;
     const int64_t C = k->p.onehot.num_classes, sc = O->strides[nd];
+    if (!index_in_range(k, Ix, I, C, 0)) return;
     const int64_t *st[2] = {Ix->strides, O->strides};
     const int64_t off[2] = {Ix->offset, O->offset};
     em_iter it;

@@ -82,8 +82,10 @@ static void int_scalars(int dt, double a, double b, int64_t sv[8])
     sv[3] = sat_i64(floor(a));
     sv[4] = sat_i64(floor(b));
     sv[5] = (isnan(a) ? 1 : 0) | (isnan(b) ? 2 : 0) | ((!isnan(a) && !isinf(a) && a == floor(a)) ? 4 : 0);
-    /* +/-inf thresholds: saturation already gives the right answers for every
-     * value of an i32/u8 tensor; for i64 only INT64_MAX/MIN themselves differ. */
+    /* a beyond every long (+-inf, or >= 2^63, < -2^63): the saturated
+     * thresholds alone would be wrong for x = INT64_MAX / INT64_MIN (x < inf
+     * with x = INT64_MAX), so these flags decide the comparisons outright. */
+    sv[5] |= (a >= 9223372036854775808.0 ? 8 : 0) | (a < -9223372036854775808.0 ? 16 : 0);
 }
 
 /* ---- the element-wise functions, generated from tasks/ops.def ------------ */

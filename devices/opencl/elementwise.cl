@@ -14,7 +14,8 @@
  *     integer scalars are prepared on the host so no double is needed:
  *     sv.s0 = (T)a, sv.s1 = (T)b, sv.s2 = ceil(a), sv.s3 = floor(a),
  *     sv.s4 = floor(b) (saturated to long), sv.s5 = flags: 1 a is NaN,
- *     2 b is NaN, 4 a is integral. For an integer x: x < a <=> x < ceil(a),
+ *     2 b is NaN, 4 a is integral, 8 a is above every long (>= 2^63, +inf),
+ *     16 a is below every long (< -2^63, -inf). For an integer x: x < a <=> x < ceil(a),
  *     x <= a <=> x <= floor(a), x == a <=> a integral and x == a.
  * binary_<T>(a, b, y, nd, shape, n, op)                   y of T
  * bcmp_<T>  (a, b, y, nd, shape, n, op)                   y uchar
@@ -122,14 +123,15 @@ inline long em_iun_da(int op, long x, long8 sv)
 
 inline uchar em_icmp1_da(int op, long x, long8 sv)
 {
-    const int nan = (sv.s5 & 1) != 0, integral = (sv.s5 & 4) != 0;
+    const int nan = (sv.s5 & 1) != 0, integral = (sv.s5 & 4) != 0, above = (sv.s5 & 8) != 0, below = (sv.s5 & 16) != 0;
+    const int in = !nan && !above && !below; /* a is a number within long's range */
     switch (op) {
-    case EM_OP_EQ_SCALAR: return !nan && integral && x == sv.s3;
-    case EM_OP_NE_SCALAR: return !(!nan && integral && x == sv.s3);
-    case EM_OP_LT_SCALAR: return !nan && x < sv.s2;
-    case EM_OP_LE_SCALAR: return !nan && x <= sv.s3;
-    case EM_OP_GT_SCALAR: return !nan && x > sv.s3;
-    case EM_OP_GE_SCALAR: return !nan && x >= sv.s2;
+    case EM_OP_EQ_SCALAR: return in && integral && x == sv.s3;
+    case EM_OP_NE_SCALAR: return !(in && integral && x == sv.s3);
+    case EM_OP_LT_SCALAR: return above || (in && x < sv.s2);
+    case EM_OP_LE_SCALAR: return above || (in && x <= sv.s3);
+    case EM_OP_GT_SCALAR: return below || (in && x > sv.s3);
+    case EM_OP_GE_SCALAR: return below || (in && x >= sv.s2);
     default: return 0;
     }
 }

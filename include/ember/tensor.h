@@ -186,14 +186,17 @@ EM_API em_tensor *em_div(const em_tensor *a, const em_tensor *b);
 EM_API em_tensor *em_pow(const em_tensor *a, const em_tensor *b);
 EM_API em_tensor *em_maximum(const em_tensor *a, const em_tensor *b);
 EM_API em_tensor *em_minimum(const em_tensor *a, const em_tensor *b);
+/* remainder, fmod, floor_divide: integer inputs stay integer. An integer
+ * division by zero is, on the CPU, the sticky kernel error EM_ERR_INVALID
+ * (reported by the next em_sync / em_to_host / em_item; PyTorch raises), and
+ * gives 0 on CUDA and OpenCL (not reported). Two bool inputs are an
+ * EM_ERR_DTYPE error, as PyTorch. */
 /** Python-style remainder (sign of the divisor), as torch.remainder. */
 EM_API em_tensor *em_remainder(const em_tensor *a, const em_tensor *b);
-/** C-style remainder (sign of the dividend), as torch.fmod. Integer inputs
- *  stay integer; an integer division by zero gives 0 (PyTorch raises). */
+/** C-style remainder (sign of the dividend), as torch.fmod. */
 EM_API em_tensor *em_fmod(const em_tensor *a, const em_tensor *b);
 /** Python's a // b: the floor of the quotient, for integers and floats, as
- *  torch.floor_divide. Integer inputs stay integer (division by zero gives
- *  0; PyTorch raises); floats follow Python's float floor division (b = 0
+ *  torch.floor_divide; floats follow Python's float floor division (b = 0
  *  gives +-inf or nan). Its gradient is zero, as torch.div with
  *  rounding_mode="floor". */
 EM_API em_tensor *em_floor_divide(const em_tensor *a, const em_tensor *b);
@@ -307,15 +310,26 @@ EM_API em_tensor *em_stack(em_tensor *const *ts, int n, int dim);
 EM_API int em_split(const em_tensor *a, int64_t split_size, int dim, em_tensor **out, int max_out);
 /** Splits into @p chunks pieces as torch.chunk; returns the count or < 0. */
 EM_API int em_chunk(const em_tensor *a, int chunks, int dim, em_tensor **out, int max_out);
-/** out[i][j] = a[index[i][j]][j] (dim 0) etc.; index is i64 with a's rank. */
+/* Indexing: index tensors are int64 or int32 (EM_ERR_DTYPE otherwise). An
+ * index value outside [0, size of its dim) (or [0, num_classes)) is an
+ * error on the CPU: the sticky kernel error EM_ERR_INVALID naming the op and
+ * the value, reported by the next em_sync / em_to_host / em_item (the result
+ * is not written). On CUDA and OpenCL it is not reported: it reads 0
+ * (gather, index_select), is skipped (scatter, scatter_add) or gives an
+ * all-zero row (one_hot); nothing is read or written out of bounds. */
+/** out[i][j] = a[index[i][j]][j] (dim 0) etc.; index has a's rank, out
+ *  index's shape and a's dtype. */
 EM_API em_tensor *em_gather(const em_tensor *a, int dim, const em_tensor *index);
-/** Copy of a with src values written at index along dim (torch.scatter). */
+/** Copy of a with src values written at index along dim (torch.scatter);
+ *  src has a's dtype (EM_ERR_DTYPE otherwise) and rank, index's shape <= src's. */
 EM_API em_tensor *em_scatter(const em_tensor *a, int dim, const em_tensor *index, const em_tensor *src);
-/** Copy of a with src values added at index along dim (torch.scatter_add). */
+/** Copy of a with src values added at index along dim (torch.scatter_add);
+ *  same rules as em_scatter. */
 EM_API em_tensor *em_scatter_add(const em_tensor *a, int dim, const em_tensor *index, const em_tensor *src);
-/** Rows (dim) of a picked by the 1-D i64/i32 @p index. */
+/** Rows (dim) of a picked by the 1-D (or 0-d) @p index. */
 EM_API em_tensor *em_index_select(const em_tensor *a, int dim, const em_tensor *index);
-/** One-hot encoding of integer @p index (any shape) -> shape + [num_classes], i64. */
+/** One-hot encoding of integer @p index (any shape) -> shape + [num_classes], i64;
+ *  num_classes >= 1 (EM_ERR_INVALID otherwise). */
 EM_API em_tensor *em_one_hot(const em_tensor *index, int64_t num_classes);
 /** Converts to @p dt (float->int truncates toward zero, as PyTorch). */
 EM_API em_tensor *em_cast(const em_tensor *a, em_dtype dt);
