@@ -100,6 +100,30 @@ cmp "$T/a/checkpoint.safetensors" "$T/ow/checkpoint.safetensors" || fail "--over
 if [ -e "$T/a/loss.png" ] && cmp -s "$T/a/loss.png" "$T/stale.png"; then fail "--overwrite kept the old run's loss.png"; fi
 echo "ok: --out with a run refused (exit 2, files byte-identical), --overwrite replaces every run file"
 
+# ---- 2b. a folder in use by a running run (its lock, DIR/.ember-lock, held) is never shared ----
+mkdir -p "$T/busy/runs/fashion-mnist"
+# (exec: the lock's holder is the process $! names, so killing it frees the lock)
+(exec 9> "$T/busy/runs/fashion-mnist/.ember-lock"; flock 9; exec sleep 60) &
+holder=$!
+for _ in $(seq 1 500); do [ -e "$T/busy/runs/fashion-mnist/.ember-lock" ] && break; sleep 0.01; done
+sleep 0.2
+(cd "$T/busy" && "$EMBER" train "${tiny[@]}" --epochs 1 > "$T/busy.log")
+grep -q "^run folder: runs/fashion-mnist-2 (runs/fashion-mnist is in use or holds an earlier run)$" "$T/busy.log" ||
+  fail "a default folder in use was not skipped: $(grep 'run folder' "$T/busy.log")"
+[ -f "$T/busy/runs/fashion-mnist-2/checkpoint.safetensors" ] || fail "no run in runs/fashion-mnist-2"
+[ ! -e "$T/busy/runs/fashion-mnist/metrics.csv" ] || fail "a run wrote into the folder in use"
+set +e
+"$EMBER" train "${tiny[@]}" --epochs 1 --out "$T/busy/runs/fashion-mnist" > /dev/null 2> "$T/busy.err"
+rc=$?
+set -e
+[ "$rc" = 2 ] || fail "--out DIR in use: exit $rc, not 2"
+grep -q "runs/fashion-mnist is in use by another run (pid " "$T/busy.err" || fail "--out DIR in use: $(cat "$T/busy.err")"
+kill "$holder" 2>/dev/null || true
+wait "$holder" 2>/dev/null || true
+# once the other run has ended (its lock goes with it), the folder is free again
+"$EMBER" train "${tiny[@]}" --epochs 1 --out "$T/busy/runs/fashion-mnist" > /dev/null || fail "folder not free after the lock holder ended"
+echo "ok: a folder in use by a running run is skipped (default) or refused (--out, exit 2), free again after it ends"
+
 # ---- 3. stale Ember tmp files are removed at start, nothing else ----
 mkdir "$T/s"
 echo partial > "$T/s/checkpoint.safetensors.tmp.Ab12Yz"

@@ -968,6 +968,32 @@ int em_tool_train(int argc, char **argv)
         fprintf(stderr, "ember train: --out: %s\n", em_last_error());
         return EM_TOOL_EXIT_RUNTIME;
     }
+    /* claim the folder now (a lock held until exit), so that two runs started
+     * together never share one: a default folder taken by a running run moves
+     * on to the next number, an explicit --out in use is refused */
+    int run_lock = -1;
+    while (!dist && run_lock < 0) {
+        run_lock = em_run_dir_lock(out);
+        if (run_lock >= 0 && !in_place && !overwrite && em_run_dir_holds_run(out, found, sizeof found)) {
+            close(run_lock); /* another run finished its first epoch there meanwhile */
+            run_lock = -1;
+            if (out_given) {
+                fprintf(stderr, "ember train: %s already holds a run (%s/%s)\n", out, out, found);
+                return EM_TOOL_EXIT_USAGE;
+            }
+        } else if (run_lock < 0 && (out_given || resume || overwrite || em_last_status() != EM_ERR_STATE)) {
+            fprintf(stderr, "ember train: %s\n", em_last_error());
+            return em_last_status() == EM_ERR_STATE ? EM_TOOL_EXIT_USAGE : EM_TOOL_EXIT_RUNTIME;
+        }
+        if (run_lock < 0) { /* the default folder is busy: the next numbered one */
+            int k = 2;
+            const size_t bl = strlen(EM_TOOL_RUN_DIR);
+            if (!strncmp(out_buf, EM_TOOL_RUN_DIR, bl) && out_buf[bl] == '-') k = atoi(out_buf + bl + 1) + 1;
+            do snprintf(out_buf, sizeof out_buf, "%s-%d", EM_TOOL_RUN_DIR, k++);
+            while (em_run_dir_holds_run(out_buf, NULL, 0) && k < 100000);
+            snprintf(run_note, sizeof run_note, " (%s is in use or holds an earlier run)", EM_TOOL_RUN_DIR);
+        }
+    }
     if (dist) {
         em_config dc = em_config_default();
         if (device) dc.device = device;

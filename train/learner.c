@@ -10,6 +10,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
+#include <sys/file.h>
 #include <sys/ioctl.h>
 #include <sys/stat.h>
 #include <time.h>
@@ -406,6 +408,35 @@ bool em_run_dir_holds_run(const char *dir, char *found, size_t nfound)
     return false;
 }
 
+int em_run_dir_lock(const char *dir)
+{
+    if (!dir || !*dir) return em__set_error(EM_ERR_INVALID, "em_run_dir_lock: no folder"), -1;
+    if (ensure_dir(dir) != EM_OK) return -1;
+    char path[4200];
+    snprintf(path, sizeof path, "%s/.ember-lock", dir);
+    int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (fd < 0) return em__set_error(EM_ERR_IO, "cannot create %s: %s", path, strerror(errno)), -1;
+    if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+        int e = errno;
+        char pid[32] = "";
+        ssize_t n = pread(fd, pid, sizeof pid - 1, 0);
+        pid[n > 0 ? n : 0] = 0;
+        pid[strcspn(pid, "\n")] = 0;
+        close(fd);
+        if (e == EWOULDBLOCK)
+            return em__set_error(EM_ERR_STATE, "%s is in use by another run (pid %s)", dir, pid[0] ? pid : "?"), -1;
+        return em__set_error(EM_ERR_IO, "cannot lock %s: %s", path, strerror(e)), -1;
+    }
+    char pid[32];
+    int n = snprintf(pid, sizeof pid, "%ld\n", (long)getpid());
+    if (ftruncate(fd, 0) != 0 || pwrite(fd, pid, (size_t)n, 0) != n) {
+        int e = errno;
+        close(fd);
+        return em__set_error(EM_ERR_IO, "cannot write %s: %s", path, strerror(e)), -1;
+    }
+    return fd;
+}
+
 /* "<run file>.tmp.XXXXXX": the name mkstemp gives em_safetensors_save's and
  * trim_metrics' temporaries (six letters or digits). */
 static bool is_ember_tmp(const char *name)
@@ -585,7 +616,11 @@ em_status em_learner_fit(em_module *model, em_optim *opt, em_lr_scheduler *sched
     char last_ckpt[4096]; /* for the interruption message */
     snprintf(last_ckpt, sizeof last_ckpt, "%s", cfg.resume ? cfg.resume : "");
     int64_t last_ckpt_epoch = info.epoch;
-    if (sched && !cfg.resume) em_optim_set_lr(opt, em_lr_scheduler_get_lr(sched));
+    /* the lr of the step about to run comes from the schedule, also after a
+     * resume: the checkpoint's lr is the one its own run would have used next,
+     * which is wrong when the resumed run has another schedule (more --epochs
+     * stretch a cosine, a new --lr or --scheduler) */
+    if (sched) em_optim_set_lr(opt, em_lr_scheduler_get_lr(sched));
     /* the epoch lines: a table under one header, 91 columns for "epoch 10/10" (< 100 up to 999 epochs) */
     char ep[64];
     const int ew = snprintf(ep, sizeof ep, "epoch %lld/%lld", (long long)cfg.epochs, (long long)cfg.epochs);

@@ -160,6 +160,16 @@ EM_API int em_run_dir_clear(const char *dir);
  *  non-NULL. Returns the number removed, or a negative em_status. Not safe
  *  while another process writes into the same folder. */
 EM_API int em_run_dir_remove_stale_tmp(const char *dir, FILE *log);
+/** Claims @p dir for one run: creates it (mkdir -p) and takes an exclusive
+ *  advisory lock (flock) on DIR/.ember-lock, in which it writes this
+ *  process's pid. The lock lasts until the returned file descriptor is closed
+ *  or the process ends (also when killed: nothing stale is left to clean);
+ *  keep it open for the whole run. Two runs started at the same moment can
+ *  then never pick the same folder. Returns the descriptor (>= 0), or -1 with
+ *  EM_ERR_STATE when another process holds the lock (the message names the
+ *  folder and that process's pid) and EM_ERR_IO when the folder or the lock
+ *  file cannot be made. Needs no runtime. */
+EM_API int em_run_dir_lock(const char *dir);
 
 /** Checks, before a run starts, that @p dir (a run's output directory, e.g.
  *  the final folder chosen for --out) can receive its files, and leaves
