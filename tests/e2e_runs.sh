@@ -124,6 +124,23 @@ wait "$holder" 2>/dev/null || true
 "$EMBER" train "${tiny[@]}" --epochs 1 --out "$T/busy/runs/fashion-mnist" > /dev/null || fail "folder not free after the lock holder ended"
 echo "ok: a folder in use by a running run is skipped (default) or refused (--out, exit 2), free again after it ends"
 
+# ---- 2c. --resume: the lr comes from the resumed run's schedule; another folder gets the history ----
+"$EMBER" train "${tiny[@]}" --epochs 3 --out "$T/lr" > /dev/null
+"$EMBER" train --no-progress --epochs 5 --resume "$T/lr/checkpoint.safetensors" --out "$T/lr5" > "$T/lr5.log"
+# cosine over 5 epochs: epoch 4 runs at 0.001 * (1 + cos(3 pi / 5)) / 2 = 0.000345 (not the 3-epoch run's 0)
+awk '$1 == "epoch" && $2 == "4/5" && $8 == "0.000345" { f = 1 } END { exit !f }' "$T/lr5.log" ||
+  fail "resumed epoch 4 of 5 does not run at the 5-epoch cosine's lr: $(grep '^epoch 4/5' "$T/lr5.log")"
+[ "$(epochs_of "$T/lr5/metrics.csv")" = "1 2 3 4 5 " ] || fail "--resume into another folder: metrics epochs '$(epochs_of "$T/lr5/metrics.csv")'"
+[ -f "$T/lr5/best.safetensors" ] || fail "--resume into another folder: no best.safetensors"
+cmp -s "$T/lr/metrics.csv" <(head -4 "$T/lr5/metrics.csv") || fail "--resume into another folder: the first 3 rows differ from the run's"
+set +e
+"$EMBER" train --no-progress --epochs 5 --resume "$T/lr/best.safetensors" --out "$T/lrb" > /dev/null 2> "$T/lrb.err"
+rc=$?
+set -e
+[ "$rc" = 2 ] && grep -q "no optimizer state (best.safetensors is such a file).*--init-from" "$T/lrb.err" ||
+  fail "--resume best.safetensors: exit $rc: $(cat "$T/lrb.err")"
+echo "ok: --resume with more epochs runs the new schedule's lr; into another folder it carries metrics.csv and best; best.safetensors is refused naming --init-from"
+
 # ---- 3. stale Ember tmp files are removed at start, nothing else ----
 mkdir "$T/s"
 echo partial > "$T/s/checkpoint.safetensors.tmp.Ab12Yz"
@@ -242,7 +259,7 @@ rc=$?
 set -e
 [ "$rc" = 143 ] || [ "$rc" = 130 ] || fail "second signal: exit $rc: $(cat "$T/x.err")"
 if grep -q "interrupted" "$T/x.err"; then fail "second signal: the process still exited gracefully: $(cat "$T/x.err")"; fi
-grep -q "press Ctrl-C again to quit at once" "$T/x.err" || fail "first signal not acknowledged: $(cat "$T/x.err")"
+grep -q "stopping after the current step (press Ctrl-C again to quit at once)\|stopping after the current step (a second signal quits at once)" "$T/x.err" || fail "first signal not acknowledged: $(cat "$T/x.err")"
 "$EMBER" train "${sig[@]}" --resume "$T/x/checkpoint.safetensors" --stop-after-epoch 1 > "$T/x2.log" 2>&1 ||
   fail "a run killed by the second signal cannot be resumed: $(cat "$T/x2.log")"
 echo "ok: SIGINT in epoch 1 (nothing to resume) and SIGTERM exit gracefully; a second signal ends the process at once"

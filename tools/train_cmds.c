@@ -357,6 +357,7 @@ typedef struct ckpt_meta {
     int augment;    /* 'ember.augment': 1 crop+flip, 0 none, -1 not recorded */
     int64_t epoch;  /* 'ember.epoch': epochs completed */
     char train[512]; /* 'ember.train': the run's settings, "key=value ..." (empty: not recorded) */
+    bool weights_only; /* 'ember.optim_kind' is "none": best.safetensors, no optimizer state */
 } ckpt_meta;
 
 /* Opens @p path (given as option @p flag of `ember train`) and reads its
@@ -392,6 +393,8 @@ static int read_ckpt_meta(const char *flag, const char *path, ckpt_meta *cm)
     }
     if (aug) cm->augment = strcmp(aug, "none") != 0;
     if (ep) cm->epoch = strtoll(ep, NULL, 10);
+    const char *ok_ = em_safetensors_metadata(f, "ember.optim_kind");
+    cm->weights_only = ok_ && !strcmp(ok_, "none");
     const char *tr = em_safetensors_metadata(f, "ember.train");
     if (tr && strlen(tr) < sizeof cm->train) snprintf(cm->train, sizeof cm->train, "%s", tr);
     em_safetensors_close(f);
@@ -446,6 +449,55 @@ static const char *default_data_dir(void)
     return d && *d ? d : EM_FASHION_MNIST_DIR;
 }
 
+/* Copies @p src to @p dst (dst.tmp.XXXXXX, then a rename): 0, or -1 with the
+ * reason printed. A missing @p src is not an error (1). */
+static int copy_file(const char *src, const char *dst)
+{
+    FILE *in = fopen(src, "rb");
+    if (!in) return errno == ENOENT ? 1 : (fprintf(stderr, "ember train: cannot read %s: %s\n", src, strerror(errno)), -1);
+    char tmp[4200];
+    int fd = snprintf(tmp, sizeof tmp, "%s.tmp.XXXXXX", dst) < (int)sizeof tmp ? mkstemp(tmp) : -1;
+    FILE *o = fd >= 0 ? fdopen(fd, "wb") : NULL;
+    bool ok = o != NULL;
+    char buf[65536];
+    size_t n;
+    while (ok && (n = fread(buf, 1, sizeof buf, in)) > 0) ok = fwrite(buf, 1, n, o) == n;
+    ok = ok && !ferror(in);
+    fclose(in);
+    if (o && fclose(o) != 0) ok = false;
+    if (!o && fd >= 0) close(fd);
+    if (ok) chmod(tmp, 0644);
+    if (!ok || rename(tmp, dst) != 0) {
+        fprintf(stderr, "ember train: cannot copy %s to %s: %s\n", src, dst, strerror(errno));
+        if (fd >= 0) remove(tmp);
+        return -1;
+    }
+    return 0;
+}
+
+/* A run folder this process made and locked: at exit, when the run wrote
+ * nothing into it (it failed before its first epoch), the folder goes again,
+ * so that a failed start leaves nothing behind. */
+static char g_made_run_dir[4096];
+
+static void remove_unused_run_dir(void)
+{
+    if (!g_made_run_dir[0] || em_run_dir_holds_run(g_made_run_dir, NULL, 0)) return;
+    char lock[4200];
+    snprintf(lock, sizeof lock, "%s/.ember-lock", g_made_run_dir);
+    unlink(lock);
+    rmdir(g_made_run_dir); /* only when empty */
+}
+
+/* --device checked before anything starts: a bad one is a usage error (2). */
+static int check_device(const char *cmd, const char *device)
+{
+    em_device d;
+    if (!device || em_device_parse(device, &d) == EM_OK) return 0;
+    fprintf(stderr, "ember %s: --device: %s\n", cmd, em_last_error());
+    return EM_TOOL_EXIT_USAGE;
+}
+
 static int init_runtime(const char *device)
 {
     em_config c = em_config_default();
@@ -464,10 +516,23 @@ static volatile sig_atomic_t g_stop;
 static int g_stop_seen; /* set atomically: two signals may reach two threads at once */
 static struct sigaction g_old_int, g_old_term;
 
+static int g_stop_said; /* the first handler has written its message */
+
 static void on_stop_signal(int sig)
 {
-    static const char msg[] = "\nember train: stopping after the current step (press Ctrl-C again to quit at once)\n";
-    if (__atomic_exchange_n(&g_stop_seen, 1, __ATOMIC_SEQ_CST)) _exit(128 + sig); /* the second one: at once */
+    static const char msg_int[] = "\nember train: stopping after the current step (press Ctrl-C again to quit at once)\n";
+    static const char msg_term[] = "\nember train: stopping after the current step (a second signal quits at once)\n";
+    if (__atomic_exchange_n(&g_stop_seen, 1, __ATOMIC_SEQ_CST)) { /* the second one: at once */
+        /* a second signal on another thread at the same moment: let the first
+         * handler's message out first (a bounded wait, no calls) */
+        for (long i = 0; i < 200000000L && !__atomic_load_n(&g_stop_said, __ATOMIC_SEQ_CST); i++) {
+        }
+        _exit(128 + sig);
+    }
+    ssize_t w = sig == SIGINT ? write(STDERR_FILENO, msg_int, sizeof msg_int - 1)
+                              : write(STDERR_FILENO, msg_term, sizeof msg_term - 1);
+    (void)w;
+    __atomic_store_n(&g_stop_said, 1, __ATOMIC_SEQ_CST);
     struct sigaction dfl;
     memset(&dfl, 0, sizeof dfl);
     dfl.sa_handler = SIG_DFL;
@@ -475,8 +540,6 @@ static void on_stop_signal(int sig)
     sigaction(SIGINT, &dfl, NULL);
     sigaction(SIGTERM, &dfl, NULL);
     g_stop = sig;
-    ssize_t w = write(STDERR_FILENO, msg, sizeof msg - 1);
-    (void)w;
 }
 
 /* After em_init: StarPU installs its own SIGINT handler in starpu_init. */
@@ -627,7 +690,8 @@ static void train_help(void)
            "                         the checkpoint's folder). A DIR holding a run is refused: give\n"
            "                         --resume DIR/checkpoint.safetensors or --overwrite. Checked before\n"
            "                         training: it must be writable, or creatable\n"
-           "  --overwrite            replace the run in --out DIR (its run files are removed first)\n"
+           "  --overwrite            replace the run in --out DIR (its run files are removed first);\n"
+           "                         without --out, the run in runs/fashion-mnist\n"
            "  --resume FILE          continue a run from its checkpoint (e.g. runs/fashion-mnist/checkpoint.safetensors),\n"
            "                         in place (metrics.csv goes on from the checkpoint's epoch): model,\n"
            "                         normalisation and augmentation come from the checkpoint (no\n"
@@ -777,7 +841,13 @@ int em_tool_train(int argc, char **argv)
         case 's': I64("--seed", 0, INT64_MAX, seed); seed_given = true; break;
         case 'D': device = optarg; break;
         case O_WORKERS: I64("--workers", 0, 256, workers); break;
-        case 'O': out = optarg; break;
+        case 'O':
+            if (!*optarg) {
+                fprintf(stderr, "ember train: --out: the folder name is empty\n");
+                return EM_TOOL_EXIT_USAGE;
+            }
+            out = optarg;
+            break;
         case O_RESUME: resume = optarg; break;
         case O_OVERWRITE: overwrite = true; break;
         case O_INIT: init_from = optarg; break;
@@ -813,6 +883,12 @@ int em_tool_train(int argc, char **argv)
     if (resume && !cm.is_ckpt) {
         fprintf(stderr, "ember train: --resume %s: not a checkpoint written by ember train (no 'ember.format' metadata; "
                         "a weights-only file starts a new run with --init-from)\n", resume);
+        return EM_TOOL_EXIT_USAGE;
+    }
+    if (resume && cm.weights_only) {
+        fprintf(stderr, "ember train: --resume %s: the file holds the model's weights but no optimizer state (best.safetensors "
+                        "is such a file): resume from the run's checkpoint.safetensors, or start a new run from these "
+                        "weights with --init-from %s\n", resume, resume);
         return EM_TOOL_EXIT_USAGE;
     }
     if (cm.has_spec && !model_flags) model_name = cm.spec;
@@ -925,6 +1001,7 @@ int em_tool_train(int argc, char **argv)
         fprintf(stderr, "ember train: give --device or --devices, not both\n");
         return 2;
     }
+    if (check_device("train", device)) return EM_TOOL_EXIT_USAGE;
     /* the run folder (issue #20): an earlier run is never silently replaced. Without --out: the
      * checkpoint's folder with --resume, else runs/fashion-mnist or its first numbered sibling that
      * holds no run (--overwrite: runs/fashion-mnist itself). With --out DIR holding a run: refused
@@ -973,7 +1050,13 @@ int em_tool_train(int argc, char **argv)
      * on to the next number, an explicit --out in use is refused */
     int run_lock = -1;
     while (!dist && run_lock < 0) {
+        struct stat ost;
+        const bool existed = stat(out, &ost) == 0;
         run_lock = em_run_dir_lock(out);
+        if (run_lock >= 0 && !existed && strlen(out) < sizeof g_made_run_dir) {
+            if (!g_made_run_dir[0]) atexit(remove_unused_run_dir);
+            snprintf(g_made_run_dir, sizeof g_made_run_dir, "%s", out);
+        }
         if (run_lock >= 0 && !in_place && !overwrite && em_run_dir_holds_run(out, found, sizeof found)) {
             close(run_lock); /* another run finished its first epoch there meanwhile */
             run_lock = -1;
@@ -1003,6 +1086,18 @@ int em_tool_train(int argc, char **argv)
         }
     } else if (init_runtime(device)) {
         return 1;
+    }
+    /* --resume into another folder: the new folder gets the run's history up to
+     * the checkpoint (metrics.csv, trimmed to its epoch by the Learner, and
+     * best.safetensors), so that it holds a whole run */
+    if (resume && !in_place && !dist) {
+        const char *carry[] = {"metrics.csv", "best.safetensors"};
+        for (int i = 0; i < 2; i++) {
+            char src[4200], dst[4200];
+            snprintf(src, sizeof src, "%s/%s", ckpt_dir, carry[i]);
+            snprintf(dst, sizeof dst, "%s/%s", out, carry[i]);
+            if (copy_file(src, dst) < 0) return EM_TOOL_EXIT_RUNTIME;
+        }
     }
     const int rank = em_dist_rank(), world = em_dist_world_size();
     bool lead = rank == 0, clean_exit = false; /* clean_exit: every rank failed alike, no abort needed */
@@ -1193,8 +1288,9 @@ int em_tool_train(int argc, char **argv)
         goto done;
     }
     char dev[32];
-    if (lead) printf("ember train: model %s (%lld parameters), %s lr %g, batch %lld, %lld epochs, device %s, %d CPU workers\n", spec,
+    if (lead) printf("ember train: model %s (%lld parameters), %s lr %g, batch %lld, %lld epoch%s, device %s, %d CPU workers\n", spec,
            (long long)em_module_num_params(model), em_optim_kind_name(kind), oc.lr, (long long)batch, (long long)epochs,
+           epochs == 1 ? "" : "s",
            em_device_str(em_get_device(), dev, sizeof dev), em_worker_count(EM_DEVICE_CPU));
     if (lead) printf("data: %s (%lld train, %lld test samples), normalised with mean %.4f std %.4f%s\n", data,
                      (long long)em_dataset_length(tr), (long long)em_dataset_length(te), norm_mean[0], norm_std[0],
@@ -1284,8 +1380,10 @@ int em_tool_train(int argc, char **argv)
         const em_epoch_metrics *m = &hist[nhist - 1];
         double tsum = 0;
         for (int i = 0; i < nhist; i++) tsum += hist[i].epoch_time_s;
-        printf("final test accuracy %.4f (loss %.4f) after %lld epochs; mean epoch time %.2fs; checkpoints in %s/\n",
-               m->val_accuracy, m->val_loss, (long long)m->epoch, tsum / nhist, out);
+        const size_t ol = strlen(out);
+        printf("final test accuracy %.4f (loss %.4f) after %lld epoch%s; mean epoch time %.2fs; checkpoints in %.*s/\n",
+               m->val_accuracy, m->val_loss, (long long)m->epoch, m->epoch == 1 ? "" : "s", tsum / nhist,
+               (int)(ol > 1 && out[ol - 1] == '/' ? ol - 1 : ol), out);
     }
     rc = 0;
 done:
@@ -1395,6 +1493,7 @@ int em_tool_eval(int argc, char **argv)
         fprintf(stderr, "ember eval: --checkpoint FILE is required (see 'ember eval --help')\n");
         return EM_TOOL_EXIT_USAGE;
     }
+    if (check_device("eval", device)) return EM_TOOL_EXIT_USAGE;
     if (init_runtime(device)) return 1;
     int rc = 1;
     tool_norm norm;
@@ -1491,6 +1590,7 @@ int em_tool_predict(int argc, char **argv)
                         "comma-separated, e.g. 0,1,2)\n", idxs);
         return EM_TOOL_EXIT_USAGE;
     }
+    if (check_device("predict", device)) return EM_TOOL_EXIT_USAGE;
     if (init_runtime(device)) return 1;
     int rc = 1;
     tool_norm norm;
