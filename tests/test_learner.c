@@ -6,6 +6,7 @@
 #include "testutil.h"
 
 #include <errno.h>
+#include <math.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -324,6 +325,79 @@ static void test_run_dir_helpers(void **state)
     assert_false(em_run_dir_holds_run(NULL, NULL, 0));
 }
 
+/* A dataset of g_x / g_y whose even samples have a NaN (i % 4 == 0) or an inf (i % 4 == 2) feature:
+ * their logits are not all finite. */
+static em_status bad_get(const em_dataset *ds, int64_t i, float *x, int64_t *y)
+{
+    (void)ds;
+    memcpy(x, g_x + i * F, sizeof(float) * F);
+    if (i % 4 == 0) x[1] = NAN;
+    if (i % 4 == 2) x[2] = INFINITY;
+    *y = g_y[i];
+    return EM_OK;
+}
+
+static const em_dataset_vtable BAD_VT = {trip_len, bad_get, trip_free};
+
+/* Samples with non-finite logits are wrong for top-1 and top-5 (K = 3 < 5: every finite sample is a
+ * top-5 hit, so top-5 is exactly the finite half) and not in the confusion matrix; a fit whose loss
+ * is NaN warns once. */
+static void test_nonfinite_outputs(void **state)
+{
+    (void)state;
+    em_manual_seed(11);
+    em_module *m = em_sequential_new(NULL, 0);
+    assert_non_null(m);
+    assert_int_equal(em_sequential_append(m, em_linear_new(F, K, true)), EM_OK);
+    em_dataset *ds = calloc(1, sizeof(trip_ds));
+    assert_non_null(ds);
+    assert_int_equal(em_dataset_init(ds, &BAD_VT, (const int64_t[]){F}, 1, K), EM_OK);
+    em_loader_options lo = em_loader_options_default();
+    lo.batch_size = BS;
+    lo.shuffle = false;
+    em_loader *l = em_loader_new(ds, &lo);
+    assert_non_null(l);
+    em_eval_result r;
+    int64_t conf[K * K];
+    assert_int_equal(em_evaluate(m, l, K, &r, conf), EM_OK);
+    assert_int_equal(r.samples, N);
+    assert_true(isnan(r.loss));
+    assert_true(r.top5 == 0.5);
+    assert_true(r.accuracy <= 0.5);
+    int64_t in_matrix = 0, diag = 0;
+    for (int i = 0; i < K * K; i++) in_matrix += conf[i];
+    for (int i = 0; i < K; i++) diag += conf[i * K + i];
+    assert_int_equal(in_matrix, N / 2);
+    assert_true(r.accuracy == (double)diag / N);
+
+    /* training on it: the loss is NaN from epoch 1, one warning in 3 epochs */
+    em_optim_config oc = em_optim_config_default(EM_OPTIM_SGD);
+    oc.lr = 0.01;
+    em_optim *opt = em_optim_new_for_module(&oc, m);
+    assert_non_null(opt);
+    em_learner_config cfg = em_learner_config_default();
+    cfg.epochs = 3;
+    cfg.progress = 0;
+    const char *logp = em_test_tmp_path("nan.log");
+    FILE *log = fopen(logp, "w");
+    assert_non_null(log);
+    cfg.log = log;
+    assert_int_equal(em_learner_fit(m, opt, NULL, l, l, &cfg, NULL, 0, NULL), EM_OK);
+    fclose(log);
+    size_t n;
+    char *text = slurp(logp, &n);
+    assert_non_null(text);
+    const char *w = strstr(text, "warning: the training loss is nan in epoch 1: the run has diverged (lower --lr?)\n");
+    assert_non_null(w);
+    assert_null(strstr(w + 1, "warning:"));
+    assert_non_null(strstr(text, "epoch 3/3")); /* still trains every epoch */
+    free(text);
+    em_optim_free(opt);
+    em_loader_free(l);
+    em_dataset_free(ds);
+    em_module_free(m);
+}
+
 int main(void)
 {
     em_test_class_batch(5, N, F, K, g_x, g_y);
@@ -332,6 +406,7 @@ int main(void)
         cmocka_unit_test(test_resume_trims_metrics),
         cmocka_unit_test(test_metrics_row_after_checkpoint),
         cmocka_unit_test(test_run_dir_helpers),
+        cmocka_unit_test(test_nonfinite_outputs),
     };
     return cmocka_run_group_tests(tests, em_test_setup_tmpdir, em_test_teardown_tmpdir);
 }

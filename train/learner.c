@@ -39,12 +39,22 @@ typedef struct running {
     int64_t samples;
 } running;
 
+/* [N] bool: row i of the [N, C] logits is all finite (x - x == 0 exactly when x is finite). A sample
+ * whose logits are not all finite counts as wrong for top-1 and top-5 (the argmax of a NaN row is
+ * some class, and no logit is greater than a NaN target) and has no predicted class. */
+static em_tensor *rows_finite(em_tensor *logits)
+{
+    em_tensor *lg = em_detach(logits);
+    return em_all(em_eq_scalar(em_sub(lg, lg), 0.0), (const int[]){1}, 1, false);
+}
+
 /* Adds a batch to the running sums. Called inside the step's scope: the new
  * sums get an extra reference of ours so they outlive it. */
 static void running_add(running *r, em_tensor *loss, em_tensor *logits, em_tensor *y, int64_t bsz, bool top5)
 {
     em_tensor *l = em_mul_scalar(em_cast(em_detach(loss), EM_F32), (double)bsz);
-    em_tensor *hit = em_sum_all(em_eq(em_argmax(logits, 1, false), y));
+    em_tensor *finite = rows_finite(logits);
+    em_tensor *hit = em_sum_all(em_logical_and(em_eq(em_argmax(logits, 1, false), y), finite));
     em_tensor *nl = em_tensor_retain(r->loss_sum ? em_add(r->loss_sum, l) : l);
     em_tensor *nc = em_tensor_retain(r->correct ? em_add(r->correct, hit) : hit);
     em_tensor *n5 = NULL;
@@ -53,7 +63,7 @@ static void running_add(running *r, em_tensor *loss, em_tensor *logits, em_tenso
         int64_t yshape[2] = {bsz, 1};
         em_tensor *target_logit = em_gather(logits, 1, em_reshape(y, yshape, 2));
         em_tensor *rank = em_sum(em_gt(logits, target_logit), (const int[]){1}, 1, false);
-        em_tensor *h5 = em_sum_all(em_lt_scalar(rank, 5.0));
+        em_tensor *h5 = em_sum_all(em_logical_and(em_lt_scalar(rank, 5.0), finite));
         n5 = em_tensor_retain(r->correct5 ? em_add(r->correct5, h5) : h5);
     }
     em_tensor_release(r->loss_sum);
@@ -256,7 +266,9 @@ static em_status share_forward_backward(em_replicas *rep, int k, void *ctx)
     if (st == EM_OK) running_add(&j->r[k], loss, logits, y, cnt, !j->train);
     if (st == EM_OK && j->confusion) {
         int64_t *pred = malloc(sizeof *pred * (size_t)cnt);
-        if (pred && em_to_host(em_argmax(logits, 1, false), pred, sizeof *pred * (size_t)cnt) == EM_OK)
+        /* a sample with non-finite logits has no predicted class (-1): it is not in the matrix */
+        em_tensor *am = em_masked_fill(em_argmax(logits, 1, false), em_logical_not(rows_finite(logits)), -1.0);
+        if (pred && am && em_to_host(am, pred, sizeof *pred * (size_t)cnt) == EM_OK)
             for (int64_t i = 0; i < cnt; i++)
                 if (sub.y[i] >= 0 && sub.y[i] < j->num_classes && pred[i] >= 0 && pred[i] < j->num_classes)
                     j->confusion[sub.y[i] * j->num_classes + pred[i]]++;
@@ -629,6 +641,7 @@ em_status em_learner_fit(em_module *model, em_optim *opt, em_lr_scheduler *sched
                 "val_top5", "lr", "samples/s", "time");
         fflush(log);
     }
+    bool warned_diverged = false; /* the divergence warning is printed once */
     for (int64_t epoch = info.epoch + 1; epoch <= cfg.epochs; epoch++) {
         em_epoch_metrics m = {.epoch = epoch, .val_loss = NAN, .val_accuracy = NAN, .val_top5 = NAN};
         running r[EM_LEARNER_MAX_REPLICAS] = {{0}};
@@ -661,6 +674,14 @@ em_status em_learner_fit(em_module *model, em_optim *opt, em_lr_scheduler *sched
         snprintf(ep, sizeof ep, "epoch %lld/%lld", (long long)epoch, (long long)cfg.epochs);
         if (log) fprintf(log, "%-*s  %10.4f  %9.4f  %8.4f  %7.4f  %8.4f  %8.3g  %9.0f  %6.2fs\n", ew, ep, m.train_loss,
                          m.train_accuracy, m.val_loss, m.val_accuracy, m.val_top5, m.lr, m.samples_per_s, m.epoch_time_s);
+        if (log && !warned_diverged && (!isfinite(m.train_loss) || (val && !isfinite(m.val_loss)))) {
+            /* once per run: the first epoch whose training (else validation) loss is nan or inf */
+            const bool tr = !isfinite(m.train_loss);
+            fprintf(log, "warning: the %s loss is %s in epoch %lld: the run has diverged (lower --lr?)\n",
+                    tr ? "training" : "validation", isnan(tr ? m.train_loss : m.val_loss) ? "nan"
+                    : (tr ? m.train_loss : m.val_loss) > 0 ? "inf" : "-inf", (long long)epoch);
+            warned_diverged = true;
+        }
         if (log) fflush(log);
         if (history && n_history && *n_history < max_history) history[(*n_history)++] = m;
         /* early stopping / best model */
