@@ -13,7 +13,9 @@
 #   one) and a disagreeing --model is an error naming both models;
 # - --init-from starts a new run from a PyTorch weights-only file (its
 #   validation loss and accuracy are PyTorch's) or from a checkpoint, and a
-#   file of another model is an error naming the key and the shapes.
+#   file of another model is an error naming the key and the shapes;
+# - a diverged (NaN) run: one warning, top-1 / top-5 0, predict prints nan and
+#   exits 1, eval counts the samples wrong and says so.
 # Usage: e2e_cli.sh path/to/ember
 set -euo pipefail
 EMBER="$1"
@@ -98,7 +100,9 @@ cases=(
   "predict|--checkpoint $CK --top 0|--top: 0 is out of range"
   "predict|--checkpoint $CK --top -1|--top: -1 is out of range"
   "predict|--checkpoint $CK --top 3x|--top: '3x' is not an integer"
-  "predict|--checkpoint $CK --top 11|--top 11: the data has 10 classes"
+  "predict|--checkpoint $CK --top 11|--top: 11 is out of range (expected an integer in [1, 10])"
+  "predict|--checkpoint $CK --top 0|--top: 0 is out of range (expected an integer in [1, 10])"
+  "predict|--checkpoint $CK --index 3,10000|--index 10000 is out of range: the test split has 10000 images (0 to 9999)"
   "predict|--checkpoint $CK --index 1,x|--index: '1,x' is not a list of image numbers"
   "predict|--checkpoint $CK --index -1|--index: '-1'"
   "predict|--checkpoint $CK --bogus|unknown option '--bogus'"
@@ -246,4 +250,25 @@ run "$EMBER" train "${tiny[@]}" --hidden 32 --init-from "$HERE/fixtures/init_mlp
 grep -q "model mlp:784-16-10 " "$T/i3.log" && grep -q "^epoch 1/1 " "$T/i3.log" || fail "--init-from a checkpoint: $(cat "$T/i3.log")"
 if grep -q "resumed" "$T/i3.log"; then fail "--init-from resumed instead of starting a new run"; fi
 ok "--init-from: PyTorch weights give PyTorch's loss ($eloss vs $ploss) and accuracy ($eacc vs $pacc); another model is an error naming key and shapes; from a checkpoint"
+# ---- a diverged run: NaN outputs -------------------------------------------
+# training warns once; NaN samples are wrong for top-1 and top-5; predict prints "nan" and exits 1 (it
+# used to read FMNIST_CLASSES[-1] and abort with "double free"); eval counts them wrong and says so
+"$EMBER" train --limit 2000 --epochs 3 --hidden 16 --lr 1e6 --optimizer sgd --no-progress --out "$T/nan" > "$T/nan.log"
+grep -c "^warning: the \(training\|validation\) loss is nan in epoch [0-9]*: the run has diverged (lower --lr?)$" "$T/nan.log" > "$T/nwarn" || true
+[ "$(cat "$T/nwarn")" = 1 ] || fail "diverged run: not one divergence warning: $(cat "$T/nan.log")"
+awk '/^epoch [23]\/3 / && ($5 != "nan" || $6 != "0.0000" || $7 != "0.0000") { bad = 1 } END { exit bad }' "$T/nan.log" ||
+  fail "diverged run: val_acc / val_top5 of a NaN model are not 0: $(cat "$T/nan.log")"
+run "$EMBER" predict --checkpoint "$T/nan/checkpoint.safetensors" --index 0,1
+[ "$rc" = 1 ] || fail "predict on a NaN model: exit $rc, not 1: $(cat "$T/err.log")"
+grep -q "^image 0 (true: Ankle boot):  [A-Za-z/-]* nan  [A-Za-z/-]* nan  [A-Za-z/-]* nan$" "$T/out.log" && grep -q "^image 1 " "$T/out.log" ||
+  fail "predict on a NaN model: $(cat "$T/out.log")"
+grep -qx "ember predict: the model's outputs are not finite (NaN or inf): the checkpoint has diverged" "$T/err.log" ||
+  fail "predict on a NaN model: stderr: $(cat "$T/err.log")"
+run "$EMBER" eval --checkpoint "$T/nan/checkpoint.safetensors" --limit 500
+[ "$rc" = 0 ] && grep -q "^test loss nan  accuracy 0.0000  top-5 accuracy 0.0000$" "$T/out.log" &&
+  grep -q "^500 of 500 samples have non-finite outputs (NaN or inf): counted as wrong, not in the matrix$" "$T/out.log" &&
+  grep -q "not finite (NaN or inf) for 500 of 500 samples: the checkpoint has diverged" "$T/err.log" ||
+  fail "eval on a NaN model: rc $rc: $(cat "$T/out.log" "$T/err.log")"
+ok "diverged run: one warning, top-1 / top-5 0 (train and eval), predict prints nan and exits 1"
+
 echo "$pass passed, 0 failed"

@@ -1533,6 +1533,16 @@ int em_tool_eval(int argc, char **argv)
             if (C == 10) printf("  %s", FMNIST_CLASSES[i]);
             printf("\n");
         }
+        /* a sample with non-finite outputs has no predicted class: wrong for top-1 and top-5, not in the matrix */
+        int64_t in_matrix = 0;
+        for (int64_t i = 0; i < C * C; i++) in_matrix += conf[i];
+        if (in_matrix < r.samples) {
+            printf("%lld of %lld samples have non-finite outputs (NaN or inf): counted as wrong, not in the matrix\n",
+                   (long long)(r.samples - in_matrix), (long long)r.samples);
+            fflush(stdout);
+            fprintf(stderr, "ember eval: the model's outputs are not finite (NaN or inf) for %lld of %lld samples: the checkpoint "
+                            "has diverged\n", (long long)(r.samples - in_matrix), (long long)r.samples);
+        }
         rc = 0;
     } else if (te) {
         fprintf(stderr, "ember eval: %s\n", em_last_error());
@@ -1548,7 +1558,7 @@ int em_tool_eval(int argc, char **argv)
 
 int em_tool_predict(int argc, char **argv)
 {
-    const char *ckpt = NULL, *data = default_data_dir(), *device = NULL, *idxs = "0,1,2,3,4";
+    const char *ckpt = NULL, *data = default_data_dir(), *device = NULL, *idxs = "0,1,2,3,4", *tops = "3";
     int64_t topk = 3;
     static const struct option opts[] = {{"checkpoint", required_argument, 0, 'c'}, {"data", required_argument, 0, 'd'},
                                          {"index", required_argument, 0, 'i'},      {"top", required_argument, 0, 't'},
@@ -1562,7 +1572,7 @@ int em_tool_predict(int argc, char **argv)
         case 'c': ckpt = optarg; break;
         case 'd': data = optarg; break;
         case 'i': idxs = optarg; break;
-        case 't': if (em_tool_parse_i64("predict", "--top", optarg, 1, 1000000, &topk)) return EM_TOOL_EXIT_USAGE; break;
+        case 't': tops = optarg; break; /* checked against the class count once the data is open */
         case 'D': device = optarg; break;
         case 'h':
             printf("usage: ember predict --checkpoint FILE [--index 0,1,2] [--top K] [--data DIR] [--device DEV]\n\n"
@@ -1597,9 +1607,19 @@ int em_tool_predict(int argc, char **argv)
     em_module *m = load_model(ckpt, &norm);
     em_dataset *te = m ? em_mnist_open(data, false) : NULL;
     if (m && !te) fprintf(stderr, "ember predict: %s\n", em_last_error());
-    if (te && topk > (te->num_classes > 0 ? te->num_classes : 10)) {
-        fprintf(stderr, "ember predict: --top %lld: the data has %lld classes (expected 1 to %lld)\n", (long long)topk,
-                (long long)(te->num_classes > 0 ? te->num_classes : 10), (long long)(te->num_classes > 0 ? te->num_classes : 10));
+    /* usage errors that need the data: --top in [1, the class count], every --index an image of the split */
+    const int64_t ncls = te && te->num_classes > 0 ? te->num_classes : 10;
+    bool bad_usage = te && em_tool_parse_i64("predict", "--top", tops, 1, ncls, &topk) != 0;
+    for (int i = 0; te && !bad_usage && i < n; i++)
+        if (index[i] >= em_dataset_length(te)) {
+            const long long len = (long long)em_dataset_length(te);
+            if (len > 0)
+                fprintf(stderr, "ember predict: --index %lld is out of range: the test split has %lld image%s (0 to %lld)\n",
+                        (long long)index[i], len, len == 1 ? "" : "s", len - 1);
+            else fprintf(stderr, "ember predict: --index %lld is out of range: the test split has no images\n", (long long)index[i]);
+            bad_usage = true;
+        }
+    if (bad_usage) {
         em_dataset_free(te);
         te = NULL;
         rc = EM_TOOL_EXIT_USAGE;
@@ -1610,12 +1630,17 @@ int em_tool_predict(int argc, char **argv)
         int64_t F = em_dataset_num_features(te), C = te->num_classes > 0 ? te->num_classes : 10;
         float *x = malloc(sizeof(float) * (size_t)F);
         double *p = malloc(sizeof(double) * (size_t)C);
+        bool *taken = malloc(sizeof(bool) * (size_t)C);
+        int64_t nonfinite = 0; /* images whose probabilities are not all finite */
         rc = 0;
-        for (int i = 0; i < n && x && p; i++) {
+        if (!x || !p || !taken) {
+            fprintf(stderr, "ember predict: out of memory\n");
+            rc = 1;
+        }
+        for (int i = 0; i < n && x && p && taken; i++) {
             int64_t y;
-            if (index[i] < 0 || index[i] >= em_dataset_length(te) || em_dataset_get(te, index[i], x, &y) != EM_OK) {
-                fprintf(stderr, "ember predict: image %lld: %s\n", (long long)index[i],
-                        index[i] < 0 || index[i] >= em_dataset_length(te) ? "out of range" : em_last_error());
+            if (em_dataset_get(te, index[i], x, &y) != EM_OK) {
+                fprintf(stderr, "ember predict: image %lld: %s\n", (long long)index[i], em_last_error());
                 rc = 1;
                 continue;
             }
@@ -1634,20 +1659,38 @@ int em_tool_predict(int argc, char **argv)
                 fprintf(stderr, "ember predict: %s\n", em_last_error());
                 rc = 1;
             } else {
-                printf("image %lld (true: %s):", (long long)index[i], C == 10 ? FMNIST_CLASSES[y] : "?");
-                for (int t = 0; t < topk && t < C; t++) {
-                    int best = -1;
-                    for (int j = 0; j < C; j++)
-                        if (p[j] >= 0 && (best < 0 || p[j] > p[best])) best = j;
-                    printf("  %s %.3f", C == 10 ? FMNIST_CLASSES[best] : "class", p[best]);
-                    p[best] = -1;
+                printf("image %lld (true: %s):", (long long)index[i], C == 10 && y >= 0 && y < C ? FMNIST_CLASSES[y] : "?");
+                bool finite = true;
+                for (int64_t j = 0; j < C; j++) {
+                    taken[j] = false;
+                    finite = finite && isfinite(p[j]);
+                }
+                nonfinite += !finite;
+                /* the top K, NaN ranked last (so a partly NaN row still shows its finite classes first) */
+                for (int64_t t = 0; t < topk && t < C; t++) {
+                    int64_t best = -1;
+                    for (int64_t j = 0; j < C; j++)
+                        if (!taken[j] && (best < 0 || p[j] > p[best] || (isnan(p[best]) && !isnan(p[j])))) best = j;
+                    if (best < 0) break;
+                    taken[best] = true;
+                    char v[32]; /* "nan", not glibc's "-nan" for a NaN with its sign bit set */
+                    if (isnan(p[best])) snprintf(v, sizeof v, "nan");
+                    else snprintf(v, sizeof v, "%.3f", p[best]);
+                    if (C == 10) printf("  %s %s", FMNIST_CLASSES[best], v);
+                    else printf("  class %lld %s", (long long)best, v);
                 }
                 printf("\n");
             }
             em_scope_end();
         }
+        if (nonfinite > 0) {
+            fflush(stdout);
+            fprintf(stderr, "ember predict: the model's outputs are not finite (NaN or inf): the checkpoint has diverged\n");
+            rc = 1;
+        }
         free(x);
         free(p);
+        free(taken);
         em_no_grad_end();
     }
     em_dataset_free(te);
