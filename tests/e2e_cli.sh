@@ -109,6 +109,8 @@ cases=(
   "predict|--checkpoint $CK --top|--top needs a value"
   "devices|--bogus|unknown option '--bogus'"
   "devices|extra|unexpected argument 'extra'"
+  "version|--bogus|ember version: unknown option '--bogus' (see 'ember version --help')"
+  "version|extra|ember version: unexpected argument 'extra'"
 )
 for c in "${cases[@]}"; do
   IFS='|' read -r sub args want <<< "$c"
@@ -126,10 +128,12 @@ done
 ok "${#cases[@]} bad flags, unknown options, missing values and operands exit 2 naming the flag, nothing written"
 run "$EMBER"
 [ "$rc" = 2 ] && grep -q "usage: ember <command>" "$T/err.log" || fail "'ember' without a command: rc $rc"
-for sub in train eval predict devices; do
+for sub in train eval predict devices version; do
   run "$EMBER" "$sub" --help
   [ "$rc" = 0 ] && grep -q "^Exit status: 0 success; 1 runtime error" "$T/out.log" || fail "ember $sub --help: rc $rc, no exit codes"
 done
+run "$EMBER" version
+[ "$rc" = 0 ] && grep -q "^ember [0-9]" "$T/out.log" || fail "ember version: rc $rc: $(cat "$T/out.log" "$T/err.log")"
 ok "exit codes documented in every --help"
 
 # ---- item 4: an unwritable --out fails before training ---------------------

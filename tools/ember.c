@@ -44,6 +44,24 @@ static int cmd_devices(int argc, char **argv)
     return 0;
 }
 
+static int cmd_version(int argc, char **argv)
+{
+    static const struct option opts[] = {{"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
+    int c;
+    optind = 1;
+    opterr = 0;
+    while ((c = getopt_long(argc, argv, ":h", opts, NULL)) != -1) {
+        if (c == 'h') {
+            printf("usage: ember version\n\nPrints the version.\n\n" EM_TOOL_EXIT_HELP);
+            return 0;
+        }
+        return em_tool_bad_option("version", c, argc, argv);
+    }
+    if (em_tool_no_operands("version", argc, argv)) return EM_TOOL_EXIT_USAGE;
+    printf("ember %s\n", EMBER_VERSION_STRING);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     if (argc < 2) { /* a usage error: the usage goes to stderr */
@@ -60,10 +78,7 @@ int main(int argc, char **argv)
     if (!strcmp(cmd, "eval")) return em_tool_eval(argc - 1, argv + 1);
     if (!strcmp(cmd, "predict")) return em_tool_predict(argc - 1, argv + 1);
     if (!strcmp(cmd, "plot")) return em_tool_plot(argc - 1, argv + 1);
-    if (!strcmp(cmd, "version") || !strcmp(cmd, "--version")) {
-        printf("ember %s\n", EMBER_VERSION_STRING);
-        return 0;
-    }
+    if (!strcmp(cmd, "version") || !strcmp(cmd, "--version")) return cmd_version(argc - 1, argv + 1);
     fprintf(stderr, "ember: unknown command '%s'\n\n", cmd);
     usage(stderr);
     return 2;
