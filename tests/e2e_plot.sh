@@ -46,8 +46,7 @@ rm "$T/runs/a/loss.png" "$T/runs/a/accuracy.svg"
 echo "ok: ember plot RUN redraws $(cat "$T/p1.log")"
 
 # two runs overlaid
-"$EMBER" plot "$T/runs/a" "$T/runs/b/" --out "$T/cmp/" > "$T/p2.log" 2>&1 && fail "--out into a missing folder succeeded" || true
-mkdir "$T/cmp"
+# --out FOLDER/ that does not exist (two levels): created, as --help says ("a folder (ending in / or existing)")
 "$EMBER" plot "$T/runs/a" "$T/runs/b/" --out "$T/cmp/" > "$T/p2.log"
 for f in loss.png accuracy.png loss.svg accuracy.svg; do [ -s "$T/cmp/$f" ] || fail "overlay: no $f"; done
 is_png "$T/cmp/accuracy.png"
@@ -55,7 +54,28 @@ is_png "$T/cmp/accuracy.png"
 grep -q "$T/runs/a vs $T/runs/b: accuracy" "$T/cmp/accuracy.svg" || fail "overlay title does not name the runs"
 "$EMBER" plot "$T/runs/a" "$T/runs/b/metrics.csv" --out "$T/cmp/pre-" > /dev/null
 [ -s "$T/cmp/pre-loss.png" ] || fail "--out PREFIX: no pre-loss.png"
-echo "ok: ember plot A B overlays two runs"
+"$EMBER" plot "$T/runs/a" "$T/runs/b" --out "$T/new/deeper//" > "$T/p3.log"
+[ -s "$T/new/deeper/loss.svg" ] || fail "--out into a missing nested folder: no loss.svg"
+grep -qx "wrote $T/new/deeper/loss.png, $T/new/deeper/accuracy.png, $T/new/deeper/loss.svg, $T/new/deeper/accuracy.svg" "$T/p3.log" ||
+  fail "--out DIR//: the paths are not DIR/NAME: $(cat "$T/p3.log")"
+"$EMBER" plot "$T/runs/a//" > "$T/p4.log"
+if grep -q '//' "$T/p4.log"; then fail "ember plot RUN//: a double slash: $(cat "$T/p4.log")"; fi
+echo "ok: ember plot A B overlays two runs; --out DIR/ is created; no double slash"
+
+# a diverged run: every value NaN: the frame with a centred note, no empty legend, no NaN coordinates
+mkdir -p "$T/nan"
+printf 'epoch,train_loss,train_accuracy,val_loss,val_accuracy\n1,nan,nan,nan,nan\n2,nan,nan,nan,nan\n' > "$T/nan/metrics.csv"
+"$EMBER" plot "$T/nan" > "$T/pn.log"
+for f in loss accuracy; do
+  is_png "$T/nan/$f.png"
+  grep -q ">no finite values</text>" "$T/nan/$f.svg" || fail "NaN run: $f.svg has no 'no finite values' note"
+  [ "$(curves "$T/nan/$f.svg")" = 0 ] || fail "NaN run: $f.svg has curves"
+  grep -o '<rect' "$T/nan/$f.svg" > "$T/rects" || true
+  [ "$(wc -l < "$T/rects")" = 2 ] || fail "NaN run: $f.svg: not just the background and the frame (an empty legend box?)"
+  if grep -qi '="-\?nan\|="-\?inf' "$T/nan/$f.svg"; then fail "NaN run: $f.svg has non-finite coordinates"; fi
+  grep -q '>2</text>' "$T/nan/$f.svg" || fail "NaN run: $f.svg: the epoch axis has no ticks"
+done
+echo "ok: a NaN-only run: an empty frame with 'no finite values'"
 
 # errors
 expect_rc() {
@@ -66,12 +86,16 @@ expect_rc() {
   echo "ok: ember plot $* -> exit $rc ($(head -1 "$T/e.log"))"
 }
 expect_rc 2 "no run given"
-expect_rc 2 "see 'ember plot --help'" --bogus "$T/runs/a"
+expect_rc 2 "^ember plot: unknown option '--bogus' (see 'ember plot --help')$" --bogus "$T/runs/a"
+expect_rc 2 "^ember plot: unknown option '-x' (see 'ember plot --help')$" -x "$T/runs/a"
+expect_rc 2 "^ember plot: --out needs a value (see 'ember plot --help')$" "$T/runs/a" --out
 expect_rc 1 "cannot open $T/nope/metrics.csv" "$T/nope"
 mkdir -p "$T/bad" "$T/out"
 printf 'epoch,train_loss,train_accuracy,val_loss,val_accuracy\n1,0.5,0.8,0.6,0.7\n2,0.4,oops,0.5,0.8\n' > "$T/bad/metrics.csv"
 expect_rc 1 "line 3: train_accuracy 'oops' is not a number" "$T/runs/a" "$T/bad" --out "$T/out/"
 [ -z "$(ls -A "$T/out")" ] || fail "a malformed metrics.csv still wrote $(ls "$T/out")"
+expect_rc 1 "line 3: train_accuracy 'oops' is not a number" "$T/runs/a" "$T/bad" --out "$T/out2/"
+[ ! -e "$T/out2" ] || fail "a malformed metrics.csv still created the --out folder"
 "$EMBER" plot --help > "$T/help.log"
 grep -q "usage: ember plot RUN_DIR" "$T/help.log" || fail "ember plot --help"
 echo "all plot checks passed"

@@ -345,6 +345,7 @@ typedef struct curve {
     int n;
     rgb color;
     bool dashed;
+    bool xonly; /* not drawn: gives the frame its epochs when no curve has a finite value */
     char name[300];
 } curve;
 
@@ -359,11 +360,12 @@ static frame fit_frame(const curve *cs, int nc, bool unit_range)
         for (int i = 0; i < cs[k].n; i++) {
             fr.xmin = fmin(fr.xmin, cs[k].x[i]);
             fr.xmax = fmax(fr.xmax, cs[k].x[i]);
-            if (isfinite(cs[k].y[i])) {
+            if (!cs[k].xonly && isfinite(cs[k].y[i])) {
                 fr.ymin = fmin(fr.ymin, cs[k].y[i]);
                 fr.ymax = fmax(fr.ymax, cs[k].y[i]);
             }
         }
+    if (!(fr.xmin <= fr.xmax)) fr.xmin = fr.xmax = 1; /* no epochs */
     if (fr.xmax - fr.xmin < 1) { /* one epoch: centre it */
         fr.xmin -= 0.5;
         fr.xmax += 0.5;
@@ -420,13 +422,20 @@ static void draw_figure(canvas *cv, const curve *cs, int nc, const char *title, 
     cv_text(cv, PLOT_W / 2.0, 28, title, 16, 0.5, true, false, BLACK);
     /* curves */
     double px[4096], py[4096];
+    int ndrawn = 0;
     for (int k = 0; k < nc; k++) {
+        if (cs[k].xonly) continue;
+        ndrawn++;
         int n = cs[k].n < 4096 ? cs[k].n : 4096;
         for (int i = 0; i < n; i++) {
             px[i] = PX(cs[k].x[i]);
             py[i] = isfinite(cs[k].y[i]) ? PY(cs[k].y[i]) : NAN;
         }
         cv_curve(cv, px, py, n, cs[k].color, cs[k].dashed, cs[k].name);
+    }
+    if (ndrawn == 0) { /* e.g. a diverged run: every value NaN; the frame with a note, no empty legend */
+        cv_text(cv, (L + R) / 2, (T + B) / 2 + 5, "no finite values", 14, 0.5, false, false, GREY);
+        return;
     }
     /* legend: top right for losses (they fall), bottom right for accuracies (they rise) */
     double wmax = 0;
@@ -545,6 +554,36 @@ static int write_svg(const char *path, const curve *cs, int nc, const char *titl
     return finish_tmp(tmp, path, ok, strerror(errno), err, nerr);
 }
 
+/* mkdir -p of @p prefix when it is a folder (ends in '/'): 0, or -1 with the reason in @p err. */
+static int make_prefix_dir(const char *prefix, char *err, size_t nerr)
+{
+    const char *slash = strrchr(prefix, '/');
+    if (!slash || slash == prefix || slash[1]) return 0;
+    char path[4096];
+    if ((size_t)(slash - prefix) >= sizeof path) {
+        snprintf(err, nerr, "--out: the folder name is too long");
+        return -1;
+    }
+    memcpy(path, prefix, (size_t)(slash - prefix));
+    path[slash - prefix] = 0;
+    for (char *p = path + 1;; p++) {
+        if (*p && *p != '/') continue;
+        const char c = *p;
+        *p = 0;
+        struct stat st;
+        if (mkdir(path, 0777) != 0 && errno != EEXIST) {
+            snprintf(err, nerr, "cannot create the folder %s: %s", path, strerror(errno));
+            return -1;
+        }
+        if (!c && (stat(path, &st) != 0 || !S_ISDIR(st.st_mode))) {
+            snprintf(err, nerr, "cannot write into %s: it is not a folder", path);
+            return -1;
+        }
+        if (!c) return 0;
+        *p = c;
+    }
+}
+
 static bool any_finite(const double *v, int n)
 {
     for (int i = 0; i < n; i++)
@@ -600,6 +639,8 @@ int em_tool_plot_metrics(const char *const *metrics_csv, const char *const *labe
         for (int r = 1; r < nruns && k < (int)sizeof ttl; r++) k += snprintf(ttl + k, sizeof ttl - (size_t)k, " vs %s", names[r]);
         if (k >= (int)sizeof ttl) snprintf(ttl, sizeof ttl, "%d runs", nruns);
     }
+    /* a folder prefix ("runs/cmp/") that does not exist yet is created, once every file has been read */
+    if (rc == 0 && make_prefix_dir(out_prefix, err, nerr) != 0) rc = EM_TOOL_PLOT_WRITE;
     for (int fig = 0; fig < 2 && rc == 0; fig++) {
         const bool acc = fig == 1;
         curve cs[2 * EM_TOOL_PLOT_MAX_RUNS];
@@ -610,6 +651,7 @@ int em_tool_plot_metrics(const char *const *metrics_csv, const char *const *labe
                 const double *y = part ? va : tr;
                 if (!any_finite(y, m[r].n)) continue; /* e.g. no validation set */
                 curve *c = &cs[nc++];
+                c->xonly = false;
                 c->x = m[r].epoch;
                 c->y = y;
                 c->n = m[r].n;
@@ -619,6 +661,9 @@ int em_tool_plot_metrics(const char *const *metrics_csv, const char *const *labe
                 else snprintf(c->name, sizeof c->name, "%.127s %s", names[r], part ? "validation" : "train");
             }
         }
+        for (int r = 0; nc == 0 && r < nruns; r++) /* nothing finite: the runs' epochs still make the frame */
+            cs[r] = (curve){.x = m[r].epoch, .y = NULL, .n = m[r].n, .xonly = true};
+        if (nc == 0) nc = nruns;
         char t[300], path[4096];
         snprintf(t, sizeof t, "%s: %s", ttl, acc ? "accuracy" : "loss");
         const char *stem = acc ? "accuracy" : "loss";
@@ -662,6 +707,15 @@ static void plot_help(void)
            "2 usage error.\n");
 }
 
+/* The first @p len characters of @p dir as a folder prefix with one trailing '/' ("out//" -> "out/",
+ * "/" stays "/"); len 0 gives "" (the current folder). */
+static void dir_prefix(const char *dir, size_t len, char *out, size_t n)
+{
+    while (len > 1 && dir[len - 1] == '/' && dir[len - 2] == '/') len--;
+    if (len > 0 && dir[len - 1] != '/') snprintf(out, n, "%.*s/", (int)len, dir);
+    else snprintf(out, n, "%.*s", (int)len, dir);
+}
+
 int em_tool_plot(int argc, char **argv)
 {
     static const struct option opts[] = {
@@ -669,26 +723,28 @@ int em_tool_plot(int argc, char **argv)
     const char *out = NULL, *title = NULL;
     int c;
     optind = 1;
-    while ((c = getopt_long(argc, argv, "o:t:h", opts, NULL)) != -1) {
+    opterr = 0;
+    while ((c = getopt_long(argc, argv, ":o:t:h", opts, NULL)) != -1) {
         switch (c) {
         case 'o': out = optarg; break;
         case 't': title = optarg; break;
         case 'h': plot_help(); return 0;
-        default: fprintf(stderr, "see 'ember plot --help'\n"); return 2;
+        default: return em_tool_bad_option("plot", c, argc, argv);
         }
     }
     int nruns = argc - optind;
     if (nruns < 1) {
-        fprintf(stderr, "ember plot: no run given (usage: ember plot RUN_DIR [RUN_DIR...] [--out PREFIX]; see --help)\n");
-        return 2;
+        fprintf(stderr, "ember plot: no run given (usage: ember plot RUN_DIR [RUN_DIR...] [--out PREFIX]; see 'ember plot --help')\n");
+        return EM_TOOL_EXIT_USAGE;
     }
     if (nruns > EM_TOOL_PLOT_MAX_RUNS) {
-        fprintf(stderr, "ember plot: %d runs given, at most %d can be overlaid\n", nruns, EM_TOOL_PLOT_MAX_RUNS);
-        return 2;
+        fprintf(stderr, "ember plot: %d runs given, at most %d can be overlaid (see 'ember plot --help')\n", nruns,
+                EM_TOOL_PLOT_MAX_RUNS);
+        return EM_TOOL_EXIT_USAGE;
     }
     if (out && !*out) {
-        fprintf(stderr, "ember plot: --out is empty\n");
-        return 2;
+        fprintf(stderr, "ember plot: --out is empty (see 'ember plot --help')\n");
+        return EM_TOOL_EXIT_USAGE;
     }
     static char csv[EM_TOOL_PLOT_MAX_RUNS][4096], label[EM_TOOL_PLOT_MAX_RUNS][4096];
     const char *paths[EM_TOOL_PLOT_MAX_RUNS], *labels[EM_TOOL_PLOT_MAX_RUNS];
@@ -710,13 +766,14 @@ int em_tool_plot(int argc, char **argv)
     char prefix[4096];
     if (!out && nruns == 1) { /* the run's own folder */
         const char *slash = strrchr(csv[0], '/');
-        snprintf(prefix, sizeof prefix, "%.*s", slash ? (int)(slash - csv[0] + 1) : 0, csv[0]);
+        dir_prefix(csv[0], slash ? (size_t)(slash - csv[0] + 1) : 0, prefix, sizeof prefix);
     } else if (!out) {
         snprintf(prefix, sizeof prefix, "plot-");
     } else {
         struct stat st;
         bool dir = out[strlen(out) - 1] == '/' || (stat(out, &st) == 0 && S_ISDIR(st.st_mode));
-        snprintf(prefix, sizeof prefix, "%s%s", out, dir && out[strlen(out) - 1] != '/' ? "/" : "");
+        if (dir) dir_prefix(out, strlen(out), prefix, sizeof prefix);
+        else snprintf(prefix, sizeof prefix, "%s", out);
     }
     char err[1024];
     int rc = em_tool_plot_metrics(paths, labels, nruns, prefix, title, err, sizeof err);
