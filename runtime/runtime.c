@@ -2,6 +2,8 @@
 #include "runtime/runtime_internal.h"
 
 #include <cblas.h>
+#include <ctype.h>
+#include <limits.h>
 #include <hwloc.h>
 #include <starpu.h>
 #include <stdlib.h>
@@ -272,10 +274,20 @@ em_config em_config_default(void)
                        .log_level = EM_LOG_WARN, .starpu_verbose = false};
 }
 
-static int env_int(const char *name, int dflt)
+/* A worker count from the environment: unset or empty leaves *out; else the whole value must be an
+ * integer >= -1 (-1: StarPU's default), or EM_ERR_INVALID naming the variable and its value. */
+static em_status env_int(const char *name, int *out)
 {
     const char *v = getenv(name);
-    return v && *v ? atoi(v) : dflt;
+    if (!v || !*v) return EM_OK;
+    char *end = NULL;
+    errno = 0;
+    long x = isspace((unsigned char)*v) ? 0 : strtol(v, &end, 10);
+    if (!end || end == v || *end || errno == ERANGE || x < -1 || x > INT_MAX)
+        return em__set_error(EM_ERR_INVALID, "em_init: %s='%s' is not a worker count (expected an integer >= -1; -1 or unset: "
+                             "StarPU's default)", name, v);
+    *out = (int)x;
+    return EM_OK;
 }
 
 /* mkdir -p @p path (modified in place and restored); 0 or -1 with errno. */
@@ -349,12 +361,13 @@ em_status em_init(const em_config *user)
             if (!strcasecmp(lv, names[i])) cfg.log_level = (em_log_level)i;
     }
     em_set_log_level(cfg.log_level);
-    cfg.ncpus = env_int("EMBER_NCPU", cfg.ncpus);
-    cfg.ncuda = env_int("EMBER_NCUDA", cfg.ncuda);
-    cfg.nopencl = env_int("EMBER_NOPENCL", cfg.nopencl);
+    if (env_int("EMBER_NCPU", &cfg.ncpus) != EM_OK || env_int("EMBER_NCUDA", &cfg.ncuda) != EM_OK ||
+        env_int("EMBER_NOPENCL", &cfg.nopencl) != EM_OK)
+        return em_last_status();
     if (getenv("EMBER_SCHED")) cfg.sched = getenv("EMBER_SCHED");
     if (getenv("EMBER_DEVICE")) cfg.device = getenv("EMBER_DEVICE");
-    if (getenv("EMBER_STARPU_VERBOSE")) cfg.starpu_verbose = env_int("EMBER_STARPU_VERBOSE", 1) != 0;
+    const char *sv = getenv("EMBER_STARPU_VERBOSE"); /* any value but a number equal to 0 (as before: atoi) */
+    if (sv) cfg.starpu_verbose = *sv ? atoi(sv) != 0 : true;
 
     em_device dev = em_device_cpu();
     if (cfg.device && em_device_parse(cfg.device, &dev) != EM_OK) return em_last_status();

@@ -136,6 +136,16 @@ run "$EMBER" version
 [ "$rc" = 0 ] && grep -q "^ember [0-9]" "$T/out.log" || fail "ember version: rc $rc: $(cat "$T/out.log" "$T/err.log")"
 ok "exit codes documented in every --help"
 
+# EMBER_NCPU / EMBER_NCUDA / EMBER_NOPENCL: the whole value an integer >= -1, else em_init fails naming it
+for ev in "EMBER_NCPU=abc" "EMBER_NCPU=2x" "EMBER_NCPU= 1" "EMBER_NCPU=-2" "EMBER_NCPU=99999999999" "EMBER_NCUDA=one" "EMBER_NOPENCL=1.5"; do
+  run env "$ev" "$EMBER" devices
+  [ "$rc" = 1 ] && grep -qF "ember devices: em_init: ${ev%%=*}='${ev#*=}' is not a worker count (expected an integer >= -1" "$T/err.log" ||
+    fail "$ev ember devices: rc $rc: $(cat "$T/err.log")"
+done
+run env EMBER_NCPU=1 "$EMBER" devices
+[ "$rc" = 0 ] || fail "EMBER_NCPU=1 ember devices: rc $rc: $(cat "$T/err.log")"
+ok "EMBER_NCPU / EMBER_NCUDA / EMBER_NOPENCL parsed strictly (exit 1 naming the variable and value)"
+
 # ---- item 4: an unwritable --out fails before training ---------------------
 touch "$T/afile"
 for out in "$T/afile/run" "$T/afile/a/b" "$T/afile"; do
