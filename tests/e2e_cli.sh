@@ -88,6 +88,7 @@ cases=(
   "train|--device foo|--device: unknown device 'foo'"
   "train|--out=|--out: the folder name is empty"
   "eval|--checkpoint $CK --device cuda:x|--device: bad device 'cuda:x'"
+  "train|--scheduler warmup-cosine --warmup 1|--warmup 1 must be below the run's 1 optimizer step (1 epoch x 1 step)"
   "eval|--checkpoint $CK --batch-size 0|--batch-size: 0 is out of range (expected an integer in [1, 1048576])"
   "eval|--checkpoint $CK --batch-size -7|--batch-size: -7 is out of range"
   "eval|--checkpoint $CK --batch-size 2e9|--batch-size: '2e9' is not an integer"

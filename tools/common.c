@@ -64,8 +64,9 @@ em_lr_scheduler *em_tool_make_scheduler(const char *name, double lr, int64_t epo
         int64_t total = epochs * steps_per_epoch;
         if (warmup < 0) warmup = em_tool_default_warmup(total);
         if (warmup >= total) {
-            snprintf(err, nerr, "--warmup %lld must be below the run's %lld optimizer steps (%lld epochs x %lld steps)",
-                     (long long)warmup, (long long)total, (long long)epochs, (long long)steps_per_epoch);
+            snprintf(err, nerr, "--warmup %lld must be below the run's %lld optimizer step%s (%lld epoch%s x %lld step%s)",
+                     (long long)warmup, (long long)total, total == 1 ? "" : "s", (long long)epochs, epochs == 1 ? "" : "s",
+                     (long long)steps_per_epoch, steps_per_epoch == 1 ? "" : "s");
             return NULL;
         }
         s = em_lr_warmup_cosine(lr, warmup, total, 0.0);
