@@ -192,8 +192,11 @@ if command -v script > /dev/null; then
   sed 's/\r$//' "$T/ptyn.log" > "$T/ptyn.cr" # a \r left inside a line is a redraw (written to a file: no '| grep -q')
   if grep -q $'\r' "$T/ptyn.cr"; then fail "--no-progress on a terminal still redraws"; fi
   grep -v $'^\r$' "$T/ptyn.log" | tr -d '\r' > "$T/ptyn.txt"
-  if grep -qv '^ember train: \|^data: \|^ *train_loss \|^epoch [12]/2 \|^final test accuracy' "$T/ptyn.txt"; then
-    fail "--no-progress prints more than the epoch lines: $(grep -v '^ember train: \|^data: \|^ *train_loss \|^epoch [12]/2 \|^final test accuracy' "$T/ptyn.txt" | head -3)"
+  # (StarPU's own warnings, "[starpu]...", are not Ember's output: the GPU machine's StarPU warns of a
+  # missing installation directory)
+  grep -v '^\[starpu\]' "$T/ptyn.txt" > "$T/ptyn-ember.txt" || true
+  if grep -qv '^ember train: \|^data: \|^ *train_loss \|^epoch [12]/2 \|^final test accuracy' "$T/ptyn-ember.txt"; then
+    fail "--no-progress prints more than the epoch lines: $(grep -v '^ember train: \|^data: \|^ *train_loss \|^epoch [12]/2 \|^final test accuracy' "$T/ptyn-ember.txt" | head -3)"
   fi
   ok "progress bar fits 80 and 40 columns in a pty and redraws one line; --no-progress: epoch lines only"
 else

@@ -437,7 +437,20 @@ static void input_desc(const ecase *c, char *buf, size_t n)
 }
 
 /* Runs one case; true when Ember agrees with the expectation. */
-static bool run_case(const ecase *c, const expect *e, char *why, size_t n)
+/* The tolerance of a case on a device: where a device's math library
+ * promises less than the CPU reference (glibc's pow is correctly rounded on
+ * these inputs), its documented bound: OpenCL 1.2 §7.4 allows pow 16 ulp
+ * (NVIDIA's OpenCL uses it: pow(10, 2) in f32 is 99.9999924), CUDA's pow is
+ * within 2 ulp (CUDA Math API, float and double). Nothing else is loosened. */
+static int device_ulps(const ecase *c, em_device_kind kind)
+{
+    const char *op = !strncmp(c->op, "grad.", 5) ? c->op + 5 : c->op;
+    if (kind == EM_DEVICE_CPU || (strcmp(op, "pow") && strcmp(op, "pow_scalar"))) return c->ulps;
+    const int bound = kind == EM_DEVICE_OPENCL ? 16 : 2;
+    return c->ulps > bound ? c->ulps : bound;
+}
+
+static bool run_case(const ecase *c, const expect *e, em_device_kind kind, char *why, size_t n)
 {
     bool grad = !strncmp(c->op, "grad.", 5);
     const char *op = grad ? c->op + 5 : c->op;
@@ -500,7 +513,7 @@ static bool run_case(const ecase *c, const expect *e, char *why, size_t n)
         for (int k = 0; k < nout && ok; k++) {
             em_status st;
             char w[600];
-            if (!compare(out[k], &e->out[k], c->ulps, w, sizeof w, &st)) {
+            if (!compare(out[k], &e->out[k], device_ulps(c, kind), w, sizeof w, &st)) {
                 snprintf(why, n, "%s%s", nout > 1 ? "result: " : "", w);
                 ok = false;
             }
@@ -598,7 +611,7 @@ static void test_edges_all(void **state)
             const expect *e = (di > 0 && c->has_alt) ? &c->alt : &c->exp;
             char why[800] = "";
             nrun++;
-            if (run_case(c, e, why, sizeof why)) {
+            if (run_case(c, e, devs[di].d.kind, why, sizeof why)) {
                 npass++, dpass++;
                 if (verbose) printf("ok       [%s] %s\n", devs[di].name, c->tag);
             } else {
