@@ -19,22 +19,29 @@ static void usage(FILE *f)
             "Run 'ember <command> --help' for a command's options.\n\n" EM_TOOL_EXIT_HELP);
 }
 
-static int cmd_devices(int argc, char **argv)
+/* The options of a command that takes none but --help: -1 to go on, else the
+ * exit status (0 after printing @p help, 2 for anything else). */
+static int only_help(const char *cmd, int argc, char **argv, const char *help)
 {
     static const struct option opts[] = {{"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
     int c;
     optind = 1;
     opterr = 0;
     while ((c = getopt_long(argc, argv, ":h", opts, NULL)) != -1) {
-        if (c == 'h') {
-            printf("usage: ember devices\n\nLists StarPU workers (CPU cores, GPUs, OpenCL devices), memory nodes\n"
-                   "and the hwloc topology. EMBER_DEVICE, EMBER_NCPU, EMBER_NCUDA, EMBER_NOPENCL and\n"
-                   "EMBER_SCHED are honoured.\n\n" EM_TOOL_EXIT_HELP);
-            return 0;
-        }
-        return em_tool_bad_option("devices", c, argc, argv);
+        if (c != 'h') return em_tool_bad_option(cmd, c, argc, argv);
+        fputs(help, stdout);
+        return 0;
     }
-    if (em_tool_no_operands("devices", argc, argv)) return EM_TOOL_EXIT_USAGE;
+    return em_tool_no_operands(cmd, argc, argv) ? EM_TOOL_EXIT_USAGE : -1;
+}
+
+static int cmd_devices(int argc, char **argv)
+{
+    int rc = only_help("devices", argc, argv,
+                       "usage: ember devices\n\nLists StarPU workers (CPU cores, GPUs, OpenCL devices), memory nodes\n"
+                       "and the hwloc topology. EMBER_DEVICE, EMBER_NCPU, EMBER_NCUDA, EMBER_NOPENCL and\n"
+                       "EMBER_SCHED are honoured.\n\n" EM_TOOL_EXIT_HELP);
+    if (rc >= 0) return rc;
     if (em_init(NULL) != EM_OK) {
         fprintf(stderr, "ember devices: %s\n", em_last_error());
         return 1;
@@ -46,18 +53,8 @@ static int cmd_devices(int argc, char **argv)
 
 static int cmd_version(int argc, char **argv)
 {
-    static const struct option opts[] = {{"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
-    int c;
-    optind = 1;
-    opterr = 0;
-    while ((c = getopt_long(argc, argv, ":h", opts, NULL)) != -1) {
-        if (c == 'h') {
-            printf("usage: ember version\n\nPrints the version.\n\n" EM_TOOL_EXIT_HELP);
-            return 0;
-        }
-        return em_tool_bad_option("version", c, argc, argv);
-    }
-    if (em_tool_no_operands("version", argc, argv)) return EM_TOOL_EXIT_USAGE;
+    int rc = only_help("version", argc, argv, "usage: ember version\n\nPrints the version.\n\n" EM_TOOL_EXIT_HELP);
+    if (rc >= 0) return rc;
     printf("ember %s\n", EMBER_VERSION_STRING);
     return 0;
 }
