@@ -10,19 +10,13 @@
  * best time per iteration (after 2 warm-ups), the tasks submitted per
  * iteration, and the largest difference between the two forms' y and input
  * gradient. The device is EMBER_DEVICE's (e.g. cuda:0). */
+#include "bench/bench_util.h"
 #include "ember/ember.h"
 
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
-
-static double now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 /* The composed training-mode batch norm of em_batch_norm before the fused ops. */
 static em_tensor *bn_composed(em_tensor *x, em_tensor *rm, em_tensor *rv, em_tensor *w, em_tensor *b, double momentum, double eps)

@@ -7,6 +7,7 @@
  *
  * Usage: bench_cnn [--device DEV] [--steps N] [--warmup N] [batch ...]
  *        (default: cpu, 30 steps after 5 warm-up steps, batches 64 512) */
+#include "bench/bench_util.h"
 #include "ember/ember.h"
 
 #include <math.h>
@@ -14,21 +15,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
-
-static double now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-#define CK(x)                                                                 \
-    do {                                                                      \
-        if (!(x)) {                                                           \
-            fprintf(stderr, "bench_cnn: %s failed: %s\n", #x, em_last_error()); \
-            exit(1);                                                          \
-        }                                                                     \
-    } while (0)
 
 /* A leaf parameter U(-1/sqrt(fan_in), 1/sqrt(fan_in)) (PyTorch's default
  * bound for conv and linear weights and biases). */

@@ -12,6 +12,7 @@
  * oneDNN memory-format mode is EMBER_DNNL_FORMAT's (auto by default, any,
  * plain; devices/cpu/conv_dnnl.c). Links
  * the library's objects (the internal ops and the path switch). */
+#include "bench/bench_util.h"
 #include "devices/cpu/conv_dnnl.h"
 #include "ember/ember.h"
 #include "tasks/tasks_internal.h"
@@ -39,13 +40,6 @@ static const shape SHAPES[] = {
     {"pw1x1", {32, 64, 32, 32}, {128, 64, 1, 1}, 1, 0, 1},
 };
 #define NSHAPES (int)(sizeof SHAPES / sizeof SHAPES[0])
-
-static double now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 static void check(bool ok, const char *what)
 {

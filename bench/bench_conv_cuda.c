@@ -7,6 +7,7 @@
  * Usage: bench_conv_cuda [N C H W O K stride pad] (default: 256 128 16 16
  *        128 3 1 1, a ResNet-18 layer at CIFAR size). Prints the median and
  *        the range of 5 rounds of 20 iterations per side. */
+#include "bench/bench_util.h"
 #include "ember/ember.h"
 
 #include <cuda_runtime.h>
@@ -16,20 +17,6 @@
 #include <string.h>
 #include <time.h>
 
-static double now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-#define CK(x)                                                                         \
-    do {                                                                              \
-        if (!(x)) {                                                                   \
-            fprintf(stderr, "bench_conv_cuda: %s failed: %s\n", #x, em_last_error()); \
-            exit(1);                                                                  \
-        }                                                                             \
-    } while (0)
 #define DNN(x)                                                                                         \
     do {                                                                                               \
         cudnnStatus_t s_ = (x);                                                                        \

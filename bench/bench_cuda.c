@@ -5,6 +5,7 @@
  *   4. MLP 784-256-10 training step throughput (Adam, cross-entropy, random
  *      data) at batch 64 and 512 — the PyTorch side is bench/mlp_torch_gpu.py.
  * Usage: bench_cuda [gemm sizes...]   (needs a CUDA device; prints ratios) */
+#include "bench/bench_util.h"
 #include "ember/ember.h"
 
 #include <cublas_v2.h>
@@ -12,21 +13,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
-
-static double now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-#define CK(x)                                                                 \
-    do {                                                                      \
-        if (!(x)) {                                                           \
-            fprintf(stderr, "bench_cuda: %s failed: %s\n", #x, em_last_error()); \
-            exit(1);                                                          \
-        }                                                                     \
-    } while (0)
 
 static double ember_gemm(int64_t n, int reps)
 {

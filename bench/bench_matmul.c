@@ -8,6 +8,7 @@
  * 2 warm-up runs then reports the best of RUNS timed runs (wall clock; for
  * Ember the time from the em_matmul call to the end of em_sync). GFLOP/s =
  * 2 n^3 / time. Results go to stdout; docs/benchmarks.md records them. */
+#include "bench/bench_util.h"
 #include "ember/ember.h"
 
 #include <cblas.h>
@@ -20,13 +21,6 @@ extern void openblas_set_num_threads(int);
 
 #define RUNS 7
 #define WARMUP 2
-
-static double now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 static double bench_ember(int64_t n)
 {

@@ -7,18 +7,12 @@
  * em_scope_end, then one em_sync; next to the same loop in plain C. Reports
  * microseconds per op: submission only (time until the loop returns) and
  * total (until em_sync returns). Best of 3 chains after one warm-up chain. */
+#include "bench/bench_util.h"
 #include "ember/ember.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
-
-static double now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 static void chain(int64_t n, int nops, double *submit_s, double *total_s)
 {

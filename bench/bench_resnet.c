@@ -9,6 +9,7 @@
  *
  * Usage: bench_resnet [--device DEV] [--steps N] [--warmup N] [batch]
  *        (default cuda:0, 20 steps after 5 warm-up steps, batch 256) */
+#include "bench/bench_util.h"
 #include "ember/ember.h"
 
 #include <math.h>
@@ -16,21 +17,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
-
-static double now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-#define CK(x)                                                                    \
-    do {                                                                         \
-        if (!(x)) {                                                              \
-            fprintf(stderr, "bench_resnet: %s failed: %s\n", #x, em_last_error()); \
-            exit(1);                                                             \
-        }                                                                        \
-    } while (0)
 
 #define MAXP 128
 static em_tensor *g_params[MAXP];

@@ -25,6 +25,7 @@
  *          --devices LIST (replicas in this process)
  * Output (rank 0): a human line and one machine line
  *   RESULT label=wide ranks=2 replicas=1 batch=512 steps=100 params=... samples_per_s=... ms_per_step=... divergence=0 */
+#include "bench/bench_util.h"
 #include "ember/dist.h"
 #include "ember/ember.h"
 
@@ -33,13 +34,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
-
-static double now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 static void die(const char *what)
 {
