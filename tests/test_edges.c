@@ -18,6 +18,7 @@
  * deliberate differences (the expectation is Ember's defined behaviour);
  * their reasons are printed. Every mismatch is listed, then the test fails.
  * Every element-wise op of tasks/ops.def must have a case. */
+#include "optable.h"
 #include "testutil.h"
 
 #include <math.h>
@@ -202,43 +203,7 @@ static em_tensor *make(const et *t)
     return r;
 }
 
-typedef em_tensor *(*fn1)(const em_tensor *);
-typedef em_tensor *(*fns)(const em_tensor *, double);
-typedef em_tensor *(*fn2)(const em_tensor *, const em_tensor *);
-
-static const struct {
-    const char *name;
-    fn1 f;
-} EW1_FNS[] = {
-#define EW1(E, nm, fl, fx, ix, bw) {#nm, em_##nm},
-#define EWS(E, nm, fl, fx, ix, bw)
-#define EWP(E, nm, fl, fx, ix, bw)
-#define EW2(E, nm, fl, fx, ix, bw)
-#define OP(E, nm, nin, nout, fl, fam, bw)
-#include "tasks/ops.def"
-};
-static const struct {
-    const char *name;
-    fns f;
-} EWS_FNS[] = {
-#define EWS(E, nm, fl, fx, ix, bw) {#nm, em_##nm},
-#define EW1(E, nm, fl, fx, ix, bw)
-#define EWP(E, nm, fl, fx, ix, bw)
-#define EW2(E, nm, fl, fx, ix, bw)
-#define OP(E, nm, nin, nout, fl, fam, bw)
-#include "tasks/ops.def"
-};
-static const struct {
-    const char *name;
-    fn2 f;
-} EW2_FNS[] = {
-#define EW2(E, nm, fl, fx, ix, bw) {#nm, em_##nm},
-#define EW1(E, nm, fl, fx, ix, bw)
-#define EWS(E, nm, fl, fx, ix, bw)
-#define EWP(E, nm, fl, fx, ix, bw)
-#define OP(E, nm, nin, nout, fl, fam, bw)
-#include "tasks/ops.def"
-};
+/* the EW1 / EWS / EW2 lines by their functions: em_test_ew*_fns (optable.h) */
 /* the EWP lines: their own front ends, with the parameters as the fixture gives them */
 static const char *EWP_NAMES[] = {
 #define EWP(E, nm, fl, fx, ix, bw) #nm,
@@ -265,12 +230,12 @@ static bool call(const char *op, const ecase *c, em_tensor **in, em_tensor **out
     *nout = 1;
     out[0] = NULL;
     int dims[8];
-    for (int k = 0; k < NELEM(EW1_FNS); k++)
-        if (!strcmp(op, EW1_FNS[k].name)) return out[0] = EW1_FNS[k].f(in[0]), true;
-    for (int k = 0; k < NELEM(EWS_FNS); k++)
-        if (!strcmp(op, EWS_FNS[k].name)) return out[0] = EWS_FNS[k].f(in[0], p[0]), true;
-    for (int k = 0; k < NELEM(EW2_FNS); k++)
-        if (!strcmp(op, EW2_FNS[k].name)) return out[0] = EW2_FNS[k].f(in[0], in[1]), true;
+    for (int k = 0; k < NELEM(em_test_ew1_fns); k++)
+        if (!strcmp(op, em_test_ew1_fns[k].name)) return out[0] = em_test_ew1_fns[k].f(in[0]), true;
+    for (int k = 0; k < NELEM(em_test_ews_fns); k++)
+        if (!strcmp(op, em_test_ews_fns[k].name)) return out[0] = em_test_ews_fns[k].f(in[0], p[0]), true;
+    for (int k = 0; k < NELEM(em_test_ew2_fns); k++)
+        if (!strcmp(op, em_test_ew2_fns[k].name)) return out[0] = em_test_ew2_fns[k].f(in[0], in[1]), true;
     if (!strcmp(op, "clamp")) out[0] = em_clamp(in[0], p[0], p[1]);
     else if (!strcmp(op, "pow_scalar")) out[0] = em_pow_scalar(in[0], p[0]);
     else if (!strcmp(op, "leaky_relu")) out[0] = em_leaky_relu(in[0], p[0]);
@@ -592,9 +557,9 @@ static void test_edges_all(void **state)
 
     /* every element-wise op of tasks/ops.def has cases */
     int missing = 0;
-    for (int k = 0; k < NELEM(EW1_FNS); k++) missing += !op_covered(EW1_FNS[k].name, cs, nc) && printf("edges: no case for %s\n", EW1_FNS[k].name);
-    for (int k = 0; k < NELEM(EWS_FNS); k++) missing += !op_covered(EWS_FNS[k].name, cs, nc) && printf("edges: no case for %s\n", EWS_FNS[k].name);
-    for (int k = 0; k < NELEM(EW2_FNS); k++) missing += !op_covered(EW2_FNS[k].name, cs, nc) && printf("edges: no case for %s\n", EW2_FNS[k].name);
+    for (int k = 0; k < NELEM(em_test_ew1_fns); k++) missing += !op_covered(em_test_ew1_fns[k].name, cs, nc) && printf("edges: no case for %s\n", em_test_ew1_fns[k].name);
+    for (int k = 0; k < NELEM(em_test_ews_fns); k++) missing += !op_covered(em_test_ews_fns[k].name, cs, nc) && printf("edges: no case for %s\n", em_test_ews_fns[k].name);
+    for (int k = 0; k < NELEM(em_test_ew2_fns); k++) missing += !op_covered(em_test_ew2_fns[k].name, cs, nc) && printf("edges: no case for %s\n", em_test_ew2_fns[k].name);
     for (int k = 0; k < NELEM(EWP_NAMES); k++) missing += !op_covered(EWP_NAMES[k], cs, nc) && printf("edges: no case for %s\n", EWP_NAMES[k]);
 
     dev devs[17];

@@ -109,16 +109,13 @@ typedef em_tensor *(*binary_fn)(const em_tensor *, const em_tensor *);
 typedef em_tensor *(*scalar_fn)(const em_tensor *, double);
 typedef em_tensor *(*red_fn)(const em_tensor *, const int *, int, bool);
 
-/* The element-wise kinds of tasks/ops.def by their public functions, plus a
- * few composite forward functions. */
+/* The element-wise kinds of tasks/ops.def by their public functions
+ * (em_test_ew*_fns, optable.h; an EWS line's scalar is the fixture's "s"),
+ * plus a few composite forward functions. */
 static const struct {
     const char *name;
     unary_fn f;
 } UNARY[] = {
-#define EW1(E, nm, fl, fx, ix, bw) {#nm, em_##nm},
-#define EWS(E, nm, fl, fx, ix, bw)
-#define EWP(E, nm, fl, fx, ix, bw)
-#include "tasks/ops.def"
     {"sum_all", em_sum_all}, {"mean_all", em_mean_all}, {"squeeze_all", em_squeeze_all},
 };
 
@@ -126,8 +123,6 @@ static const struct {
     const char *name;
     binary_fn f;
 } BINARY[] = {
-#define EW2(E, nm, fl, fx, ix, bw) {#nm, em_##nm},
-#include "tasks/ops.def"
     {"matmul", em_matmul},
 };
 
@@ -136,9 +131,6 @@ static const struct {
     const char *key;
     scalar_fn f;
 } SCALAR[] = {
-#define EWS(E, nm, fl, fx, ix, bw) {#nm, "s", em_##nm},
-#define EW1(E, nm, fl, fx, ix, bw)
-#include "tasks/ops.def"
     {"pow_scalar", "e", em_pow_scalar}, {"leaky_relu", "slope", em_leaky_relu}, {"elu", "alpha", em_elu},
     {"celu", "alpha", em_celu},
 };
@@ -164,6 +156,12 @@ static em_tensor *forward(const fx_block *b, em_tensor **x, int nin)
 {
     char op[64];
     fx_op(b, op, sizeof op);
+    for (size_t i = 0; i < sizeof em_test_ew1_fns / sizeof em_test_ew1_fns[0]; i++)
+        if (!strcmp(op, em_test_ew1_fns[i].name)) return em_test_ew1_fns[i].f(x[0]);
+    for (size_t i = 0; i < sizeof em_test_ew2_fns / sizeof em_test_ew2_fns[0]; i++)
+        if (!strcmp(op, em_test_ew2_fns[i].name)) return em_test_ew2_fns[i].f(x[0], x[1]);
+    for (size_t i = 0; i < sizeof em_test_ews_fns / sizeof em_test_ews_fns[0]; i++)
+        if (!strcmp(op, em_test_ews_fns[i].name)) return em_test_ews_fns[i].f(x[0], kw_req(b, "s"));
     for (size_t i = 0; i < sizeof UNARY / sizeof UNARY[0]; i++)
         if (!strcmp(op, UNARY[i].name)) return UNARY[i].f(x[0]);
     for (size_t i = 0; i < sizeof BINARY / sizeof BINARY[0]; i++)
