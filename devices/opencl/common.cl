@@ -105,6 +105,23 @@ typedef ulong em_u64;
 
 #define EM_GRID_LOOP(i, n) for (long i = get_global_id(0); i < (n); i += get_global_size(0))
 
+/* Work-group tree sum of v (power-of-two work-group; every work-item gets
+ * the sum; lv holds one acc_t per work-item). Used by the reductions and the
+ * batch-norm kernels. */
+inline acc_t em_tree_sum(__local acc_t *lv, acc_t v)
+{
+    const int lid = get_local_id(0), wg = get_local_size(0);
+    lv[lid] = v;
+    barrier(CLK_LOCAL_MEM_FENCE);
+    for (int s = wg >> 1; s > 0; s >>= 1) {
+        if (lid < s) lv[lid] += lv[lid + s];
+        barrier(CLK_LOCAL_MEM_FENCE);
+    }
+    acc_t r = lv[0];
+    barrier(CLK_LOCAL_MEM_FENCE);
+    return r;
+}
+
 /* Typed loads/stores through a runtime dtype (uniform branches). */
 inline acc_t em_ld_acc(int dt, __global const uchar *b, long i)
 {

@@ -10,21 +10,6 @@
  * em_bn_running_<T>(stats, rm, rv, C, m, keep, u)   grid-stride over C, in T
  *     with the composed update's roundings (FP_CONTRACT is off) */
 
-/* Work-group sum of v (every work-item gets it). */
-inline acc_t em_bn_sum(__local acc_t *lv, acc_t v)
-{
-    const int lid = get_local_id(0), wg = get_local_size(0);
-    lv[lid] = v;
-    barrier(CLK_LOCAL_MEM_FENCE);
-    for (int s = wg >> 1; s > 0; s >>= 1) {
-        if (lid < s) lv[lid] += lv[lid + s];
-        barrier(CLK_LOCAL_MEM_FENCE);
-    }
-    acc_t r = lv[0];
-    barrier(CLK_LOCAL_MEM_FENCE);
-    return r;
-}
-
 /* Work-group sums of a and b at once (lv holds 2 wg entries). */
 inline void em_bn_sum2(__local acc_t *lv, acc_t *a, acc_t *b)
 {
@@ -63,13 +48,13 @@ inline void em_bn_sum2(__local acc_t *lv, acc_t *a, acc_t *b)
         if (c >= C) return;                                                                                         \
         acc_t s = 0;                                                                                                \
         for (long j = lid; j < M; j += wg) s += (acc_t)X[EM_BN_AT(j)];                                              \
-        const acc_t mean = M > 0 ? em_bn_sum(lv, s) / (acc_t)M : (acc_t)0;                                          \
+        const acc_t mean = M > 0 ? em_tree_sum(lv, s) / (acc_t)M : (acc_t)0;                                        \
         acc_t q = 0;                                                                                                \
         for (long j = lid; j < M; j += wg) {                                                                        \
             const acc_t d = (acc_t)X[EM_BN_AT(j)] - mean;                                                           \
             q += d * d;                                                                                             \
         }                                                                                                           \
-        const acc_t var = M > 0 ? em_bn_sum(lv, q) / (acc_t)M : (acc_t)0;                                           \
+        const acc_t var = M > 0 ? em_tree_sum(lv, q) / (acc_t)M : (acc_t)0;                                         \
         const acc_t scale = (acc_t)Wt[c] / sqrt(var + eps), shift = (acc_t)Bs[c];                                  \
         for (long j = lid; j < M; j += wg) {                                                                        \
             const long o = EM_BN_AT(j);                                                                             \

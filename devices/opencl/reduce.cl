@@ -32,20 +32,6 @@ inline long em_roff(long j, int nr, const long *rs, const long *rt)
     return nr > 0 ? off + j * rt[0] : 0;
 }
 
-inline acc_t em_tree_sum(__local acc_t *lv, acc_t v)
-{
-    const int lid = get_local_id(0), wg = get_local_size(0);
-    lv[lid] = v;
-    barrier(CLK_LOCAL_MEM_FENCE);
-    for (int s = wg >> 1; s > 0; s >>= 1) {
-        if (lid < s) lv[lid] += lv[lid + s];
-        barrier(CLK_LOCAL_MEM_FENCE);
-    }
-    acc_t r = lv[0];
-    barrier(CLK_LOCAL_MEM_FENCE);
-    return r;
-}
-
 inline acc_t em_tree_prod(__local acc_t *lv, acc_t v)
 {
     const int lid = get_local_id(0), wg = get_local_size(0);
