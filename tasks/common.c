@@ -54,9 +54,9 @@ em_dtype em__promote(em_dtype a, em_dtype b)
     return rank_of(a) >= rank_of(b) ? a : b;
 }
 
-em_tensor *em__as_dtype(const em_tensor *t, em_dtype dt)
+/* A contiguous copy of @p t as @p dt that autodiff does not see. Unscoped. */
+static em_tensor *unrecorded_copy(const em_tensor *t, em_dtype dt)
 {
-    if (t->dtype == dt) return em_tensor_retain((em_tensor *)t);
     em_tensor *out = em__tensor_new(dt, t->shape, t->ndim);
     if (!out) return NULL;
     em_op op = {.kind = EM_OP_COPY, .n_in = 1, .n_out = 1, .in = {(em_tensor *)t}, .out = {out}, .flags = EM_OPF_NO_RECORD};
@@ -67,6 +67,12 @@ em_tensor *em__as_dtype(const em_tensor *t, em_dtype dt)
     return out;
 }
 
+em_tensor *em__as_dtype(const em_tensor *t, em_dtype dt)
+{
+    if (t->dtype == dt) return em_tensor_retain((em_tensor *)t);
+    return unrecorded_copy(t, dt);
+}
+
 /* A contiguous operand for a kernel that needs one (conv, pool, matmul's
  * BLAS path): t itself (retained) when it
  * is contiguous (an offset is fine), else a copy autodiff does not see (the
@@ -74,12 +80,5 @@ em_tensor *em__as_dtype(const em_tensor *t, em_dtype dt)
 em_tensor *em__contiguous_operand(const em_tensor *t)
 {
     if (em_tensor_is_contiguous(t)) return em_tensor_retain((em_tensor *)t);
-    em_tensor *out = em__tensor_new(t->dtype, t->shape, t->ndim);
-    if (!out) return NULL;
-    em_op op = {.kind = EM_OP_COPY, .n_in = 1, .n_out = 1, .in = {(em_tensor *)t}, .out = {out}, .flags = EM_OPF_NO_RECORD};
-    if (em__submit(&op) != EM_OK) {
-        em_tensor_release(out);
-        return NULL;
-    }
-    return out;
+    return unrecorded_copy(t, t->dtype);
 }
