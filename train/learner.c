@@ -50,11 +50,17 @@ static em_tensor *rows_finite(em_tensor *logits)
 
 /* Adds a batch to the running sums. Called inside the step's scope: the new
  * sums get an extra reference of ours so they outlive it. */
+/* Adds a batch to the running sums. With @p top5 (validation) a sample whose
+ * logits are not all finite counts as wrong (rows_finite); the training
+ * batches leave that check out (four more tasks on every step, the hot path):
+ * there top-1 is the argmax's, as PyTorch computes it, and a diverged run is
+ * reported by its non-finite loss (the Learner's warning). */
 static void running_add(running *r, em_tensor *loss, em_tensor *logits, em_tensor *y, int64_t bsz, bool top5)
 {
     em_tensor *l = em_mul_scalar(em_cast(em_detach(loss), EM_F32), (double)bsz);
-    em_tensor *finite = rows_finite(logits);
-    em_tensor *hit = em_sum_all(em_logical_and(em_eq(em_argmax(logits, 1, false), y), finite));
+    em_tensor *finite = top5 ? rows_finite(logits) : NULL;
+    em_tensor *eq = em_eq(em_argmax(logits, 1, false), y);
+    em_tensor *hit = em_sum_all(finite ? em_logical_and(eq, finite) : eq);
     em_tensor *nl = em_tensor_retain(r->loss_sum ? em_add(r->loss_sum, l) : l);
     em_tensor *nc = em_tensor_retain(r->correct ? em_add(r->correct, hit) : hit);
     em_tensor *n5 = NULL;
