@@ -46,7 +46,7 @@ static em_status check_float(const em_tensor *t, const char *fn)
 {
     if (!t) return em__set_error(EM_ERR_INVALID, "%s: tensor is NULL", fn);
     if (!em_dtype_is_float(em_tensor_dtype(t)))
-        return em__set_error(EM_ERR_DTYPE, "%s: tensor must be float32 or float64, got %s", fn, em_dtype_name(em_tensor_dtype(t)));
+        return em__set_error(EM_ERR_DTYPE, "%s: tensor must be a float dtype, got %s", fn, em_dtype_name(em_tensor_dtype(t)));
     return EM_OK;
 }
 

@@ -130,8 +130,8 @@ em_optim *em_optim_new(const em_optim_config *cfg, em_tensor *const *params, int
         const em_tensor *p = params[i];
         char sb[160];
         if (!p) return em__fail(EM_ERR_INVALID, "%s: parameter %d is NULL", k, i);
-        if (p->dtype != EM_F32 && p->dtype != EM_F64)
-            return em__fail(EM_ERR_DTYPE, "%s: parameter %d must be float32 or float64, got %s", k, i, em_dtype_name(p->dtype));
+        if (!em_dtype_is_float(p->dtype))
+            return em__fail(EM_ERR_DTYPE, "%s: parameter %d must be a float dtype, got %s", k, i, em_dtype_name(p->dtype));
         if (!em_tensor_is_contiguous(p))
             return em__fail(EM_ERR_INVALID, "%s: parameter %d (shape %s) is not contiguous", k, i,
                             em_shape_str(p->shape, p->ndim, sb, sizeof sb));

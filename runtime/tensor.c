@@ -177,7 +177,6 @@ em_tensor *em__tensor_new(em_dtype dt, const int64_t *shape, int ndim)
     if (!em_is_initialized()) return em__fail(EM_ERR_STATE, "tensor creation before em_init");
     if (check_shape(shape, ndim, "tensor") != EM_OK) return NULL;
     if (dt < 0 || dt >= EM_DTYPE_COUNT) return em__fail(EM_ERR_DTYPE, "invalid dtype %d", (int)dt);
-    if (dt == EM_F16 || dt == EM_BF16) return em__fail(EM_ERR_DTYPE, "dtype %s is declared but not supported yet", em_dtype_name(dt));
     int64_t n = em__numel(shape, ndim);
     size_t nbytes = (size_t)n * em_dtype_size(dt);
     if (nbytes >= ((size_t)1 << 32)) {

@@ -504,13 +504,7 @@ em_tensor *em_safetensors_tensor(const em_st_file *f, const char *name)
     if (t->dtype == EM_DTYPE_COUNT)
         return em__fail(EM_ERR_DTYPE, "%s: unsupported dtype %s for tensor '%s' (Ember has no such dtype)", f->path,
                         t->st_dtype, name);
-    em_tensor *r = em_from_host(t->data, t->shape, t->ndim, t->dtype);
-    if (!r && em_last_status() == EM_ERR_DTYPE) { /* declared but not supported yet (F16, BF16) */
-        char why[256];
-        snprintf(why, sizeof why, "%s", em_last_error());
-        return em__fail(EM_ERR_DTYPE, "%s: unsupported dtype %s for tensor '%s' (%s)", f->path, t->st_dtype, name, why);
-    }
-    return r;
+    return em_from_host(t->data, t->shape, t->ndim, t->dtype);
 }
 
 const char *em_safetensors_metadata(const em_st_file *f, const char *key)

@@ -43,14 +43,19 @@ static int rank_of(em_dtype d)
     case EM_U8: return 1;
     case EM_I32: return 2;
     case EM_I64: return 3;
-    case EM_F32: return 4;
-    case EM_F64: return 5;
+    case EM_F16:
+    case EM_BF16: return 4;
+    case EM_F32: return 5;
+    case EM_F64: return 6;
     default: return -1;
     }
 }
 
+/* As PyTorch's result_type for two tensors: the higher category wins, and
+ * float16 with bfloat16 gives float32 (neither holds the other). */
 em_dtype em__promote(em_dtype a, em_dtype b)
 {
+    if (a != b && rank_of(a) == 4 && rank_of(b) == 4) return EM_F32;
     return rank_of(a) >= rank_of(b) ? a : b;
 }
 

@@ -52,7 +52,7 @@ em_conv_opts em_conv_opts_default(void)
     return o;
 }
 
-static bool float_dt(em_dtype dt) { return dt == EM_F32 || dt == EM_F64; }
+static bool float_dt(em_dtype dt) { return em_dtype_is_float(dt); }
 
 /* Submits kind {a, b} -> out of @p shape with @p p (a, b contiguous copies
  * when needed; autodiff records the caller's a, b). Scoped result. */

@@ -111,7 +111,7 @@ void em_rng_set_state(uint64_t seed, uint64_t offset)
 static em_tensor *rand_op(enum em_op_kind kind, const int64_t *shape, int ndim, em_dtype dt, double a, double b, const char *name)
 {
     if (kind != EM_OP_RAND_BERNOULLI && !em_dtype_is_float(dt))
-        return em__fail(EM_ERR_DTYPE, "%s: dtype must be float32 or float64, got %s", name, em_dtype_name(dt));
+        return em__fail(EM_ERR_DTYPE, "%s: dtype must be a float dtype, got %s", name, em_dtype_name(dt));
     if (ndim < 0 || ndim > EM_MAX_DIMS)
         return em__fail(EM_ERR_SHAPE, "%s: rank %d is out of range (0..%d)", name, ndim, EM_MAX_DIMS);
     if (ndim > 0 && !shape) return em__fail_null("%s: shape is NULL", name);

@@ -8,7 +8,7 @@ static bool float_math(enum em_op_kind k) { return (em__optab[k].flags & F_FLOAT
 
 static bool supported(em_dtype dt)
 {
-    return dt == EM_F32 || dt == EM_F64 || dt == EM_I32 || dt == EM_I64 || dt == EM_U8 || dt == EM_BOOL;
+    return (unsigned)dt < EM_DTYPE_COUNT;
 }
 
 /* Can an integer kernel of dtype dt take v as its scalar? The kernels

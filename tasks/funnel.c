@@ -38,6 +38,8 @@ em_status (*em__autodiff_check)(void);
 /* Weak defaults: a build without a device backend has no kernels for it. */
 __attribute__((weak)) em_kernel_fn em__cuda_kernels[EM_OP_COUNT];
 __attribute__((weak)) em_kernel_fn em__opencl_kernels[EM_OP_COUNT];
+__attribute__((weak)) const bool em__cuda_half[EM_OP_COUNT];
+__attribute__((weak)) const bool em__opencl_half[EM_OP_COUNT];
 __attribute__((weak)) em_kernel_fn em__dist_cpu_kernels[EM_OP_COUNT];
 __attribute__((weak)) em_kernel_fn em__dist_cuda_kernels[EM_OP_COUNT];
 __attribute__((weak)) bool em__cuda_compiled(void) { return false; }
@@ -229,6 +231,43 @@ static em_status task_nomem(struct starpu_task *task)
     return em__set_error(EM_ERR_NOMEM, "out of memory creating a task");
 }
 
+/* ---- f16 / bf16 operands (DESIGN.md §7) ----------------------------------- */
+
+static inline bool is_half(em_dtype d) { return d == EM_F16 || d == EM_BF16; }
+
+static inline bool op_has_half(const em_op *op)
+{
+    for (int i = 0; i < op->n_in; i++)
+        if (is_half(op->in[i]->dtype)) return true;
+    for (int i = 0; i < op->n_out; i++)
+        if (is_half(op->out[i]->dtype)) return true;
+    return false;
+}
+
+/* The StarPU backends (STARPU_CPU | STARPU_CUDA | STARPU_OPENCL) of
+ * placement @p pl that can run kind @p k with f16/bf16 operands: their
+ * kernel loads and stores the 16-bit types (em__<backend>_half) and they
+ * have workers. 0: none (the door widens the op). */
+static unsigned half_where(enum em_op_kind k, em_placement pl)
+{
+    unsigned w = 0;
+    if (em__cpu_half[k] && starpu_cpu_worker_get_count() > 0) w |= STARPU_CPU;
+    if (em__cuda_half[k] && starpu_cuda_worker_get_count() > 0) w |= STARPU_CUDA;
+    if (em__opencl_half[k] && starpu_opencl_worker_get_count() > 0) w |= STARPU_OPENCL;
+    if (pl.where) w &= pl.where;
+    if (pl.worker >= 0) {
+        unsigned t = 0;
+        switch (starpu_worker_get_type(pl.worker)) {
+        case STARPU_CPU_WORKER: t = STARPU_CPU; break;
+        case STARPU_CUDA_WORKER: t = STARPU_CUDA; break;
+        case STARPU_OPENCL_WORKER: t = STARPU_OPENCL; break;
+        default: break;
+        }
+        w &= t;
+    }
+    return w;
+}
+
 /* Placement, trace, submission (with the CPU fallback when the chosen
  * device has no kernel) of a task whose buffers and arguments are set. */
 static inline em_status task_finish(struct starpu_task *task, const em_op *op, unsigned fl)
@@ -238,6 +277,7 @@ static inline em_status task_finish(struct starpu_task *task, const em_op *op, u
     if (!(fl & F_NOWHERE)) { /* a fence runs nowhere: no placement, not traced, not counted */
         pl = op->place ? *op->place : em__placement();
         if (pl.where) task->where = (int32_t)pl.where;
+        if (__builtin_expect(op_has_half(op), 0)) task->where = (int32_t)half_where(op->kind, pl); /* em__submit checked it is not 0 */
         if (pl.worker >= 0) {
             task->execute_on_a_specific_worker = 1;
             task->workerid = (unsigned)pl.worker;
@@ -380,9 +420,66 @@ static em_status task_submit(const em_op *op)
     return task_finish(task, op, fl);
 }
 
+/* A COPY (with cast) of @p src into @p dst, not recorded, with @p op's
+ * placement, priority and fence. */
+static em_status widen_copy(const em_op *op, em_tensor *src, em_tensor *dst)
+{
+    em_op c = {.kind = EM_OP_COPY, .n_in = 1, .n_out = 1, .in = {src}, .out = {dst}, .flags = EM_OPF_RAW,
+               .priority = op->priority, .after = op->after, .place = op->place};
+    return em__submit(&c);
+}
+
+/* @p op, whose f16/bf16 operands no backend of its placement takes, run in
+ * f32: each 16-bit input is copied to f32, each 16-bit output computed into
+ * an f32 temporary (holding the output's values first for F_INPLACE kinds)
+ * and rounded into the output. The values are those of a kernel that loads
+ * T, computes in f32 and stores T, as DESIGN.md §7 asks, in three tasks
+ * instead of one. Autodiff records @p op itself, with its own operands. */
+static em_status submit_widened(em_op *op, unsigned fl)
+{
+    if (fl & F_COLLECTIVE)
+        return em__set_error(EM_ERR_DTYPE, "op %s: f16/bf16 operands are not supported (cast to float32 first)",
+                             em__optab[op->kind].name);
+    if (op->kargs)
+        return em__set_error(EM_ERR_DTYPE, "op %s: f16/bf16 operands with custom kernel arguments cannot be widened",
+                             em__optab[op->kind].name);
+    em_op w = *op;
+    w.flags |= EM_OPF_NO_RECORD;
+    em_tensor *tin[EM_OP_MAX_IN] = {0}, *tout[EM_OP_MAX_OUT] = {0};
+    em_status st = EM_OK;
+    for (int i = 0; i < op->n_in && st == EM_OK; i++) {
+        if (!is_half(op->in[i]->dtype)) continue;
+        tin[i] = em__tensor_new(EM_F32, op->in[i]->shape, op->in[i]->ndim);
+        st = tin[i] ? widen_copy(op, op->in[i], tin[i]) : em_last_status();
+        w.in[i] = tin[i];
+    }
+    for (int i = 0; i < op->n_out && st == EM_OK; i++) {
+        if (!is_half(op->out[i]->dtype)) continue;
+        tout[i] = em__tensor_new(EM_F32, op->out[i]->shape, op->out[i]->ndim);
+        st = !tout[i] ? em_last_status() : (fl & F_INPLACE) ? widen_copy(op, op->out[i], tout[i]) : EM_OK;
+        w.out[i] = tout[i];
+    }
+    if (st == EM_OK) st = em__submit(&w);
+    for (int i = 0; i < op->n_out && st == EM_OK; i++)
+        if (tout[i]) st = widen_copy(op, tout[i], op->out[i]);
+    for (int i = 0; i < op->n_in; i++) em_tensor_release(tin[i]);
+    for (int i = 0; i < op->n_out; i++) em_tensor_release(tout[i]);
+    if (st != EM_OK) return st;
+    if (em__autodiff_record && (fl & F_DIFF) && !(op->flags & EM_OPF_NO_RECORD)) return em__autodiff_record(op);
+    return EM_OK;
+}
+
 em_status em__submit(em_op *op)
 {
     const em_optab_entry *e = &em__optab[op->kind];
+    if (__builtin_expect(!(e->flags & (F_VIEW | F_NOWHERE)) && op_has_half(op), 0)) {
+        em_placement pl = op->place ? *op->place : em__placement();
+        if (!half_where(op->kind, pl)) {
+            if (op->kind == EM_OP_COPY)
+                return em__set_error(EM_ERR_DEVICE, "copy: no device of the placement converts f16/bf16");
+            return submit_widened(op, e->flags);
+        }
+    }
     if (!(e->flags & F_VIEW)) {
         em_status st = (e->submit && !(op->flags & EM_OPF_ONE_TASK)) ? e->submit(op) : task_submit(op);
         if (st != EM_OK) return st;

@@ -54,7 +54,7 @@ static em_tensor *index_i64(const em_tensor *index, const char *op)
 
 static bool supported(em_dtype dt)
 {
-    return dt == EM_F32 || dt == EM_F64 || dt == EM_I32 || dt == EM_I64 || dt == EM_U8 || dt == EM_BOOL;
+    return (unsigned)dt < EM_DTYPE_COUNT;
 }
 
 em_tensor *em_gather(const em_tensor *a, int dim, const em_tensor *index)

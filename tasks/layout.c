@@ -606,8 +606,6 @@ em_tensor *em_cast(const em_tensor *a, em_dtype dt)
 {
     if (!a) return em__fail_null("em_cast: input is NULL");
     if ((int)dt < 0 || dt >= EM_DTYPE_COUNT) return em__fail(EM_ERR_DTYPE, "em_cast: invalid dtype %d", (int)dt);
-    if (dt == EM_F16 || dt == EM_BF16)
-        return em__fail(EM_ERR_DTYPE, "em_cast: dtype %s is declared but not supported yet", em_dtype_name(dt));
     if (dt == a->dtype) return em__publish(alias(a));
     return em__publish(copy_new(a, dt, true));
 }

@@ -88,7 +88,7 @@ em_tensor *em_matmul(const em_tensor *a, const em_tensor *b)
         return em__fail(EM_ERR_SHAPE, "em_matmul: both arguments need at least 1 dimension, got shapes %s and %s",
                         SHAPE_STR(a, sa), SHAPE_STR(b, sb));
     em_dtype cdt = em__promote(a->dtype, b->dtype);
-    if (cdt != EM_F32 && cdt != EM_F64 && cdt != EM_I32 && cdt != EM_I64 && cdt != EM_U8)
+    if (cdt == EM_BOOL || (unsigned)cdt >= EM_DTYPE_COUNT)
         return em__fail(EM_ERR_DTYPE, "em_matmul: dtype %s is not supported (inputs %s and %s)", em_dtype_name(cdt),
                         em_dtype_name(a->dtype), em_dtype_name(b->dtype));
     const int na = a->ndim, nb = b->ndim;

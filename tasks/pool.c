@@ -52,8 +52,8 @@ em_pool_opts em_pool_opts_default(int64_t kh, int64_t kw)
 static bool check_input(const em_tensor *x, const char *what)
 {
     char sx[200];
-    if (x->dtype != EM_F32 && x->dtype != EM_F64) {
-        em__fail(EM_ERR_DTYPE, "%s: input must be float32 or float64, got %s", what, em_dtype_name(x->dtype));
+    if (!em_dtype_is_float(x->dtype)) {
+        em__fail(EM_ERR_DTYPE, "%s: input must be a float dtype, got %s", what, em_dtype_name(x->dtype));
         return false;
     }
     if (x->ndim != 4 || x->shape[0] == 0 || x->shape[1] == 0 || x->shape[2] == 0 || x->shape[3] == 0) {

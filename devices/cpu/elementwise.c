@@ -5,73 +5,80 @@
 #include <math.h>
 #include <tgmath.h>
 
-/* Row loop over 2 operands (y = out, x = in). */
-#define LOOP1(T, OT, EXPR)                                                                 \
+/* Row loop over 2 operands (y = out, x = in): x is stored as S and loaded
+ * as LD(s) of compute type T_, y stored as OS from ST(value).
+ * LOOP1 is the plain case (storage = compute type). */
+#define EW_ID(v) (v)
+#define LOOP1X(T_, S, OS, LD, ST, EXPR)                                                    \
     do {                                                                                   \
-        const T *X_ = (const T *)bufs[0];                                                  \
-        OT *Y_ = (OT *)bufs[1];                                                            \
+        typedef T_ T;                                                                      \
+        const S *X_ = (const S *)bufs[0];                                                  \
+        OS *Y_ = (OS *)bufs[1];                                                            \
         const int64_t *st_[2] = {k->out[0].strides, k->in[0].strides};                    \
         const int64_t off_[2] = {k->out[0].offset, k->in[0].offset};                       \
         em_iter it_;                                                                       \
         em_iter_init(&it_, k->out[0].ndim, k->out[0].shape, 2, st_, off_);                 \
         EM_ITER_FOREACH_ROW(&it_)                                                          \
         {                                                                                  \
-            OT *y_ = Y_ + it_.off[0];                                                      \
-            const T *xp_ = X_ + it_.off[1];                                                \
+            OS *y_ = Y_ + it_.off[0];                                                      \
+            const S *xp_ = X_ + it_.off[1];                                                \
             const int64_t so_ = it_.inner_st[0], si_ = it_.inner_st[1], n_ = it_.inner;    \
             if (so_ == 1 && si_ == 1)                                                      \
                 for (int64_t j = 0; j < n_; j++) {                                         \
-                    const T x = xp_[j];                                                    \
+                    const T x = LD(xp_[j]);                                                \
                     (void)x;                                                               \
-                    y_[j] = (OT)(EXPR);                                                    \
+                    y_[j] = ST(EXPR);                                                      \
                 }                                                                          \
             else                                                                           \
                 for (int64_t j = 0; j < n_; j++) {                                         \
-                    const T x = xp_[j * si_];                                              \
+                    const T x = LD(xp_[j * si_]);                                          \
                     (void)x;                                                               \
-                    y_[j * so_] = (OT)(EXPR);                                              \
+                    y_[j * so_] = ST(EXPR);                                                \
                 }                                                                          \
         }                                                                                  \
     } while (0)
+#define LOOP1(T_, OT, EXPR) LOOP1X(T_, T_, OT, EW_ID, (OT), EXPR)
 
-/* Row loop over 3 operands (y = out, a, b). */
-#define LOOP2(T, OT, EXPR)                                                                       \
+/* Row loop over 3 operands (y = out, a, b), as LOOP1X. */
+#define LOOP2X(T_, S, OS, LD, ST, EXPR)                                                                       \
     do {                                                                                         \
-        const T *A_ = (const T *)bufs[0];                                                        \
-        const T *B_ = (const T *)bufs[1];                                                        \
-        OT *Y_ = (OT *)bufs[2];                                                                  \
+        typedef T_ T;                                                                                         \
+        const S *A_ = (const S *)bufs[0];                                                        \
+        const S *B_ = (const S *)bufs[1];                                                        \
+        OS *Y_ = (OS *)bufs[2];                                                                  \
         const int64_t *st_[3] = {k->out[0].strides, k->in[0].strides, k->in[1].strides};        \
         const int64_t off_[3] = {k->out[0].offset, k->in[0].offset, k->in[1].offset};            \
         em_iter it_;                                                                             \
         em_iter_init(&it_, k->out[0].ndim, k->out[0].shape, 3, st_, off_);                       \
         EM_ITER_FOREACH_ROW(&it_)                                                                \
         {                                                                                        \
-            OT *y_ = Y_ + it_.off[0];                                                            \
-            const T *ap_ = A_ + it_.off[1], *bp_ = B_ + it_.off[2];                              \
+            OS *y_ = Y_ + it_.off[0];                                                            \
+            const S *ap_ = A_ + it_.off[1], *bp_ = B_ + it_.off[2];                              \
             const int64_t so_ = it_.inner_st[0], sa_ = it_.inner_st[1], sb_ = it_.inner_st[2];   \
             const int64_t n_ = it_.inner;                                                        \
             if (so_ == 1 && sa_ == 1 && sb_ == 1)                                                \
                 for (int64_t j = 0; j < n_; j++) {                                               \
-                    const T a = ap_[j], b = bp_[j];                                              \
+                    const T a = LD(ap_[j]), b = LD(bp_[j]);                                              \
                     (void)a, (void)b;                                                            \
-                    y_[j] = (OT)(EXPR);                                                          \
+                    y_[j] = ST(EXPR);                                                          \
                 }                                                                                \
             else if (so_ == 1 && sa_ == 1 && sb_ == 0) {                                         \
-                const T b = bp_[0];                                                              \
+                const T b = LD(bp_[0]);                                                              \
                 (void)b;                                                                         \
                 for (int64_t j = 0; j < n_; j++) {                                               \
-                    const T a = ap_[j];                                                          \
+                    const T a = LD(ap_[j]);                                                          \
                     (void)a;                                                                     \
-                    y_[j] = (OT)(EXPR);                                                          \
+                    y_[j] = ST(EXPR);                                                          \
                 }                                                                                \
             } else                                                                               \
                 for (int64_t j = 0; j < n_; j++) {                                               \
-                    const T a = ap_[j * sa_], b = bp_[j * sb_];                                  \
+                    const T a = LD(ap_[j * sa_]), b = LD(bp_[j * sb_]);                                  \
                     (void)a, (void)b;                                                            \
-                    y_[j * so_] = (OT)(EXPR);                                                    \
+                    y_[j * so_] = ST(EXPR);                                                    \
                 }                                                                                \
         }                                                                                        \
     } while (0)
+#define LOOP2(T_, OT, EXPR) LOOP2X(T_, T_, OT, EW_ID, (OT), EXPR)
 
 /* ---- unary and binary: rendered from the expressions of tasks/ops.def ---- */
 
@@ -100,6 +107,20 @@ EM_EW_FLOAT_HELPERS(double, f64)
 #define EW_T double
 #define EW_NAME double
 #define EW_IS_FLOAT 1
+#include "devices/cpu/ew_kernels.inc"
+#define EW_T float /* f16 and bf16: stored as 16 bits, computed in f32 */
+#define EW_S uint16_t
+#define EW_NAME f16
+#define EW_IS_FLOAT 1
+#define EW_LD(h) em_f16_bits_to_f32(h)
+#define EW_ST(v) em_f32_to_f16_bits((float)(v))
+#include "devices/cpu/ew_kernels.inc"
+#define EW_T float
+#define EW_S uint16_t
+#define EW_NAME bf16
+#define EW_IS_FLOAT 1
+#define EW_LD(h) em_bf16_bits_to_f32(h)
+#define EW_ST(v) em_f32_to_bf16_bits((float)(v))
 #include "devices/cpu/ew_kernels.inc"
 #define EW_T int32_t
 #define EW_NAME int32_t
@@ -175,6 +196,8 @@ void em_cpu_unary(void *buffers[], void *cl_arg)
     switch (k->in[0].dtype) {
     case EM_F32: unary_float(k, bufs); break;
     case EM_F64: unary_double(k, bufs); break;
+    case EM_F16: unary_f16(k, bufs); break;
+    case EM_BF16: unary_bf16(k, bufs); break;
     case EM_I32: unary_int32_t(k, bufs); break;
     case EM_I64: unary_int64_t(k, bufs); break;
     case EM_U8:
@@ -204,6 +227,8 @@ void em_cpu_binary(void *buffers[], void *cl_arg)
     switch (k->in[0].dtype) {
     case EM_F32: binary_float(k, bufs); break;
     case EM_F64: binary_double(k, bufs); break;
+    case EM_F16: binary_f16(k, bufs); break;
+    case EM_BF16: binary_bf16(k, bufs); break;
     case EM_I32: binary_int32_t(k, bufs); break;
     case EM_I64: binary_int64_t(k, bufs); break;
     case EM_U8: binary_uint8_t(k, bufs); break;
@@ -234,6 +259,7 @@ void em_cpu_where(void *buffers[], void *cl_arg)
     void *bufs[4] = {em_cpu_ptr(buffers[0]), em_cpu_ptr(buffers[1]), em_cpu_ptr(buffers[2]), em_cpu_ptr(buffers[3])};
     switch (em_cpu_dtype_size(k->out[0].dtype)) {
     case 1: WHERE_T(uint8_t); break;
+    case 2: WHERE_T(uint16_t); break;
     case 4: WHERE_T(uint32_t); break;
     case 8: WHERE_T(uint64_t); break;
     default: em_cpu_bad_kind("where dtype", k->out[0].dtype);
@@ -249,6 +275,8 @@ static inline double load_d(int dt, const char *p)
     case EM_F64: return *(const double *)p;
     case EM_I32: return *(const int32_t *)p;
     case EM_I64: return (double)*(const int64_t *)p;
+    case EM_F16:
+    case EM_BF16: return em_cpu_half_load(dt, *(const uint16_t *)p);
     default: return *(const uint8_t *)p;
     }
 }
@@ -258,6 +286,8 @@ static inline void store_d(int dt, char *p, double v, int64_t iv, bool use_i)
     switch (dt) {
     case EM_F32: *(float *)p = (float)v; break;
     case EM_F64: *(double *)p = v; break;
+    case EM_F16:
+    case EM_BF16: *(uint16_t *)p = em_cpu_half_store(dt, use_i ? (float)iv : (float)v); break;
     case EM_I32: *(int32_t *)p = use_i ? (int32_t)iv : (int32_t)v; break;
     case EM_I64: *(int64_t *)p = use_i ? iv : (int64_t)v; break;
     case EM_U8: *(uint8_t *)p = use_i ? (uint8_t)iv : (uint8_t)(int64_t)v; break;
@@ -285,6 +315,8 @@ void em_cpu_copy(void *buffers[], void *cl_arg)
         if (idt == odt) {
             if (so == 1 && si == 1) {
                 memcpy(y, x, (size_t)n * is);
+            } else if (is == 2) {
+                for (int64_t j = 0; j < n; j++) ((uint16_t *)y)[j * so] = ((const uint16_t *)x)[j * si];
             } else if (is == 4) {
                 for (int64_t j = 0; j < n; j++) ((uint32_t *)y)[j * so] = ((const uint32_t *)x)[j * si];
             } else if (is == 8) {
@@ -296,6 +328,14 @@ void em_cpu_copy(void *buffers[], void *cl_arg)
             for (int64_t j = 0; j < n; j++) ((double *)y)[j] = ((const float *)x)[j];
         } else if (idt == EM_F64 && odt == EM_F32 && so == 1 && si == 1) {
             for (int64_t j = 0; j < n; j++) ((float *)y)[j] = (float)((const double *)x)[j];
+        } else if (idt == EM_F32 && odt == EM_BF16 && so == 1 && si == 1) {
+            for (int64_t j = 0; j < n; j++) ((uint16_t *)y)[j] = em_f32_to_bf16_bits(((const float *)x)[j]);
+        } else if (idt == EM_F32 && odt == EM_F16 && so == 1 && si == 1) {
+            for (int64_t j = 0; j < n; j++) ((uint16_t *)y)[j] = em_f32_to_f16_bits(((const float *)x)[j]);
+        } else if (idt == EM_BF16 && odt == EM_F32 && so == 1 && si == 1) {
+            for (int64_t j = 0; j < n; j++) ((float *)y)[j] = em_bf16_bits_to_f32(((const uint16_t *)x)[j]);
+        } else if (idt == EM_F16 && odt == EM_F32 && so == 1 && si == 1) {
+            for (int64_t j = 0; j < n; j++) ((float *)y)[j] = em_f16_bits_to_f32(((const uint16_t *)x)[j]);
         } else {
             for (int64_t j = 0; j < n; j++) {
                 const char *xp = x + j * si * (int64_t)is;

@@ -13,6 +13,8 @@ static void store_elem(int dt, void *base, int64_t i, double v)
     case EM_I64: ((int64_t *)base)[i] = (int64_t)v; break;
     case EM_U8: ((uint8_t *)base)[i] = (uint8_t)(int64_t)v; break;
     case EM_BOOL: ((uint8_t *)base)[i] = v != 0; break;
+    case EM_F16:
+    case EM_BF16: ((uint16_t *)base)[i] = em_cpu_half_store(dt, (float)v); break;
     default: em_cpu_bad_kind("fill dtype", dt);
     }
 }
@@ -24,7 +26,7 @@ void em_cpu_fill(void *buffers[], void *cl_arg)
     char *Y = (char *)em_cpu_ptr(buffers[0]) + o->offset * (int64_t)em_cpu_dtype_size(o->dtype);
     int64_t n = 1;
     for (int d = 0; d < o->ndim; d++) n *= o->shape[d];
-    if ((unsigned)o->dtype > EM_BOOL) { /* once here, not per element in store_elem */
+    if ((unsigned)o->dtype >= EM_DTYPE_COUNT) { /* once here, not per element in store_elem */
         em_cpu_bad_kind("fill dtype", o->dtype);
         return;
     }

@@ -45,7 +45,12 @@ typedef enum em_status {
     EM_ERR_INTERRUPTED = -11, /**< stopped on request (em_learner_config.stop_flag, e.g. Ctrl-C) */
 } em_status;
 
-/** Element types. f16/bf16 are declared for later and rejected by ops today. */
+/** Element types. EM_F16 is IEEE 754 binary16, EM_BF16 bfloat16 (8-bit
+ *  exponent, 7-bit mantissa): storage types, 2 bytes per element; every op
+ *  loads them, computes in f32 and stores them (DESIGN.md §7), reductions
+ *  accumulate in f32. Casts round to nearest even (devices/half.h). Type
+ *  promotion follows PyTorch: a float dtype beats integers, f16 with bf16
+ *  gives f32. */
 typedef enum em_dtype {
     EM_F32 = 0,
     EM_F64 = 1,
