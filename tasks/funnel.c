@@ -475,9 +475,17 @@ em_status em__submit(em_op *op)
     if (__builtin_expect(!(e->flags & (F_VIEW | F_NOWHERE)) && op_has_half(op), 0)) {
         em_placement pl = op->place ? *op->place : em__placement();
         if (!half_where(op->kind, pl)) {
-            if (op->kind == EM_OP_COPY)
+            if (op->kind != EM_OP_COPY) return submit_widened(op, e->flags);
+            /* the widening's own copies: on the CPU when the placement's
+             * devices cannot convert (as the door's no-kernel fallback) */
+            em_placement cpu = em__placement_cpu();
+            if (op->place || !half_where(op->kind, cpu))
                 return em__set_error(EM_ERR_DEVICE, "copy: no device of the placement converts f16/bf16");
-            return submit_widened(op, e->flags);
+            em_log_msg(EM_LOG_DEBUG, "copy of f16/bf16: no kernel on the current device, running on CPU");
+            op->place = &cpu;
+            em_status st = task_submit(op);
+            op->place = NULL;
+            return st;
         }
     }
     if (!(e->flags & F_VIEW)) {

@@ -34,8 +34,8 @@ typedef struct em_st_tensor {
      *  equivalent (I8, I16, U16, U32, U64, C64, F4, F6_E2M3, F6_E3M2,
      *  F8_E5M2, F8_E4M3, F8_E8M0, F8_E4M3FNUZ, F8_E5M2FNUZ): such tensors can
      *  be inspected as bytes but not turned into em_tensor (EM_ERR_DTYPE,
-     *  "unsupported dtype I16 for tensor 'x'"); F16/BF16 are Ember dtypes
-     *  that em_tensor does not support yet (the same error). */
+     *  "unsupported dtype I16 for tensor 'x'"). F16 and BF16 load as
+     *  EM_F16 / EM_BF16, bit for bit. */
     em_dtype dtype;
     const char *st_dtype;        /**< dtype as written in the file ("F32", ...)   */
     size_t elem_size;            /**< bytes per element; 0 for the sub-byte F4 / F6_* */

@@ -1,0 +1,372 @@
+/* f16 and bf16 as storage types (issue #15, DESIGN.md §7):
+ *   - casts to and from every dtype, bit for bit against PyTorch on every
+ *     device present (tests/fixtures/half_fixtures.txt, made by
+ *     gen_half_fixtures.py): subnormals, ties, overflow, +-inf; a NaN must
+ *     stay a NaN (PyTorch's own NaN bits differ between its code paths, so
+ *     they are not compared);
+ *   - printing as PyTorch prints (the repr strings of the fixture);
+ *   - a SafeTensors file with BF16 and F16 tensors written by PyTorch loads
+ *     bit-exact, and Ember writes them back as BF16 / F16;
+ *   - dtype promotion (PyTorch's result_type);
+ *   - the door's widening (ops whose kernels do not take 16 bits: f32
+ *     copies in, the f32 kernel, rounding copies out) gives exactly the
+ *     f32 result rounded once, for an ordinary op (matmul), an op writing a
+ *     view of a 16-bit tensor, and an in-place op (an optimizer step);
+ *   - the native 16-bit element-wise kernels compute in f32: the result is
+ *     the f32 op on the widened inputs, rounded once. */
+#define _GNU_SOURCE
+#include "testutil.h"
+
+#include "ember/ember.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define NELEM(a) ((int)(sizeof(a) / sizeof((a)[0])))
+
+static const char *data_path(const char *name, char *buf, size_t n)
+{
+    const char *dir = getenv("EMBER_TEST_DATA");
+    snprintf(buf, n, "%s/%s", dir ? dir : "tests/fixtures", name);
+    return buf;
+}
+
+static em_dtype dtype_of(const char *s)
+{
+    for (int d = 0; d < EM_DTYPE_COUNT; d++)
+        if (!strcmp(s, em_dtype_name((em_dtype)d))) return (em_dtype)d;
+    fail_msg("unknown dtype '%s' in the fixture", s);
+    return EM_DTYPE_COUNT;
+}
+
+/* Parses n hexadecimal words of dtype dt's width from *s into buf. */
+static void parse_bits(char **s, em_dtype dt, int64_t n, void *buf)
+{
+    size_t es = em_dtype_size(dt);
+    for (int64_t i = 0; i < n; i++) {
+        char *end;
+        unsigned long long v = strtoull(*s, &end, 16);
+        if (end == *s) fail_msg("fixture: expected %lld values", (long long)n);
+        *s = end;
+        memcpy((char *)buf + (size_t)i * es, &v, es); /* little-endian */
+    }
+}
+
+static bool is_nan_bits(em_dtype dt, const void *p)
+{
+    uint64_t u = 0;
+    memcpy(&u, p, em_dtype_size(dt));
+    switch (dt) {
+    case EM_F16: return (u & 0x7c00) == 0x7c00 && (u & 0x3ff);
+    case EM_BF16: return (u & 0x7f80) == 0x7f80 && (u & 0x7f);
+    case EM_F32: return (u & 0x7f800000u) == 0x7f800000u && (u & 0x7fffff);
+    case EM_F64: return (u & 0x7ff0000000000000ull) == 0x7ff0000000000000ull && (u & 0xfffffffffffffull);
+    default: return false;
+    }
+}
+
+typedef struct dev {
+    em_device d;
+    char name[32];
+} dev;
+
+static int list_devices(dev *devs, int max)
+{
+    int n = 0;
+    devs[n].d = em_device_cpu();
+    snprintf(devs[n++].name, sizeof devs[0].name, "cpu");
+    const em_device_kind kinds[] = {EM_DEVICE_CUDA, EM_DEVICE_OPENCL};
+    for (int k = 0; k < 2; k++) {
+        if (em_worker_count(kinds[k]) <= 0) continue;
+        for (int i = 0; i < 16 && n < max; i++) {
+            em_device d = {kinds[k], i};
+            if (em_set_device(d) != EM_OK) continue;
+            devs[n].d = d;
+            em_device_str(d, devs[n].name, sizeof devs[n].name);
+            n++;
+        }
+    }
+    em_set_device(em_device_cpu());
+    return n;
+}
+
+/* One cast line: src -> dst on device d; returns the number of mismatches (prints the first few). */
+static int check_cast(em_dtype src, em_dtype dst, int64_t n, const void *in, const void *want, const char *dname)
+{
+    em_scope_begin();
+    int64_t shape[1] = {n};
+    em_tensor *x = em_from_host(in, shape, 1, src);
+    em_tensor *y = x ? em_cast(x, dst) : NULL;
+    if (!y) fail_msg("[%s] cast %s -> %s: %s", dname, em_dtype_name(src), em_dtype_name(dst), em_last_error());
+    size_t es = em_dtype_size(dst), is = em_dtype_size(src);
+    char *got = malloc((size_t)n * es);
+    assert_int_equal(em_to_host(y, got, (size_t)n * es), EM_OK);
+    int bad = 0;
+    for (int64_t i = 0; i < n; i++) {
+        const char *g = got + (size_t)i * es, *w = (const char *)want + (size_t)i * es;
+        bool ok = is_nan_bits(dst, w) ? is_nan_bits(dst, g) : !memcmp(g, w, es);
+        if (!ok && bad++ < 5) {
+            uint64_t a = 0, b = 0, s = 0;
+            memcpy(&a, g, es);
+            memcpy(&b, w, es);
+            memcpy(&s, (const char *)in + (size_t)i * is, is);
+            printf("MISMATCH [%s] cast %s -> %s: input bits %llx: got %llx, PyTorch %llx\n", dname, em_dtype_name(src),
+                   em_dtype_name(dst), (unsigned long long)s, (unsigned long long)a, (unsigned long long)b);
+        }
+    }
+    free(got);
+    em_scope_end();
+    return bad;
+}
+
+static char *tensor_repr(const em_tensor *t)
+{
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *m = open_memstream(&buf, &len);
+    assert_int_equal(em_tensor_print(t, m), EM_OK);
+    fclose(m);
+    if (len && buf[len - 1] == '\n') buf[len - 1] = 0;
+    return buf;
+}
+
+static void test_fixture(void **state)
+{
+    (void)state;
+    char path[1024];
+    FILE *f = fopen(data_path("half_fixtures.txt", path, sizeof path), "r");
+    if (!f) fail_msg("cannot open %s (EMBER_TEST_DATA)", path);
+    dev devs[17];
+    const int nd = list_devices(devs, 17);
+    char *line = NULL;
+    size_t cap = 0;
+    int ncast = 0, nbad = 0, nprint = 0, nfile = 0;
+    em_st_file *st = em_safetensors_open(data_path("half_torch.safetensors", path, sizeof path));
+    if (!st) fail_msg("%s", em_last_error());
+    while (getline(&line, &cap, f) > 0) {
+        char *s = line, kind[16], a[16], b[64];
+        int adv = 0;
+        if (line[0] == '#') continue;
+        if (sscanf(s, "%15s%n", kind, &adv) != 1) continue;
+        s += adv;
+        if (!strcmp(kind, "cast")) {
+            long long n;
+            if (sscanf(s, "%15s %15s %lld%n", a, b, &n, &adv) != 3) fail_msg("bad cast line");
+            s += adv;
+            em_dtype src = dtype_of(a), dst = dtype_of(b);
+            void *in = malloc((size_t)n * em_dtype_size(src) + 1), *want = malloc((size_t)n * em_dtype_size(dst) + 1);
+            parse_bits(&s, src, n, in);
+            s = strchr(s, ':');
+            assert_non_null(s);
+            s++;
+            parse_bits(&s, dst, n, want);
+            for (int di = 0; di < nd; di++) {
+                assert_int_equal(em_set_device(devs[di].d), EM_OK);
+                int bad = check_cast(src, dst, n, in, want, devs[di].name);
+                if (bad) printf("[%s] cast %s -> %s: %d of %lld differ\n", devs[di].name, a, b, bad, n);
+                nbad += bad;
+                ncast += (int)n;
+            }
+            em_set_device(em_device_cpu());
+            free(in);
+            free(want);
+        } else if (!strcmp(kind, "print")) {
+            long long n;
+            if (sscanf(s, "%15s %lld%n", a, &n, &adv) != 2) fail_msg("bad print line");
+            s += adv;
+            float *v = malloc((size_t)n * sizeof *v);
+            parse_bits(&s, EM_F32, n, v);
+            s = strstr(s, ": ");
+            assert_non_null(s);
+            s += 2;
+            s[strcspn(s, "\n")] = 0;
+            char want[1024];
+            size_t w = 0; /* unescape \n */
+            for (const char *p = s; *p && w + 1 < sizeof want; p++) {
+                if (p[0] == '\\' && p[1] == 'n') {
+                    want[w++] = '\n';
+                    p++;
+                } else {
+                    want[w++] = *p;
+                }
+            }
+            want[w] = 0;
+            em_scope_begin();
+            int64_t shape[1] = {n};
+            em_tensor *t = em_cast(em_from_host(v, shape, 1, EM_F32), dtype_of(a));
+            assert_non_null(t);
+            char *got = tensor_repr(t);
+            if (strcmp(got, want)) fail_msg("print %s:\n  Ember:   %s\n  PyTorch: %s", a, got, want);
+            free(got);
+            em_scope_end();
+            free(v);
+            nprint++;
+        } else if (!strcmp(kind, "file")) {
+            char name[64];
+            long long n;
+            if (sscanf(s, "%63s %15s %lld%n", name, a, &n, &adv) != 3) fail_msg("bad file line");
+            s += adv;
+            em_dtype dt = dtype_of(a);
+            void *want = malloc((size_t)n * 2);
+            parse_bits(&s, dt, n, want);
+            const em_st_tensor *e = em_safetensors_find(st, name);
+            if (!e) fail_msg("half_torch.safetensors has no tensor '%s'", name);
+            assert_int_equal(e->dtype, dt);
+            assert_int_equal(e->nbytes, (size_t)n * 2);
+            assert_memory_equal(e->data, want, (size_t)n * 2);
+            em_scope_begin();
+            em_tensor *t = em_safetensors_tensor(st, name);
+            if (!t) fail_msg("%s: %s", name, em_last_error());
+            assert_int_equal(em_tensor_dtype(t), dt);
+            void *got = malloc((size_t)n * 2);
+            assert_int_equal(em_to_host(t, got, (size_t)n * 2), EM_OK);
+            assert_memory_equal(got, want, (size_t)n * 2);
+            /* written back by Ember: the same dtype string and bytes */
+            char *out = em_test_tmp_path("half.safetensors");
+            const char *names[1] = {name};
+            em_tensor *ts[1] = {t};
+            assert_int_equal(em_safetensors_save(out, names, ts, 1, NULL, 0), EM_OK);
+            em_st_file *back = em_safetensors_open(out);
+            assert_non_null(back);
+            const em_st_tensor *eb = em_safetensors_find(back, name);
+            assert_non_null(eb);
+            assert_string_equal(eb->st_dtype, dt == EM_BF16 ? "BF16" : "F16");
+            assert_memory_equal(eb->data, want, (size_t)n * 2);
+            em_safetensors_close(back);
+            free(got);
+            em_scope_end();
+            free(want);
+            nfile++;
+        } else {
+            fail_msg("unknown fixture line kind '%s'", kind);
+        }
+    }
+    free(line);
+    fclose(f);
+    em_safetensors_close(st);
+    printf("half: %d cast values over %d device(s), %d mismatch; %d print cases, %d PyTorch file tensors\n", ncast, nd,
+           nbad, nprint, nfile);
+    assert_int_equal(nbad, 0);
+    assert_true(ncast > 10000 && nprint >= 10 && nfile == 3);
+}
+
+static void test_promotion(void **state)
+{
+    (void)state;
+    em_scope_begin();
+    em_tensor *h = em_ones((int64_t[]){2}, 1, EM_F16), *b = em_ones((int64_t[]){2}, 1, EM_BF16);
+    em_tensor *f = em_ones((int64_t[]){2}, 1, EM_F32), *i = em_ones((int64_t[]){2}, 1, EM_I64);
+    assert_int_equal(em_tensor_dtype(em_add(h, b)), EM_F32);
+    assert_int_equal(em_tensor_dtype(em_add(b, f)), EM_F32);
+    assert_int_equal(em_tensor_dtype(em_add(b, i)), EM_BF16);
+    assert_int_equal(em_tensor_dtype(em_mul(i, h)), EM_F16);
+    assert_int_equal(em_tensor_dtype(em_exp(b)), EM_BF16);
+    assert_int_equal(em_tensor_dtype(em_matmul(em_reshape(h, (int64_t[]){1, 2}, 2), em_reshape(h, (int64_t[]){2, 1}, 2))),
+                     EM_F16);
+    assert_int_equal(em_tensor_dtype(em_sum(b, NULL, 0, false)), EM_BF16);
+    assert_int_equal(em_tensor_dtype(em_softmax(h, 0)), EM_F16);
+    em_scope_end();
+}
+
+/* Random f32 values of a moderate range, as a 16-bit tensor. */
+static em_tensor *rand_half(const int64_t *shape, int nd, em_dtype dt, uint64_t seed)
+{
+    int64_t n = 1;
+    for (int i = 0; i < nd; i++) n *= shape[i];
+    float *v = malloc((size_t)n * sizeof *v);
+    uint64_t s = seed;
+    for (int64_t i = 0; i < n; i++) {
+        s = s * 6364136223846793005ull + 1442695040888963407ull;
+        v[i] = (float)((double)(s >> 11) / 9007199254740992.0 * 4.0 - 2.0);
+    }
+    em_tensor *t = em_cast(em_from_host(v, shape, nd, EM_F32), dt);
+    free(v);
+    return t;
+}
+
+static void assert_same_bits(const em_tensor *a, const em_tensor *b, const char *what)
+{
+    assert_int_equal(em_tensor_dtype(a), em_tensor_dtype(b));
+    int64_t n = em_tensor_numel(a);
+    assert_int_equal(n, em_tensor_numel(b));
+    size_t nb = (size_t)n * em_dtype_size(em_tensor_dtype(a));
+    char *x = malloc(nb), *y = malloc(nb);
+    assert_int_equal(em_to_host(a, x, nb), EM_OK);
+    assert_int_equal(em_to_host(b, y, nb), EM_OK);
+    if (memcmp(x, y, nb)) fail_msg("%s: the 16-bit result is not the f32 result rounded once", what);
+    free(x);
+    free(y);
+}
+
+static void test_f32_rounded_once(void **state)
+{
+    (void)state;
+    const em_dtype dts[2] = {EM_F16, EM_BF16};
+    for (int k = 0; k < 2; k++) {
+        em_dtype dt = dts[k];
+        em_scope_begin();
+        em_tensor *a = rand_half((int64_t[]){17, 33}, 2, dt, 1), *b = rand_half((int64_t[]){33, 9}, 2, dt, 2);
+        em_tensor *c = rand_half((int64_t[]){17, 33}, 2, dt, 3);
+        em_tensor *af = em_cast(a, EM_F32), *bf = em_cast(b, EM_F32), *cf = em_cast(c, EM_F32);
+        /* widened (matmul, reductions, softmax) and native (element-wise) ops alike */
+        assert_same_bits(em_matmul(a, b), em_cast(em_matmul(af, bf), dt), "matmul");
+        assert_same_bits(em_sum(a, (int[]){1}, 1, false), em_cast(em_sum(af, (int[]){1}, 1, false), dt), "sum");
+        assert_same_bits(em_softmax(a, 1), em_cast(em_softmax(af, 1), dt), "softmax");
+        assert_same_bits(em_tanh(a), em_cast(em_tanh(af), dt), "tanh");
+        assert_same_bits(em_div(a, c), em_cast(em_div(af, cf), dt), "div");
+        assert_same_bits(em_add_scalar(a, 0.1), em_cast(em_add_scalar(af, (double)(float)0.1), dt), "add_scalar");
+        /* a widened op into a view of a 16-bit tensor: only the view changes */
+        em_tensor *dst = em_zeros((int64_t[]){4, 17}, 2, dt);
+        em_tensor *view = em_slice(dst, 0, 1, 2, 1);
+        em_tensor *src = em_sum(a, (int[]){1}, 1, false);
+        assert_int_equal(em_copy_(view, em_reshape(src, (int64_t[]){1, 17}, 2)), EM_OK);
+        float got[68];
+        assert_int_equal(em_to_host(em_cast(dst, EM_F32), got, sizeof got), EM_OK);
+        float want[17];
+        assert_int_equal(em_to_host(em_cast(src, EM_F32), want, sizeof want), EM_OK);
+        for (int i = 0; i < 68; i++) assert_true(got[i] == (i / 17 == 1 ? want[i % 17] : 0.0f));
+        em_scope_end();
+    }
+}
+
+/* An optimizer step on 16-bit parameters (an in-place op, widened): the
+ * parameter is the f32 step of the widened parameter, rounded once. */
+static void test_inplace_optimizer(void **state)
+{
+    (void)state;
+    em_scope_begin();
+    em_tensor *p = rand_half((int64_t[]){5, 7}, 2, EM_BF16, 7);
+    em_tensor *q = em_cast(p, EM_F32);
+    em_set_requires_grad(p, true);
+    em_set_requires_grad(q, true);
+    em_optim *op = em_sgd_new(&p, 1, 0.125, 0.0, 0.0), *oq = em_sgd_new(&q, 1, 0.125, 0.0, 0.0);
+    assert_non_null(op);
+    assert_non_null(oq);
+    em_tensor *w = rand_half((int64_t[]){5, 7}, 2, EM_BF16, 8);
+    em_grads *gp = em_backward(em_sum(em_mul(p, w), NULL, 0, false));
+    em_grads *gq = em_backward(em_sum(em_mul(q, em_cast(w, EM_F32)), NULL, 0, false));
+    assert_non_null(gp);
+    assert_non_null(gq);
+    assert_int_equal(em_tensor_dtype(em_grad(gp, p)), EM_BF16);
+    assert_int_equal(em_optim_step(op, gp), EM_OK);
+    assert_int_equal(em_optim_step(oq, gq), EM_OK);
+    assert_same_bits(p, em_cast(q, EM_BF16), "sgd step");
+    em_grads_free(gp);
+    em_grads_free(gq);
+    em_optim_free(op);
+    em_optim_free(oq);
+    em_scope_end();
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_fixture),
+        cmocka_unit_test(test_promotion),
+        cmocka_unit_test(test_f32_rounded_once),
+        cmocka_unit_test(test_inplace_optimizer),
+    };
+    return cmocka_run_group_tests(tests, em_test_setup_tmpdir, em_test_teardown_tmpdir);
+}
