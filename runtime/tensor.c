@@ -2,10 +2,31 @@
  * storage, reference counting, scopes, host I/O and printing. */
 #include "runtime/runtime_internal.h"
 
+
 #include <math.h>
 #include <starpu.h>
 #include <stdlib.h>
 #include <string.h>
+
+/* f16 / bf16 bits <-> float: the converters every backend uses (devices/half.h). */
+static inline uint32_t rt_f2u(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    return u;
+}
+static inline float rt_u2f(uint32_t u)
+{
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+#define EW_FN static inline __attribute__((unused))
+typedef uint32_t em_u32;
+typedef uint16_t em_u16;
+#define EM_F2U(f) rt_f2u(f)
+#define EM_U2F(u) rt_u2f(u)
+#include "devices/half.h"
 
 /* ---- scopes --------------------------------------------------------------- */
 
@@ -374,7 +395,9 @@ static double elem_to_double(em_dtype dt, const void *p)
     case EM_I64: return (double)*(const int64_t *)p;
     case EM_U8: return *(const uint8_t *)p;
     case EM_BOOL: return *(const uint8_t *)p != 0;
-    default: return NAN;
+    case EM_F16: return em_f16_bits_to_f32(*(const uint16_t *)p);
+    case EM_BF16: return em_bf16_bits_to_f32(*(const uint16_t *)p);
+    default: return NAN; /* not reached: every dtype is listed */
     }
 }
 
@@ -454,24 +477,6 @@ typedef struct pctx {
     double fmin, fmax;
 } pctx;
 
-static float pr_half_to_float(uint16_t h)
-{
-    uint32_t sign = (uint32_t)(h >> 15) << 31, ex = (h >> 10) & 0x1f, man = h & 0x3ff;
-    float f;
-    if (ex == 0) f = ldexpf((float)man, -24);
-    else if (ex == 31) f = man ? NAN : INFINITY;
-    else f = ldexpf((float)(man | 0x400), (int)ex - 25);
-    return sign ? -f : f;
-}
-
-static float pr_bf16_to_float(uint16_t h)
-{
-    uint32_t u = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &u, sizeof f);
-    return f;
-}
-
 static double pr_get_f(const pctx *c, int64_t i)
 {
     const void *p = c->raw + (size_t)i * c->es;
@@ -489,12 +494,12 @@ static double pr_get_f(const pctx *c, int64_t i)
     case EM_F16: {
         uint16_t v;
         memcpy(&v, p, sizeof v);
-        return pr_half_to_float(v);
+        return em_f16_bits_to_f32(v);
     }
     case EM_BF16: {
         uint16_t v;
         memcpy(&v, p, sizeof v);
-        return pr_bf16_to_float(v);
+        return em_bf16_bits_to_f32(v);
     }
     default: return NAN;
     }

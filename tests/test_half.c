@@ -267,6 +267,11 @@ static void test_promotion(void **state)
                      EM_F16);
     assert_int_equal(em_tensor_dtype(em_sum(b, NULL, 0, false)), EM_BF16);
     assert_int_equal(em_tensor_dtype(em_softmax(h, 0)), EM_F16);
+    double v = 0;
+    assert_int_equal(em_item(em_scalar(-2.75, EM_BF16), &v), EM_OK);
+    assert_true(v == -2.75);
+    assert_int_equal(em_item(em_scalar(65519.0, EM_F16), &v), EM_OK);
+    assert_true(v == 65504.0);
     em_scope_end();
 }
 
