@@ -19,7 +19,7 @@ const em_kernel_info em__kernel_info[EM_OP_COUNT] = {
 #define EM_CPU_HALF_fill true
 #define EM_CPU_HALF_reduce false
 #define EM_CPU_HALF_softmax false
-#define EM_CPU_HALF_matmul false
+#define EM_CPU_HALF_matmul true
 #define EM_CPU_HALF_index false
 #define EM_CPU_HALF_optim false
 #define EM_CPU_HALF_conv false

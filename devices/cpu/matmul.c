@@ -15,12 +15,14 @@
  * with lda = row stride, or Trans with lda = column stride); the front end
  * copies anything else first, and this kernel still has a plain strided loop
  * for the odd layout it might receive. i32/i64/u8 use a triple loop with an
- * int64 accumulator (wrapping on the final store, like torch). K == 0 gives
+ * int64 accumulator (wrapping on the final store, like torch); f16/bf16 are
+ * converted to f32 for sgemm and rounded once (gemm_half). K == 0 gives
  * zeros; M == 0 or N == 0 does nothing. */
 #include "devices/cpu/cpu.h"
 
 #include <cblas.h>
 #include <limits.h>
+#include <stdlib.h>
 #include <string.h>
 
 static inline int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
@@ -119,6 +121,34 @@ static bool gemm_blas(int dt, const mm *p0)
     return true;
 }
 
+/* f16 / bf16: each matrix converted to a contiguous f32 copy, cblas_sgemm
+ * (f32 accumulation), the result rounded once into C — the values of the
+ * f32 product of the widened inputs (no bf16 GEMM in Debian's OpenBLAS
+ * 0.3.21: it has no cblas_sbgemm). */
+static void gemm_half(int dt, const mm *p)
+{
+    const int64_t M = p->M, N = p->N, K = p->K;
+    float *a = malloc(sizeof(float) * (size_t)(M * K + K * N + M * N));
+    if (!a) {
+        em__kernel_error(NULL, EM_ERR_NOMEM, "matmul: no memory for the f32 copies of a %lldx%lld by %lldx%lld %s product",
+                         (long long)M, (long long)K, (long long)K, (long long)N, em_dtype_name((em_dtype)dt));
+        return;
+    }
+    float *b = a + M * K, *c = b + K * N;
+    const uint16_t *A = (const uint16_t *)p->a, *B = (const uint16_t *)p->b;
+    uint16_t *C = (uint16_t *)p->c;
+    for (int64_t i = 0; i < M; i++)
+        for (int64_t q = 0; q < K; q++) a[i * K + q] = em_cpu_half_load(dt, A[i * p->sam + q * p->sak]);
+    for (int64_t q = 0; q < K; q++)
+        for (int64_t j = 0; j < N; j++) b[q * N + j] = em_cpu_half_load(dt, B[q * p->sbk + j * p->sbn]);
+    mm f = {.M = M, .N = N, .K = K, .a = (const char *)a, .b = (const char *)b, .c = (char *)c,
+            .sam = K, .sak = 1, .sbk = N, .sbn = 1, .scm = N, .scn = 1};
+    if (!gemm_blas(EM_F32, &f)) naive_float(&f);
+    for (int64_t i = 0; i < M; i++)
+        for (int64_t j = 0; j < N; j++) C[i * p->scm + j * p->scn] = em_cpu_half_store(dt, c[i * N + j]);
+    free(a);
+}
+
 static void mm_one(int dt, const mm *p)
 {
     if (p->M == 0 || p->N == 0) return;
@@ -132,6 +162,8 @@ static void mm_one(int dt, const mm *p)
     case EM_I32: naive_int32_t(p); break;
     case EM_I64: naive_int64_t(p); break;
     case EM_U8: naive_uint8_t(p); break;
+    case EM_F16:
+    case EM_BF16: gemm_half(dt, p); break;
     default: em_cpu_bad_kind("matmul (dtype)", dt);
     }
 }
