@@ -39,7 +39,7 @@ em_tensor *em__sum_to(em_tensor *g, const int64_t *shape, int ndim);
  * handle, not the handle: once the owner frees the fence (dist shutdown sets
  * it to NULL), em__grads_fence returns NULL and the optimizer steps
  * without it. The slot itself must outlive the container's use. */
-void em__grads_set_fence(em_grads *g, void *const *fence);
-void *em__grads_fence(const em_grads *g);
+EM_TEST_API void em__grads_set_fence(em_grads *g, void *const *fence);
+EM_TEST_API void *em__grads_fence(const em_grads *g);
 
 #endif

@@ -7,7 +7,10 @@
  * For each n: C[n, n] = A[n, n] B[n, n], uniform(-1, 1) inputs. Each side does
  * 2 warm-up runs then reports the best of RUNS timed runs (wall clock; for
  * Ember the time from the em_matmul call to the end of em_sync). GFLOP/s =
- * 2 n^3 / time. Results go to stdout; docs/benchmarks.md records them. */
+ * 2 n^3 / time. The bf16 columns: the same product with bf16 inputs and
+ * output through Ember (the CPU kernel converts to f32 for sgemm and rounds
+ * once: its cost over f32 is the conversions). Results go to stdout;
+ * docs/benchmarks.md records them. */
 #include "bench/bench_util.h"
 #include "ember/ember.h"
 
@@ -22,11 +25,11 @@ extern void openblas_set_num_threads(int);
 #define RUNS 7
 #define WARMUP 2
 
-static double bench_ember(int64_t n)
+static double bench_ember(int64_t n, em_dtype dt)
 {
     const int64_t shape[2] = {n, n};
-    em_tensor *a = em_rand_uniform(shape, 2, EM_F32, -1, 1);
-    em_tensor *b = em_rand_uniform(shape, 2, EM_F32, -1, 1);
+    em_tensor *a = em_rand_uniform(shape, 2, dt, -1, 1);
+    em_tensor *b = em_rand_uniform(shape, 2, dt, -1, 1);
     if (!a || !b || em_sync() != EM_OK) {
         fprintf(stderr, "setup failed: %s\n", em_last_error());
         exit(1);
@@ -103,13 +106,14 @@ int main(int argc, char **argv)
     const char *tiles = getenv("EMBER_MATMUL_TILES");
     printf("bench_matmul: f32 C = A B, %d CPU workers, OpenBLAS direct with %d threads, tiles %s, best of %d runs\n", nw,
            nw, tiles ? tiles : "default", RUNS);
-    printf("%6s %12s %12s %12s %12s %8s\n", "n", "ember_ms", "ember_GF/s", "blas_ms", "blas_GF/s", "ratio");
+    printf("%6s %12s %12s %12s %12s %8s %12s %8s\n", "n", "ember_ms", "ember_GF/s", "blas_ms", "blas_GF/s", "ratio",
+           "bf16_GF/s", "bf16/f32");
     for (int i = 0; i < ns; i++) {
         int64_t n = sizes[i];
         double flops = 2.0 * (double)n * (double)n * (double)n;
-        double te = bench_ember(n);
-        printf("%6lld %12.2f %12.1f %12.2f %12.1f %8.3f\n", (long long)n, te * 1e3, flops / te * 1e-9, tb[i] * 1e3,
-               flops / tb[i] * 1e-9, tb[i] / te);
+        double te = bench_ember(n, EM_F32), th = bench_ember(n, EM_BF16);
+        printf("%6lld %12.2f %12.1f %12.2f %12.1f %8.3f %12.1f %8.3f\n", (long long)n, te * 1e3, flops / te * 1e-9, tb[i] * 1e3,
+               flops / tb[i] * 1e-9, tb[i] / te, flops / th * 1e-9, te / th);
         fflush(stdout);
     }
     em_shutdown();

@@ -1,9 +1,15 @@
 """PyTorch eager side of bench_cuda's MLP benchmark: MLP 784-256-10, Adam,
-cross-entropy, random data on cuda:0; prints samples/s at batch 64 and 512."""
+cross-entropy, random data on cuda:0; prints samples/s at batch 64 and 512,
+in f32 and (rows marked bf16) with the forward and loss under
+torch.autocast("cuda", dtype=torch.bfloat16): f32 master weights, as
+Ember's em_autocast_begin(EM_BF16). `python3 mlp_torch_gpu.py bf16` runs
+the bf16 rows only, `f32` the f32 rows only."""
+import contextlib
+import sys
 import time
 import torch
 
-def run(batch, steps):
+def run(batch, steps, bf16=False):
     torch.manual_seed(0)
     dev = torch.device("cuda:0")
     m = torch.nn.Sequential(torch.nn.Linear(784, 256), torch.nn.ReLU(), torch.nn.Linear(256, 10)).to(dev)
@@ -16,13 +22,20 @@ def run(batch, steps):
             torch.cuda.synchronize()
             t0 = time.perf_counter()
         opt.zero_grad(set_to_none=True)
-        loss = lossf(m(x), y)
+        ctx = torch.autocast("cuda", dtype=torch.bfloat16) if bf16 else contextlib.nullcontext()
+        with ctx:
+            loss = lossf(m(x), y)
         loss.backward()
         opt.step()
     torch.cuda.synchronize()
     t = time.perf_counter() - t0
-    print(f"MLP 784-256-10 training, batch {batch}: PyTorch {batch * steps / t:.0f} samples/s ({t / steps * 1e6:.1f} us/step)")
+    tag = " bf16 autocast" if bf16 else ""
+    print(f"MLP 784-256-10 training{tag}, batch {batch}: PyTorch {batch * steps / t:.0f} samples/s ({t / steps * 1e6:.1f} us/step)")
 
 print(f"torch {torch.__version__}, {torch.cuda.get_device_name(0)}")
-run(64, 500)
-run(512, 300)
+which = sys.argv[1] if len(sys.argv) > 1 else "all"
+for bf16 in (False, True):
+    if which == ("bf16" if not bf16 else "f32"):
+        continue
+    run(64, 500, bf16)
+    run(512, 300, bf16)

@@ -75,8 +75,8 @@ extern const em_kernel_info em__kernel_info[EM_OP_COUNT];
  * not compiled) live in tasks/funnel.c; em__<dev>_compiled() says whether
  * the backend is compiled in, and em__codelets_init then refuses to start
  * when a task op has no entry. */
-extern em_kernel_fn em__cuda_kernels[EM_OP_COUNT];
-extern em_kernel_fn em__opencl_kernels[EM_OP_COUNT];
+EM_TEST_API extern em_kernel_fn em__cuda_kernels[EM_OP_COUNT];
+EM_TEST_API extern em_kernel_fn em__opencl_kernels[EM_OP_COUNT];
 /* Which kernels load and store f16 / bf16 themselves, per backend [op], from
  * the family column (each backend lists its half families next to its
  * kernel table: CPU devices/cpu/kernel_info.c, CUDA devices/cuda/kernels.cu,
@@ -85,9 +85,9 @@ extern em_kernel_fn em__opencl_kernels[EM_OP_COUNT];
  * backends whose entry is true, and widens the op (f32 copies in, the f32
  * kernel, rounding copies out: the same values, three tasks) when none of
  * its placement's backends has one (DESIGN.md §7). */
-extern const bool em__cpu_half[EM_OP_COUNT];
-extern const bool em__cuda_half[EM_OP_COUNT];
-extern const bool em__opencl_half[EM_OP_COUNT];
+EM_TEST_API extern const bool em__cpu_half[EM_OP_COUNT];
+EM_TEST_API extern const bool em__cuda_half[EM_OP_COUNT];
+EM_TEST_API extern const bool em__opencl_half[EM_OP_COUNT];
 bool em__cuda_compiled(void);
 bool em__opencl_compiled(void);
 /* Device start/stop hooks, called by the tasks layer's start-up and shutdown

@@ -7,6 +7,13 @@
 
 #include <stdint.h>
 
+/* An internal symbol that libember.so exports anyway (default visibility; the
+ * version script cmake/ember.map exports em_*): the few internals the
+ * white-box tests and benchmarks reach (tests/CMakeLists.txt), so they link
+ * the shared library like every other program instead of a private copy of
+ * the objects. Not API: no declaration in include/ember/, no stability. */
+#define EM_TEST_API __attribute__((visibility("default")))
+
 #define EM_KARGS_MAX_DIMS 8
 #define EM_KARGS_MAX_IN 4
 #define EM_KARGS_MAX_OUT 4

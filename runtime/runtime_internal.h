@@ -46,7 +46,7 @@ const char *em__fault_name(int what);
 #define EM_FAULT(w) (__builtin_expect(__atomic_load_n(&em__fault_at[(w)], __ATOMIC_RELAXED) != 0, 0) && em__fault_hit(w))
 /* Re-arms the counters from a spec ("" disarms). Not exported: tests/test_faults.c
  * links the library's objects (ember_objs). */
-em_status em__fault_inject(const char *spec);
+EM_TEST_API em_status em__fault_inject(const char *spec);
 
 #define EM_CHECK_NOT_NULL(p, fn)                                                   \
     do {                                                                           \

@@ -101,10 +101,10 @@ em_status em__submit(em_op *op);
  * unregisters a fence (after the tasks using it: starpu_data_unregister
  * waits). Not exported: tests/test_core.c links the library's objects
  * (ember_objs). */
-em_status em__fence_signal(void **fence, em_tensor *const *after, int n);
+EM_TEST_API em_status em__fence_signal(void **fence, em_tensor *const *after, int n);
 /* false when EMBER_DIST_FENCE=0 (a diagnostic switch: no step fences). */
 bool em__fences_on(void);
-void em__fence_free(void **fence);
+EM_TEST_API void em__fence_free(void **fence);
 /* A data-less handle for em_op.token (chains ops in submission order), and
  * its release (waits for the tasks using it; no-op on NULL or after
  * em_shutdown). */
@@ -178,9 +178,9 @@ em_status em__place_tiles(const em_op *op, em_tensor *const *tmp, const int64_t 
  * tasks/pool.c; contracts there): used by the front ends and the backward
  * rules. Inputs are made contiguous (unrecorded copies); scoped results. */
 em_tensor *em__contiguous_operand(const em_tensor *t); /* tasks/common.c; unscoped: t retained, or a contiguous copy */
-em_tensor *em__conv2d_raw(const em_tensor *x, const em_tensor *w, const union em_op_params *p, const int64_t *out_shape);
-em_tensor *em__conv2d_bwd_data(const em_tensor *dy, const em_tensor *w, const union em_op_params *p, const int64_t *x_shape);
-em_tensor *em__conv2d_bwd_weight(const em_tensor *x, const em_tensor *dy, const union em_op_params *p, const int64_t *w_shape);
+EM_TEST_API em_tensor *em__conv2d_raw(const em_tensor *x, const em_tensor *w, const union em_op_params *p, const int64_t *out_shape);
+EM_TEST_API em_tensor *em__conv2d_bwd_data(const em_tensor *dy, const em_tensor *w, const union em_op_params *p, const int64_t *x_shape);
+EM_TEST_API em_tensor *em__conv2d_bwd_weight(const em_tensor *x, const em_tensor *dy, const union em_op_params *p, const int64_t *w_shape);
 em_tensor *em__avg_pool2d_bwd(const em_tensor *dy, const union em_op_params *p, const int64_t *x_shape);
 
 /* Fused training-mode batch norm (tasks/norm.c; contracts there). x is

@@ -10,10 +10,10 @@ enum { EM_CPU_CONV_IM2COL = 0, EM_CPU_CONV_ONEDNN = 1 };
 
 /** The path f32 convs take: EMBER_CPU_CONV=im2col|onednn (read once), else
  *  oneDNN when built with it; im2col without oneDNN whatever is asked. */
-int em__cpu_conv_path(void);
+EM_TEST_API int em__cpu_conv_path(void);
 /** Tests: forces @p path (EM_CPU_CONV_*) for the convs that start after the
  *  call; -1 goes back to the environment's choice. */
-void em__cpu_conv_set_path(int path);
+EM_TEST_API void em__cpu_conv_set_path(int path);
 
 /** Runs the conv kernel of @p k (f32, NCHW, contract at the top of
  *  tasks/conv.c) with oneDNN on the calling worker thread; @p bufs are the
