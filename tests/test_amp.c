@@ -437,8 +437,9 @@ static void test_grad_scaler_api(void **state)
 #define LF 6
 #define LK 3
 
-static float g_x[LN * LF];
+static float g_x[LN * LF], g_xbig[LN * LF]; /* g_xbig = 1000 g_x: f16 weight gradients overflow at scale 65536 */
 static int64_t g_y[LN];
+static const float *g_data = g_x;
 
 static em_status fit_precision(em_precision prec, const char *dir, int64_t epochs, int64_t stop_after, const char *resume,
                                em_epoch_metrics *hist, int *nh)
@@ -451,7 +452,7 @@ static em_status fit_precision(em_precision prec, const char *dir, int64_t epoch
     em_optim_config oc = em_optim_config_default(EM_OPTIM_ADAM);
     oc.lr = 0.05;
     em_optim *opt = em_optim_new_for_module(&oc, m);
-    em_dataset *ds = em_dataset_from_arrays(g_x, g_y, LN, (const int64_t[]){LF}, 1);
+    em_dataset *ds = em_dataset_from_arrays(g_data, g_y, LN, (const int64_t[]){LF}, 1);
     assert_non_null(ds);
     em_loader_options lo = em_loader_options_default();
     lo.batch_size = 16;
@@ -560,9 +561,41 @@ static void test_learner_f16_scaler_resume(void **state)
     free(part);
 }
 
+/* f16 with inputs large enough that the scaled weight gradients overflow
+ * f16 (65536 / 16 per sample times |x| ~ 1000, summed over 16 samples): the
+ * first steps are skipped and the scale backs off until they fit; the run
+ * stays finite. */
+static void test_learner_f16_overflow_backs_off(void **state)
+{
+    (void)state;
+    char *dir = strdup(em_test_tmp_path("f16_big"));
+    g_data = g_xbig;
+    em_epoch_metrics h[16];
+    int nh = 0;
+    em_status st = fit_precision(EM_PRECISION_F16, dir, 2, 0, NULL, h, &nh);
+    g_data = g_x;
+    assert_int_equal(st, EM_OK);
+    char ck[4096];
+    snprintf(ck, sizeof ck, "%s/checkpoint.safetensors", dir);
+    em_st_file *f = em_safetensors_open(ck);
+    assert_non_null(f);
+    const double scale = strtod(em_safetensors_metadata(f, "ember.grad_scaler.scale"), NULL);
+    const long long tracker = strtoll(em_safetensors_metadata(f, "ember.grad_scaler.growth_tracker"), NULL, 10);
+    em_safetensors_close(f);
+    const double k = log2(65536.0 / scale); /* back-offs = skipped steps (no growth within 2000 steps) */
+    printf("learner f16, inputs x1000: scale 65536 -> %g after 12 steps (%g steps skipped, growth tracker %lld); "
+           "train loss %.4f %.4f\n", scale, k, tracker, h[0].train_loss, h[1].train_loss);
+    assert_true(scale < 65536.0);
+    assert_true(k == floor(k));           /* halvings only */
+    assert_true(tracker + k == 12 || tracker < 12); /* the tracker restarted at the last back-off */
+    assert_true(isfinite(h[0].train_loss) && isfinite(h[1].train_loss));
+    free(dir);
+}
+
 int main(void)
 {
     em_test_class_batch(9, LN, LF, LK, g_x, g_y);
+    for (int i = 0; i < LN * LF; i++) g_xbig[i] = 1000.0f * g_x[i];
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_autocast_stack_and_errors),
         cmocka_unit_test(test_autocast_per_thread),
@@ -573,6 +606,7 @@ int main(void)
         cmocka_unit_test(test_grad_scaler_api),
         cmocka_unit_test(test_learner_bf16_loss_falls),
         cmocka_unit_test(test_learner_f16_scaler_resume),
+        cmocka_unit_test(test_learner_f16_overflow_backs_off),
     };
     return cmocka_run_group_tests(tests, em_test_setup_tmpdir, em_test_teardown_tmpdir);
 }
