@@ -587,7 +587,7 @@ static void test_learner_f16_overflow_backs_off(void **state)
            "train loss %.4f %.4f\n", scale, k, tracker, h[0].train_loss, h[1].train_loss);
     assert_true(scale < 65536.0);
     assert_true(k == floor(k));           /* halvings only */
-    assert_true(tracker + k == 12 || tracker < 12); /* the tracker restarted at the last back-off */
+    assert_true((double)tracker <= 12 - k); /* clean steps since the last back-off, at most all clean steps */
     assert_true(isfinite(h[0].train_loss) && isfinite(h[1].train_loss));
     free(dir);
 }
