@@ -146,10 +146,14 @@ EM_API em_tensor *em_grad_scaler_scale(em_grad_scaler *s, const em_tensor *loss)
  *  step: a second call before em_grad_scaler_update -> EM_ERR_STATE (as
  *  torch: "unscale_() has already been called"). Disabled: no-op. */
 EM_API em_status em_grad_scaler_unscale(em_grad_scaler *s, const em_optim *opt, em_grads *grads);
-/** Unscales when em_grad_scaler_unscale was not called this step, reads the
+/** Unscales when em_grad_scaler_unscale was not called this step (the
+ *  unscaled gradients then replace the scaled ones in @p grads, as torch
+ *  unscales p.grad in place, although the pointer is const), reads the
  *  non-finite count (ONE host read), and runs em_optim_step(opt, grads)
- *  only when it is 0. *stepped (may be NULL) says whether it did. A second
- *  step before update -> EM_ERR_STATE. Disabled: em_optim_step. */
+ *  only when it is 0: a skipped step leaves the parameters, the optimizer's
+ *  state and its step counters as they are. *stepped (may be NULL) says
+ *  whether it stepped. A second step before update -> EM_ERR_STATE.
+ *  Disabled: em_optim_step. */
 EM_API em_status em_grad_scaler_step(em_grad_scaler *s, em_optim *opt, const em_grads *grads, bool *stepped);
 /** PyTorch's update (torch._amp_update_scale_): after a step with inf/NaN,
  *  scale *= backoff_factor and the growth tracker resets to 0; else the
