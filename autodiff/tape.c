@@ -365,6 +365,7 @@ static em_grads *backward(em_tensor *loss, const em_tensor *grad_output)
     em_grads *leaf = grads_new(64);
     if (!leaf) return em__fail(EM_ERR_NOMEM, "out of memory");
     em_no_grad_begin();
+    em__autocast_suspend(); /* each backward op runs in its forward op's dtype (as PyTorch) */
     em_scope_begin();
     em_tensor *seed;
     if (grad_output) {
@@ -435,10 +436,12 @@ done:
             leaf->vals[i] = c;
         }
     em_scope_end();
+    em__autocast_resume();
     em_no_grad_end();
     return leaf;
 fail:
     em_scope_end();
+    em__autocast_resume();
     em_no_grad_end();
     em_grads_free(leaf);
     return NULL;

@@ -38,6 +38,15 @@ enum {
                              * em_op.args, placed by em_op.place; no consistency case, no performance model */
     F_NOWHERE = 1u << 9,    /* runs nowhere (a fence): only orders other tasks */
     F_SAVE_AUX = 1u << 10,  /* the backward function reads the op's out[1] (max_pool2d's indices) */
+    /* Autocast (include/ember/amp.h, tasks/amp.c em__autocast_dtype): inside an
+     * em_autocast_begin(EM_BF16 / EM_F16) region, the front end casts the op's
+     * f32/f16/bf16 inputs (recorded em_cast) to the region's low dtype (F_AC_LOW)
+     * or to f32 (F_AC_F32) before it allocates the output; f64 and integer
+     * inputs are left alone, as torch.autocast. Neither flag: the usual
+     * promotion. The lists follow torch.amp's CUDA op lists ("ops that can
+     * autocast to float16" / "to float32"). */
+    F_AC_LOW = 1u << 11,    /* autocast runs it in the low dtype (matmul, conv) */
+    F_AC_F32 = 1u << 12,    /* autocast runs it in f32 (softmax, exp/log, pow, sums, norms) */
 };
 
 /** A StarPU kernel function: buffers (inputs, then outputs), cl_arg an em_kargs. */

@@ -41,6 +41,17 @@ em_tensor *em_linear(const em_tensor *x, const em_tensor *weight, const em_tenso
     if (bias && (em_tensor_ndim(bias) != 1 || em_tensor_dim(bias, 0) != em_tensor_dim(weight, 0)))
         return em__fail(EM_ERR_SHAPE, "em_linear: bias of shape %s does not match out_features = %lld (weight %s)",
                         NN_SHAPE(bias, sb), (long long)em_tensor_dim(weight, 0), NN_SHAPE(weight, sw));
+    {   /* autocast: x, weight and bias in the low dtype (torch's linear is on its low list, bias
+         * included): the product and the bias add stay low, the output too */
+        const em_tensor *ins[3] = {x, weight, bias};
+        em_tensor *c[3];
+        int acr = em__autocast_inputs(EM_OP_MATMUL, ins, 3, c);
+        if (acr) {
+            em_tensor *r = acr > 0 ? em_linear(c[0], c[1], c[2]) : NULL;
+            if (acr > 0) for (int i = 0; i < 3; i++) em_tensor_release(c[i]);
+            return r;
+        }
+    }
     em_scope_begin();
     em_tensor *y = em_matmul(x, em_transpose(weight, 0, 1));
     if (bias) y = em_add(y, bias);

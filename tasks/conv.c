@@ -143,6 +143,16 @@ static em_tensor *add_bias(em_tensor *y, const em_tensor *bias)
 em_tensor *em_conv2d(const em_tensor *x, const em_tensor *weight, const em_tensor *bias, const em_conv_opts *opts)
 {
     if (!x || !weight) return em__fail_null("em_conv2d: %s is NULL", !x ? "input" : "weight");
+    {   /* autocast: conv2d (x, weight and bias) in the low dtype, as torch's conv2d */
+        const em_tensor *ins[3] = {x, weight, bias};
+        em_tensor *c[3];
+        int acr = em__autocast_inputs(EM_OP_CONV2D, ins, 3, c);
+        if (acr) {
+            em_tensor *r = acr > 0 ? em_conv2d(c[0], c[1], c[2], opts) : NULL;
+            if (acr > 0) for (int i = 0; i < 3; i++) em_tensor_release(c[i]);
+            return r;
+        }
+    }
     em_conv_opts o = opts ? *opts : em_conv_opts_default();
     if (!check_common(x, weight, bias, &o, "em_conv2d")) return NULL;
     char sx[200], sw[200], sb[200];
@@ -222,6 +232,16 @@ em_tensor *em_conv1d(const em_tensor *x, const em_tensor *weight, const em_tenso
 em_tensor *em_conv_transpose2d(const em_tensor *x, const em_tensor *weight, const em_tensor *bias, const em_conv_opts *opts)
 {
     if (!x || !weight) return em__fail_null("em_conv_transpose2d: %s is NULL", !x ? "input" : "weight");
+    {   /* autocast: conv_transpose2d (its forward kind is CONV2D_BWD_DATA) in the low dtype */
+        const em_tensor *ins[3] = {x, weight, bias};
+        em_tensor *c[3];
+        int acr = em__autocast_inputs(EM_OP_CONV2D_BWD_DATA, ins, 3, c);
+        if (acr) {
+            em_tensor *r = acr > 0 ? em_conv_transpose2d(c[0], c[1], c[2], opts) : NULL;
+            if (acr > 0) for (int i = 0; i < 3; i++) em_tensor_release(c[i]);
+            return r;
+        }
+    }
     em_conv_opts o = opts ? *opts : em_conv_opts_default();
     if (!check_common(x, weight, bias, &o, "em_conv_transpose2d")) return NULL;
     char sx[200], sw[200], sb[200];

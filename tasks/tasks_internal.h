@@ -198,6 +198,23 @@ em_status em__batch_norm_running(const em_tensor *stats, em_tensor *running_mean
 em_status em__batch_norm_bwd(const em_tensor *dy, const em_tensor *x, const em_tensor *stats, const em_tensor *weight,
                              double eps, em_tensor **dx, em_tensor **dweight, em_tensor **dbias);
 
+/* Autocast (tasks/amp.c; the semantics in include/ember/amp.h). */
+/** The dtype an op of kind @p k whose inputs promote to @p natural computes
+ *  in on the calling thread: the region's low dtype for F_AC_LOW kinds, f32
+ *  for F_AC_F32 kinds, when autocast is on and @p natural is f32, f16 or
+ *  bf16; else @p natural. THE one place the front ends ask. */
+em_dtype em__autocast_dtype(enum em_op_kind k, em_dtype natural);
+/** For a front end of kind @p k with inputs ins[0..n) (NULL entries
+ *  skipped): when autocast wants another dtype for some f32/f16/bf16 input,
+ *  sets cast[i] to a recorded em_cast of each such input (the others
+ *  retained; new unscoped references the caller releases) and returns 1; 0
+ *  when nothing needs a cast (cast[] untouched); -1 on error (nothing to
+ *  release). The front end then runs again on cast[]. */
+int em__autocast_inputs(enum em_op_kind k, const em_tensor *const *ins, int n, em_tensor **cast);
+/** Autocast off on this thread until the matching resume (em_backward). */
+void em__autocast_suspend(void);
+void em__autocast_resume(void);
+
 /* sqrt with a zero gradient where the result is 0 (em_std; tasks/elementwise.c). */
 em_tensor *em__sqrt_std(const em_tensor *a);
 

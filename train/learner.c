@@ -1,6 +1,7 @@
 /* The Learner: epochs of train + validation, metrics, progress, metrics log,
  * checkpoints (every epoch + best), early stopping, resume. */
 #include "ember/train.h"
+#include "ember/amp.h"
 #include "ember/dist.h" /* [dist] */
 #include "runtime/runtime_internal.h"
 
@@ -26,7 +27,39 @@ static double now_s(void)
 
 em_learner_config em_learner_config_default(void)
 {
-    return (em_learner_config){.epochs = 10, .progress = -1, .loss = em_cross_entropy_opts_default()};
+    return (em_learner_config){.epochs = 10, .progress = -1, .loss = em_cross_entropy_opts_default(),
+                               .precision = EM_PRECISION_F32};
+}
+
+static const char *const PRECISION_NAMES[EM_PRECISION_COUNT] = {"f32", "tf32", "bf16", "f16"};
+
+const char *em_precision_name(em_precision p)
+{
+    return (unsigned)p < EM_PRECISION_COUNT ? PRECISION_NAMES[p] : NULL;
+}
+
+em_status em_precision_parse(const char *s, em_precision *out)
+{
+    static const struct {
+        const char *name;
+        em_precision p;
+    } names[] = {{"f32", EM_PRECISION_F32},   {"fp32", EM_PRECISION_F32}, {"float32", EM_PRECISION_F32},
+                 {"tf32", EM_PRECISION_TF32}, {"bf16", EM_PRECISION_BF16}, {"bfloat16", EM_PRECISION_BF16},
+                 {"f16", EM_PRECISION_F16},   {"fp16", EM_PRECISION_F16}, {"float16", EM_PRECISION_F16},
+                 {"half", EM_PRECISION_F16}};
+    if (!out) return em__set_error(EM_ERR_INVALID, "em_precision_parse: out is NULL");
+    for (size_t i = 0; s && i < sizeof names / sizeof names[0]; i++)
+        if (!strcmp(s, names[i].name)) {
+            *out = names[i].p;
+            return EM_OK;
+        }
+    return em__set_error(EM_ERR_INVALID, "unknown precision '%s' (expected f32, tf32, bf16 or f16)", s ? s : "(null)");
+}
+
+/* The autocast dtype of a precision (EM_F32: no region). */
+static em_dtype precision_autocast(em_precision p)
+{
+    return p == EM_PRECISION_BF16 ? EM_BF16 : p == EM_PRECISION_F16 ? EM_F16 : EM_F32;
 }
 
 #define EM_LEARNER_MAX_REPLICAS 64
@@ -235,6 +268,8 @@ typedef struct share_job {
     int np;
     int64_t *confusion;
     int64_t num_classes;
+    em_dtype autocast;          /* EM_BF16 / EM_F16: forward and loss in an autocast region; EM_F32: none */
+    em_grad_scaler *scaler;     /* f16: loss scaling (one model, no replicas), else NULL */
 } share_job;
 
 /* Forward, loss, backward and running metrics of replica k's share of the
@@ -260,12 +295,17 @@ static em_status share_forward_backward(em_replicas *rep, int k, void *ctx)
     if (b->indices) sub.indices = b->indices + lo;
     em_tensor *x = NULL, *y = NULL;
     st = em_batch_to_tensors(&sub, &x, &y);
+    /* mixed precision: forward and loss in an autocast region of this thread (a replica's own) */
+    const bool ac = st == EM_OK && j->autocast != EM_F32;
+    if (ac) st = em_autocast_begin(j->autocast);
     em_tensor *logits = st == EM_OK ? em_module_forward(rep ? em_replicas_model(rep, k) : j->model, x) : NULL;
     em_tensor *loss = logits ? em_cross_entropy(logits, y, &j->cfg->loss) : NULL;
+    if (ac) em_autocast_end();
     if (!loss) st = em_last_status() ? em_last_status() : EM_ERR_RUNTIME;
     if (st == EM_OK && j->train) {
         /* [dist] weight by the share so the replicas' mean is the whole batch's gradient */
         em_tensor *l = R > 1 && cnt * R != b->size ? em_mul_scalar(loss, (double)(cnt * R) / (double)b->size) : loss;
+        if (l && j->scaler) l = em_grad_scaler_scale(j->scaler, l); /* f16: backward of loss * scale */
         j->g[k] = l ? em_backward(l) : NULL;
         if (!j->g[k]) st = em_last_status() ? em_last_status() : EM_ERR_RUNTIME;
     }
@@ -292,9 +332,18 @@ static em_status share_step(em_replicas *rep, int k, void *ctx)
     em_optim *o = rep ? em_replicas_optim(rep, k) : j->opt;
     em_status st = EM_OK;
     em_scope_begin();
-    if (j->cfg->clip_grad_norm > 0) em_clip_grad_norm(j->g[k], j->params + (size_t)k * (size_t)j->np, j->np, j->cfg->clip_grad_norm, 2.0);
-    if (k > 0) st = em_optim_set_lr(o, em_optim_get_lr(j->opt)); /* the scheduler drives replica 0 */
-    if (st == EM_OK) st = em_optim_step(o, j->g[k]);
+    /* f16: the gradients are unscaled before clipping (PyTorch's recipe: scaler.unscale_, clip, scaler.step) */
+    if (j->scaler && j->cfg->clip_grad_norm > 0) st = em_grad_scaler_unscale(j->scaler, o, j->g[k]);
+    if (st == EM_OK && j->cfg->clip_grad_norm > 0)
+        em_clip_grad_norm(j->g[k], j->params + (size_t)k * (size_t)j->np, j->np, j->cfg->clip_grad_norm, 2.0);
+    if (st == EM_OK && k > 0) st = em_optim_set_lr(o, em_optim_get_lr(j->opt)); /* the scheduler drives replica 0 */
+    if (st == EM_OK && j->scaler) {
+        /* one host read of the non-finite count; a step with inf/NaN gradients is skipped */
+        st = em_grad_scaler_step(j->scaler, o, j->g[k], NULL);
+        if (st == EM_OK) st = em_grad_scaler_update(j->scaler);
+    } else if (st == EM_OK) {
+        st = em_optim_step(o, j->g[k]);
+    }
     em_scope_end();
     return st;
 }
@@ -304,7 +353,7 @@ static em_status share_step(em_replicas *rep, int k, void *ctx)
  * its own thread (em_replicas_run); r holds one running sum per replica. */
 static em_status run_epoch(em_module *model, em_optim *opt, em_lr_scheduler *sched, em_loader *data, const em_learner_config *cfg,
                            bool train, int64_t epoch, int64_t *step, running *r, int64_t *confusion, int64_t num_classes,
-                           bool bar, FILE *log)
+                           bool bar, FILE *log, em_grad_scaler *scaler)
 {
     em_replicas *rep = cfg->replicas; /* [dist] */
     const int R = rep ? em_replicas_count(rep) : 1;
@@ -315,7 +364,8 @@ static em_status run_epoch(em_module *model, em_optim *opt, em_lr_scheduler *sch
     int64_t total = em_loader_num_batches(data), done = 0;
     int64_t report_every = total / 10 > 0 ? total / 10 : 1;
     double t0 = now_s();
-    share_job job = {.model = model, .opt = opt, .cfg = cfg, .train = train, .r = r, .confusion = confusion, .num_classes = num_classes};
+    share_job job = {.model = model, .opt = opt, .cfg = cfg, .train = train, .r = r, .confusion = confusion, .num_classes = num_classes,
+                     .autocast = precision_autocast(cfg->precision), .scaler = train ? scaler : NULL};
     job.g = calloc((size_t)R, sizeof *job.g);
     if (!job.g) return em__set_error(EM_ERR_NOMEM, "out of memory");
     if (train && (cfg->clip_grad_norm > 0 || em_dist_world_size() > 1)) { /* [dist] params for the all-reduce */
@@ -601,12 +651,83 @@ done:
     return st;
 }
 
+/* The grad scaler's metadata keys in a checkpoint (f16 runs). */
+#define GS_SCALE_KEY "ember.grad_scaler.scale"
+#define GS_TRACKER_KEY "ember.grad_scaler.growth_tracker"
+
+/* Saves the epoch checkpoint: cfg's metadata plus, with a scaler, its state. */
+static em_status save_checkpoint(const char *path, const em_module *model, const em_optim *opt, const em_lr_scheduler *sched,
+                                 const em_checkpoint_info *info, const em_learner_config *cfg, const em_grad_scaler *scaler)
+{
+    if (!scaler) return em_checkpoint_save(path, model, opt, sched, info, cfg->meta, cfg->n_meta);
+    em_st_kv *kv = malloc(sizeof *kv * (cfg->n_meta + 2));
+    if (!kv) return em__set_error(EM_ERR_NOMEM, "out of memory");
+    for (size_t i = 0; i < cfg->n_meta; i++) kv[i] = cfg->meta[i];
+    em_grad_scaler_state gs;
+    em_grad_scaler_get_state(scaler, &gs);
+    char scale[48], tracker[32];
+    snprintf(scale, sizeof scale, "%.17g", gs.scale);
+    snprintf(tracker, sizeof tracker, "%lld", (long long)gs.growth_tracker);
+    kv[cfg->n_meta] = (em_st_kv){.key = GS_SCALE_KEY, .value = scale};
+    kv[cfg->n_meta + 1] = (em_st_kv){.key = GS_TRACKER_KEY, .value = tracker};
+    em_status st = em_checkpoint_save(path, model, opt, sched, info, kv, cfg->n_meta + 2);
+    free(kv);
+    return st;
+}
+
+/* Restores the scaler's state from the checkpoint @p path when it holds one
+ * (a checkpoint of a run without f16 does not: the scaler stays fresh). */
+static em_status load_scaler_state(const char *path, em_grad_scaler *scaler)
+{
+    em_st_file *f = em_safetensors_open(path);
+    if (!f) return em_last_status();
+    const char *vs = em_safetensors_metadata(f, GS_SCALE_KEY), *vt = em_safetensors_metadata(f, GS_TRACKER_KEY);
+    em_status st = EM_OK;
+    if (vs || vt) {
+        char *e1 = NULL, *e2 = NULL;
+        em_grad_scaler_state gs = {.scale = vs ? strtod(vs, &e1) : NAN, .growth_tracker = vt ? strtoll(vt, &e2, 10) : -1};
+        if (!vs || !vt || *e1 || *e2 || e1 == vs || e2 == vt || em_grad_scaler_set_state(scaler, &gs) != EM_OK)
+            st = em__set_error(EM_ERR_FORMAT, "%s: bad grad-scaler state in the metadata (%s = '%s', %s = '%s')", path, GS_SCALE_KEY,
+                               vs ? vs : "(missing)", GS_TRACKER_KEY, vt ? vt : "(missing)");
+    }
+    em_safetensors_close(f);
+    return st;
+}
+
+static em_status fit(em_module *model, em_optim *opt, em_lr_scheduler *sched, em_loader *train, em_loader *val,
+                     const em_learner_config *cfg_in, em_epoch_metrics *history, int max_history, int *n_history,
+                     em_grad_scaler *scaler);
+
 em_status em_learner_fit(em_module *model, em_optim *opt, em_lr_scheduler *sched, em_loader *train, em_loader *val,
                          const em_learner_config *cfg_in, em_epoch_metrics *history, int max_history, int *n_history)
 {
     if (!model || !opt || !train)
         return em__set_error(EM_ERR_INVALID, "em_learner_fit: %s is NULL", !model ? "model" : !opt ? "optimizer" : "train loader");
-    em_learner_config cfg = cfg_in ? *cfg_in : em_learner_config_default();
+    const em_learner_config cfg = cfg_in ? *cfg_in : em_learner_config_default();
+    if ((unsigned)cfg.precision >= EM_PRECISION_COUNT)
+        return em__set_error(EM_ERR_INVALID, "em_learner_fit: precision %d is not an em_precision", (int)cfg.precision);
+    if (cfg.precision == EM_PRECISION_TF32) {
+        /* TODO(#15, tf32): call em_set_float32_matmul_precision(EM_MATMUL_HIGH) here (and restore the
+         * previous setting on return) once include/ember/core.h has it: another helper adds it, and it
+         * is not in this branch yet. Until then tf32 trains exactly as f32. */
+    }
+    if (cfg.precision != EM_PRECISION_F16) return fit(model, opt, sched, train, val, &cfg, history, max_history, n_history, NULL);
+    if (cfg.replicas && em_replicas_count(cfg.replicas) > 1)
+        return em__set_error(EM_ERR_UNSUPPORTED, "em_learner_fit: precision f16 (loss scaling) with replicas is not supported yet "
+                             "(use bf16, which needs no scaler)");
+    em_grad_scaler *scaler = em_grad_scaler_new(NULL);
+    if (!scaler) return em_last_status();
+    em_status st = cfg.resume ? load_scaler_state(cfg.resume, scaler) : EM_OK;
+    if (st == EM_OK) st = fit(model, opt, sched, train, val, &cfg, history, max_history, n_history, scaler);
+    em_grad_scaler_free(scaler);
+    return st;
+}
+
+static em_status fit(em_module *model, em_optim *opt, em_lr_scheduler *sched, em_loader *train, em_loader *val,
+                     const em_learner_config *cfg_in, em_epoch_metrics *history, int max_history, int *n_history,
+                     em_grad_scaler *scaler)
+{
+    em_learner_config cfg = *cfg_in;
     FILE *log = cfg.log ? cfg.log : stdout;
     bool bar = cfg.progress == 1 || (cfg.progress < 0 && isatty(fileno(log)));
     if (em_dist_rank() != 0) { /* [dist] only rank 0 prints and writes files */
@@ -652,7 +773,7 @@ em_status em_learner_fit(em_module *model, em_optim *opt, em_lr_scheduler *sched
         em_epoch_metrics m = {.epoch = epoch, .val_loss = NAN, .val_accuracy = NAN, .val_top5 = NAN};
         running r[EM_LEARNER_MAX_REPLICAS] = {{0}};
         double t0 = now_s();
-        em_status st = run_epoch(model, opt, sched, train, &cfg, true, epoch, &info.step, r, NULL, 0, bar, log);
+        em_status st = run_epoch(model, opt, sched, train, &cfg, true, epoch, &info.step, r, NULL, 0, bar, log, scaler);
         double dummy, nsamples; /* [dist] metrics and throughput of all ranks and replicas */
         running_read_global(r, R, st == EM_OK, &m.train_loss, &m.train_accuracy, &dummy, &nsamples);
         em_sync();
@@ -660,7 +781,7 @@ em_status em_learner_fit(em_module *model, em_optim *opt, em_lr_scheduler *sched
         m.samples_per_s = t_train > 0 ? nsamples / t_train : 0;
         running_free(r, R);
         if (st == EM_OK && val) {
-            st = run_epoch(model, opt, sched, val, &cfg, false, epoch, &info.step, r, NULL, 0, bar, log);
+            st = run_epoch(model, opt, sched, val, &cfg, false, epoch, &info.step, r, NULL, 0, bar, log, NULL);
             running_read_global(r, R, st == EM_OK, &m.val_loss, &m.val_accuracy, &m.val_top5, &dummy); /* [dist] */
             running_free(r, R);
         }
@@ -711,7 +832,7 @@ em_status em_learner_fit(em_module *model, em_optim *opt, em_lr_scheduler *sched
                 if (em_checkpoint_save(path, model, NULL, NULL, &info, cfg.meta, cfg.n_meta) != EM_OK) return em_last_status();
             }
             snprintf(path, sizeof path, "%s/checkpoint.safetensors", cfg.out_dir);
-            if (em_checkpoint_save(path, model, opt, sched, &info, cfg.meta, cfg.n_meta) != EM_OK) return em_last_status();
+            if (save_checkpoint(path, model, opt, sched, &info, &cfg, scaler) != EM_OK) return em_last_status();
             snprintf(last_ckpt, sizeof last_ckpt, "%s", path);
             last_ckpt_epoch = epoch;
             if (append_metrics(cfg.out_dir, &m) != EM_OK) return em_last_status();
@@ -738,7 +859,7 @@ em_status em_evaluate(em_module *model, em_loader *data, int64_t num_classes, em
     running r[1] = {{0}};
     if (confusion) memset(confusion, 0, sizeof *confusion * (size_t)(num_classes * num_classes));
     int64_t step = 0;
-    em_status st = run_epoch(model, NULL, NULL, data, &cfg, false, 1, &step, r, confusion, num_classes, false, NULL);
+    em_status st = run_epoch(model, NULL, NULL, data, &cfg, false, 1, &step, r, confusion, num_classes, false, NULL, NULL);
     if (st == EM_OK) running_read(r, 1, &out->loss, &out->accuracy, &out->top5);
     out->samples = r[0].samples;
     running_free(r, 1);

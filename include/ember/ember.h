@@ -10,5 +10,6 @@
 #include "ember/data.h"
 #include "ember/store.h"
 #include "ember/train.h"
+#include "ember/amp.h"
 #include "ember/dist.h"
 #endif

@@ -64,6 +64,23 @@ typedef struct em_epoch_metrics {
     double epoch_time_s;    /**< wall time of the train + validation phases */
 } em_epoch_metrics;
 
+/** Training precision (em_learner_config.precision). */
+typedef enum em_precision {
+    EM_PRECISION_F32 = 0, /**< everything in float32 (the default)                                  */
+    EM_PRECISION_TF32,    /**< float32, matmuls allowed TF32 (em_set_float32_matmul_precision HIGH) */
+    EM_PRECISION_BF16,    /**< autocast(bf16) around forward and loss; no loss scaling              */
+    EM_PRECISION_F16,     /**< autocast(f16) around forward and loss, dynamic loss scaling          */
+    EM_PRECISION_COUNT
+} em_precision;
+
+/** "f32", "tf32", "bf16", "f16"; NULL for a value outside the enum. */
+EM_API const char *em_precision_name(em_precision p);
+/** Parses a precision name: "f32" (also "fp32", "float32"), "tf32", "bf16"
+ *  ("bfloat16"), "f16" ("fp16", "float16", "half"); case-sensitive. NULL or
+ *  another string -> EM_ERR_INVALID naming it and the accepted names, *out
+ *  untouched. */
+EM_API em_status em_precision_parse(const char *s, em_precision *out);
+
 typedef struct em_learner_config {
     int64_t epochs;           /**< total epochs (default 10)                                */
     const char *out_dir;      /**< checkpoints + metrics.csv go here; NULL = none           */
@@ -108,6 +125,23 @@ typedef struct em_learner_config {
      *  Checkpoints hold replica 0; resuming loads it and copies it to the
      *  others. NULL: the model alone. */
     struct em_replicas *replicas;
+    /** Precision of the training and validation steps (include/ember/amp.h):
+     *  BF16 / F16 run each step's forward and loss inside an autocast region
+     *  of that dtype (matmul and conv low; softmax, the loss, reductions and
+     *  norms f32) opened on the step's thread; backward and the optimizer
+     *  run outside it. The model stays f32: its parameters are the master
+     *  weights and the optimizer's state is f32, as torch.autocast. F16
+     *  also scales the loss with an em_grad_scaler (PyTorch's defaults: init
+     *  scale 65536, growth 2 every 2000 clean steps, back-off 0.5): the
+     *  gradients are unscaled (before clipping), a step whose gradients hold
+     *  an inf or a NaN is skipped (the step counter and a per-step scheduler
+     *  still advance, as a PyTorch loop's), and the scaler's state (scale,
+     *  growth tracker) is saved in the checkpoint's metadata
+     *  ("ember.grad_scaler.scale", "ember.grad_scaler.growth_tracker") and
+     *  restored on resume, so a resumed run continues exactly; a checkpoint
+     *  without it starts a fresh scaler. F16 with replicas: EM_ERR_UNSUPPORTED.
+     *  TF32: see em_learner_fit. Default EM_PRECISION_F32. */
+    em_precision precision;
 } em_learner_config;
 
 EM_API em_learner_config em_learner_config_default(void);
@@ -132,8 +166,12 @@ EM_API em_learner_config em_learner_config_default(void);
  *  checkpoint's epoch (left by a run stopped or killed after it) are dropped
  *  (the file is rewritten atomically) before training continues.
  *
+ *  cfg->precision picks the precision of the steps (see the field).
+ *
  *  Errors: the status of what failed (loading the checkpoint, a write, a
- *  kernel); EM_ERR_INTERRUPTED when cfg->stop_flag was raised. */
+ *  kernel); EM_ERR_INTERRUPTED when cfg->stop_flag was raised; a precision
+ *  outside the enum -> EM_ERR_INVALID; a malformed grad-scaler entry in the
+ *  resumed checkpoint -> EM_ERR_FORMAT naming it. */
 EM_API em_status em_learner_fit(em_module *model, em_optim *opt, em_lr_scheduler *sched, em_loader *train,
                                 em_loader *val, const em_learner_config *cfg, em_epoch_metrics *history,
                                 int max_history, int *n_history);
