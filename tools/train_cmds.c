@@ -680,6 +680,11 @@ static void train_help(void)
            "  --clip-grad-norm X     clip gradients by global norm X >= 0 (default 0: off)\n"
            "  --patience N           early stopping after N epochs without val improvement (default 0: off)\n"
            "  --seed N               seed for initialisation, shuffling and dropout, 0 to 2^63-1 (default 0)\n"
+           "  --precision P          f32 (default), tf32 (f32 with TF32 tensor-core matmuls/convs on\n"
+           "                         CUDA), bf16 or f16: autocast as torch.autocast (matmul/conv in\n"
+           "                         16 bits, softmax/loss/norms in f32, f32 weights and optimizer\n"
+           "                         state); f16 adds dynamic loss scaling. Recorded in the checkpoint\n"
+           "                         (--resume keeps it unless given)\n"
            "  --device DEV           cpu, cuda:N, opencl:N, auto (default: EMBER_DEVICE or cpu)\n"
            "  --devices LIST         data-parallel replicas in this process, one per device:\n"
            "                         cuda:0,cuda:1, cuda:all (every GPU), opencl:0,opencl:1, or a mix\n"
@@ -776,6 +781,8 @@ int em_tool_train(int argc, char **argv)
     bool epochs_given = false;
     double lr = NAN, momentum = NAN, wd = 0, smoothing = 0, clip = 0, dropout = NAN;
     const char *model_name = "mlp";
+    const char *precision_s = "f32";
+    char ck_precision[16];
     bool hidden_given = false, model_given = false;
     const char *dropout_s = "";
     int augment = -1; /* -1: the model's default */
@@ -784,9 +791,10 @@ int em_tool_train(int argc, char **argv)
     int workers = 1, progress = -1;
     /* the training settings a checkpoint records ('ember.train') and --resume reuses unless given */
     bool opt_given = false, lr_given = false, mom_given = false, wd_given = false, batch_given = false, sched_given = false,
-         warmup_given = false, ls_given = false, clip_given = false, seed_given = false, limit_given = false;
+         warmup_given = false, ls_given = false, clip_given = false, seed_given = false, limit_given = false,
+         precision_given = false;
     char ck_optname[16], ck_schedname[32];
-    enum { O_HIDDEN = 256, O_LR, O_MOM, O_WD, O_SCHED, O_LS, O_CLIP, O_PAT, O_WORKERS, O_RESUME, O_PROG, O_NOPROG, O_DROP, O_STOP, O_DIST, O_GBATCH, O_DEVICES, O_MODEL, O_AUG, O_NOAUG, O_LIMIT, O_WARMUP, O_OVERWRITE, O_INIT };
+    enum { O_HIDDEN = 256, O_LR, O_MOM, O_WD, O_SCHED, O_LS, O_CLIP, O_PAT, O_WORKERS, O_RESUME, O_PROG, O_NOPROG, O_DROP, O_STOP, O_DIST, O_GBATCH, O_DEVICES, O_MODEL, O_AUG, O_NOAUG, O_LIMIT, O_WARMUP, O_OVERWRITE, O_INIT, O_PREC };
     static const struct option opts[] = {
         {"data", required_argument, 0, 'd'},         {"hidden", required_argument, 0, O_HIDDEN},
         {"epochs", required_argument, 0, 'e'},       {"batch-size", required_argument, 0, 'b'},
@@ -804,7 +812,7 @@ int em_tool_train(int argc, char **argv)
         {"model", required_argument, 0, O_MODEL},    {"augment", no_argument, 0, O_AUG},
         {"no-augment", no_argument, 0, O_NOAUG},     {"limit", required_argument, 0, O_LIMIT},
         {"warmup", required_argument, 0, O_WARMUP},  {"overwrite", no_argument, 0, O_OVERWRITE},
-        {"init-from", required_argument, 0, O_INIT},
+        {"init-from", required_argument, 0, O_INIT}, {"precision", required_argument, 0, O_PREC},
         {"help", no_argument, 0, 'h'},               {0, 0, 0, 0}};
     static const char shortopts[] = ":d:e:b:o:s:D:O:h"; /* leading colon: we report missing values */
     int64_t stop_after = 0;
@@ -851,6 +859,16 @@ int em_tool_train(int argc, char **argv)
         case O_RESUME: resume = optarg; break;
         case O_OVERWRITE: overwrite = true; break;
         case O_INIT: init_from = optarg; break;
+        case O_PREC: {
+            em_precision pp;
+            if (em_precision_parse(optarg, &pp) != EM_OK) {
+                fprintf(stderr, "ember train: --precision: unknown precision '%s' (f32, tf32, bf16, f16)\n", optarg);
+                return EM_TOOL_EXIT_USAGE;
+            }
+            precision_s = em_precision_name(pp);
+            precision_given = true;
+            break;
+        }
         case O_PROG: progress = 1; break;
         case O_NOPROG: progress = 0; break;
         case O_DROP: F64("--dropout", 0, false, 1, true, dropout); dropout_s = optarg; break;
@@ -918,6 +936,8 @@ int em_tool_train(int argc, char **argv)
             else if (!strcmp(k, "clip_grad_norm") && !clip_given) clip = strtod(v, NULL);
             else if (!strcmp(k, "seed") && !seed_given) seed = strtoull(v, NULL, 10);
             else if (!strcmp(k, "limit") && !limit_given) limit = strtoll(v, NULL, 10);
+            else if (!strcmp(k, "precision") && !precision_given && strlen(v) < sizeof ck_precision)
+                precision_s = strcpy(ck_precision, v);
             else took = false;
             if (took && !(!strcmp(v, "nan") || (!strcmp(k, "warmup") && !strcmp(v, "-1")) || (!strcmp(k, "limit") && !strcmp(v, "0"))))
             {
@@ -930,7 +950,8 @@ int em_tool_train(int argc, char **argv)
                          from_ckpt[0] ? ", " : "", k, shown);
             }
         }
-        if (batch < 1 || batch > EM_TOOL_MAX_BATCH || !(isnan(lr) || lr > 0)) {
+        em_precision pchk;
+        if (batch < 1 || batch > EM_TOOL_MAX_BATCH || !(isnan(lr) || lr > 0) || em_precision_parse(precision_s, &pchk) != EM_OK) {
             fprintf(stderr, "ember train: --resume %s: bad training settings in 'ember.train' ('%s')\n", resume, cm.train);
             return EM_TOOL_EXIT_RUNTIME;
         }
@@ -1226,10 +1247,11 @@ int em_tool_train(int argc, char **argv)
         char hp[1024];
         snprintf(hp, sizeof hp,
                  "model=%s optimizer=%s lr=%g momentum=%g weight_decay=%g batch=%lld epochs=%lld scheduler=%s "
-                 "label_smoothing=%g clip=%g seed=%llu patience=%lld stop_after=%lld train_samples=%lld resume=%s augment=%d",
+                 "label_smoothing=%g clip=%g seed=%llu patience=%lld stop_after=%lld train_samples=%lld resume=%s augment=%d "
+                 "precision=%s",
                  spec, optname, oc.lr, oc.momentum, oc.weight_decay, (long long)batch, (long long)epochs, schedname,
                  smoothing, clip, (unsigned long long)seed, (long long)patience, (long long)stop_after,
-                 (long long)em_dataset_length(tr), resume ? "yes" : "no", augment);
+                 (long long)em_dataset_length(tr), resume ? "yes" : "no", augment, precision_s);
         if (em_dist_check_config(model, hp) != EM_OK) {
             fprintf(stderr, "ember train: rank %d: %s\n", rank, em_last_error());
             clean_exit = true;
@@ -1292,6 +1314,13 @@ int em_tool_train(int argc, char **argv)
            (long long)em_module_num_params(model), em_optim_kind_name(kind), oc.lr, (long long)batch, (long long)epochs,
            epochs == 1 ? "" : "s",
            em_device_str(em_get_device(), dev, sizeof dev), em_worker_count(EM_DEVICE_CPU));
+    em_precision prec = EM_PRECISION_F32;
+    em_precision_parse(precision_s, &prec); /* checked above */
+    if (lead && prec == EM_PRECISION_TF32)
+        printf("precision: tf32 (float32 matmuls and convolutions may use TF32 tensor cores)\n");
+    else if (lead && prec != EM_PRECISION_F32)
+        printf("precision: %s autocast (matmul/conv in %s, the rest f32, f32 weights)%s\n", precision_s, precision_s,
+               prec == EM_PRECISION_F16 ? ", loss scaling" : "");
     if (lead) printf("data: %s (%lld train, %lld test samples), normalised with mean %.4f std %.4f%s\n", data,
                      (long long)em_dataset_length(tr), (long long)em_dataset_length(te), norm_mean[0], norm_std[0],
                      augment ? "; training images randomly cropped (padding 2) and flipped" : "");
@@ -1317,6 +1346,7 @@ int em_tool_train(int argc, char **argv)
     cfg.clip_grad_norm = clip;
     cfg.loss.label_smoothing = smoothing;
     cfg.sched_per_step = sched_per_step;
+    cfg.precision = prec;
     plot_hook ph = {.out = out};
     cfg.on_epoch = plot_after_epoch; /* loss.png / accuracy.png (+ .svg) next to metrics.csv */
     cfg.on_epoch_ctx = &ph;
@@ -1330,9 +1360,9 @@ int em_tool_train(int argc, char **argv)
     char train_s[512]; /* the settings --resume reuses; lr and momentum as given ("nan": the optimizer's default) */
     snprintf(train_s, sizeof train_s,
              "optimizer=%s lr=%.17g momentum=%.17g weight_decay=%.17g batch=%lld scheduler=%s warmup=%lld "
-             "label_smoothing=%.17g clip_grad_norm=%.17g seed=%llu limit=%lld",
+             "label_smoothing=%.17g clip_grad_norm=%.17g seed=%llu limit=%lld precision=%s",
              optname, lr, momentum, wd, (long long)batch, schedname, (long long)warmup, smoothing, clip,
-             (unsigned long long)seed, (long long)limit);
+             (unsigned long long)seed, (long long)limit, precision_s);
     em_st_kv meta[6] = {{.key = "ember.train", .value = train_s},
                         {.key = "ember.model", .value = spec},
                         {.key = "ember.data", .value = data},
