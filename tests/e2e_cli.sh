@@ -289,4 +289,23 @@ run "$EMBER" eval --checkpoint "$T/nan/checkpoint.safetensors" --limit 500
   fail "eval on a NaN model: rc $rc: $(cat "$T/out.log" "$T/err.log")"
 ok "diverged run: one warning, top-1 / top-5 0 (train and eval), predict prints nan and exits 1"
 
+# ---- issue #15: --precision ----------------------------------------------------
+run "$EMBER" train "${tiny[@]}" --precision f8 --out "$T/p0"
+[ "$rc" = 2 ] && grep -qx "ember train: --precision: unknown precision 'f8' (f32, tf32, bf16, f16)" "$T/err.log" && [ ! -e "$T/p0" ] ||
+  fail "--precision f8: rc $rc: $(cat "$T/err.log")"
+run "$EMBER" train "${tiny[@]}" --epochs 2 --stop-after-epoch 1 --precision bf16 --out "$T/p1"
+[ "$rc" = 0 ] && grep -qx "precision: bf16 autocast (matmul/conv in bf16, the rest f32, f32 weights)" "$T/out.log" ||
+  fail "--precision bf16: rc $rc: $(cat "$T/out.log" "$T/err.log")"
+strings "$T/p1/checkpoint.safetensors" > "$T/p1.meta"
+grep -q "precision=bf16" "$T/p1.meta" || fail "the checkpoint does not record precision=bf16"
+run "$EMBER" train --no-progress --epochs 2 --resume "$T/p1/checkpoint.safetensors"
+[ "$rc" = 0 ] && grep -q "^settings from the checkpoint: .*precision bf16" "$T/out.log" && grep -q "^epoch 2/2 " "$T/out.log" ||
+  fail "resume of a bf16 run: rc $rc: $(cat "$T/out.log" "$T/err.log")"
+run "$EMBER" train "${tiny[@]}" --precision f16 --out "$T/p2"
+[ "$rc" = 0 ] && grep -qx "precision: f16 autocast (matmul/conv in f16, the rest f32, f32 weights), loss scaling" "$T/out.log" ||
+  fail "--precision f16: rc $rc: $(cat "$T/out.log" "$T/err.log")"
+run "$EMBER" eval --checkpoint "$T/p2/checkpoint.safetensors" --limit 200
+[ "$rc" = 0 ] && grep -q "^test loss [0-9.]*  accuracy 0\.[0-9]*" "$T/out.log" || fail "eval of an f16 run: rc $rc: $(cat "$T/out.log" "$T/err.log")"
+ok "--precision: bad value exit 2; bf16 recorded in the checkpoint and kept by --resume; f16 trains; eval reads it"
+
 echo "$pass passed, 0 failed"

@@ -939,7 +939,8 @@ int em_tool_train(int argc, char **argv)
             else if (!strcmp(k, "precision") && !precision_given && strlen(v) < sizeof ck_precision)
                 precision_s = strcpy(ck_precision, v);
             else took = false;
-            if (took && !(!strcmp(v, "nan") || (!strcmp(k, "warmup") && !strcmp(v, "-1")) || (!strcmp(k, "limit") && !strcmp(v, "0"))))
+            if (took && !(!strcmp(v, "nan") || (!strcmp(k, "warmup") && !strcmp(v, "-1")) || (!strcmp(k, "limit") && !strcmp(v, "0")) ||
+                          (!strcmp(k, "precision") && !strcmp(v, "f32"))))
             {
                 char shown[64]; /* real numbers as %g (they are stored with 17 digits) */
                 const bool real = !strcmp(k, "lr") || !strcmp(k, "momentum") || !strcmp(k, "weight_decay") ||
