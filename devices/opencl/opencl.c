@@ -37,6 +37,30 @@ em_kernel_fn em__opencl_kernels[EM_OP_COUNT] = {
 };
 bool em__opencl_compiled(void) { return true; }
 
+/* The families whose OpenCL kernels load and store f16 / bf16 themselves
+ * (devices/devices.h): 16-bit storage converted in the kernel by the
+ * converters of devices/half.h, float compute (no cl_khr_fp16 needed). The
+ * door widens the other families' 16-bit ops (f32 copies in and out). */
+#define EM_OCL_HALF_unary true
+#define EM_OCL_HALF_binary true
+#define EM_OCL_HALF_where true
+#define EM_OCL_HALF_copy true
+#define EM_OCL_HALF_fill true
+#define EM_OCL_HALF_reduce false
+#define EM_OCL_HALF_softmax false
+#define EM_OCL_HALF_matmul false
+#define EM_OCL_HALF_index false
+#define EM_OCL_HALF_optim false
+#define EM_OCL_HALF_conv false
+#define EM_OCL_HALF_pool false
+#define EM_OCL_HALF_norm false
+#define EM_OCL_HALF_collective false
+#define EM_OCL_HALF_NONE false
+const bool em__opencl_half[EM_OP_COUNT] = {
+#define OP(E, nm, nin, nout, fl, fam, bw) [EM_OP_##E] = EM_OCL_HALF_##fam,
+#include "tasks/ops.def"
+};
+
 em_ocl_dev em__ocl_devs[STARPU_MAXOPENCLDEVS];
 
 
@@ -260,8 +284,8 @@ static char *make_prefix(const em_ocl_dev *d, bool no_fp64)
 #define OP(E, nm, nin, nout, fl, fam, bw) APPEND("#define EM_OP_%s %d\n", #E, (int)EM_OP_##E);
 #include "tasks/ops.def"
     APPEND("#define EM_DT_F32 %d\n#define EM_DT_F64 %d\n#define EM_DT_I32 %d\n#define EM_DT_I64 %d\n"
-           "#define EM_DT_U8 %d\n#define EM_DT_BOOL %d\n",
-           EM_F32, EM_F64, EM_I32, EM_I64, EM_U8, EM_BOOL);
+           "#define EM_DT_U8 %d\n#define EM_DT_BOOL %d\n#define EM_DT_F16 %d\n#define EM_DT_BF16 %d\n",
+           EM_F32, EM_F64, EM_I32, EM_I64, EM_U8, EM_BOOL, EM_F16, EM_BF16);
     APPEND("#define EM_OPTIM_F_MOMENTUM %d\n#define EM_OPTIM_F_INIT_BUF %d\n#define EM_OPTIM_F_NESTEROV %d\n"
            "#define EM_OPTIM_F_AMSGRAD %d\n#define EM_OPTIM_F_DECOUPLED %d\n#define EM_OPTIM_F_CENTERED %d\n"
            "#define EM_OPTIM_F_MAXIMIZE %d\n",
