@@ -9,14 +9,19 @@
  * device without cl_khr_fp64.
  *
  * Program: a generated prefix with the EM_OP_* / EM_DT_* / EM_OPTIM_F_*
- * numbers, em_cl_source (devices/opencl/common.cl, devices/ew_math.h and
- * the other devices/opencl/<name>.cl, embedded by cmake/embed_cl.cmake), and
+ * numbers, em_cl_source (devices/opencl/common.cl, devices/ew_math.h,
+ * devices/half.h, devices/opencl/dtype.cl and the other
+ * devices/opencl/<name>.cl, embedded by cmake/embed_cl.cmake), and
  * the element-wise functions generated from the expressions of
  * tasks/ops.def (em_ocl_ew_source, devices/opencl/elementwise.c), built by clBuildProgram once per OpenCL device in
  * em__opencl_init (PoCL caches the binary in POCL_CACHE_DIR). A build
  * failure makes em_init fail with the build log in the message.
  * Environment: EMBER_OPENCL_NO_FP64=1 builds without double support (to test
- * the host fallback on a device that has fp64). */
+ * the host fallback on a device that has fp64).
+ *
+ * f16 / bf16: the unary, binary, where, copy and fill families store them
+ * as 16 bits and compute in float (em__opencl_half below); `ember devices`
+ * says so per device, with whether it has cl_khr_fp16 (not needed). */
 #include "devices/opencl/opencl.h"
 #include "devices/collapse.h"
 
@@ -329,6 +334,7 @@ static em_status dev_build(int devid)
     bool no_fp64 = nf && *nf && strcmp(nf, "0") != 0;
     bool has_fp64 = strstr(ext, "cl_khr_fp64") != NULL;
     d->fp64 = has_fp64 && !no_fp64;
+    d->fp16 = strstr(ext, "cl_khr_fp16") != NULL;
     d->tile = d->max_wg >= 256 ? 16 : 8;
 
     char *prefix = make_prefix(d, !d->fp64);
@@ -407,6 +413,24 @@ em_status em__opencl_init(void)
         }
     }
     return EM_OK;
+}
+
+/* Numbered as Ember numbers OpenCL devices (opencl:N, runtime/runtime.c's
+ * find_worker): in the order the workers drive them. */
+void em__opencl_describe(FILE *f)
+{
+    int seen[STARPU_MAXOPENCLDEVS], nseen = 0;
+    unsigned nw = starpu_worker_get_count();
+    for (unsigned w = 0; w < nw; w++) {
+        if (starpu_worker_get_type((int)w) != STARPU_OPENCL_WORKER) continue;
+        int devid = starpu_worker_get_devid((int)w), k = 0;
+        while (k < nseen && seen[k] != devid) k++;
+        if (k < nseen || nseen == STARPU_MAXOPENCLDEVS) continue;
+        seen[nseen++] = devid;
+        if (devid < 0 || devid >= STARPU_MAXOPENCLDEVS || !em__ocl_devs[devid].ready) continue;
+        fprintf(f, "  opencl:%d  f16/bf16: converted in kernel (cl_khr_fp16: %s)\n", k,
+                em__ocl_devs[devid].fp16 ? "yes" : "no");
+    }
 }
 
 void em__opencl_shutdown(void)

@@ -70,6 +70,7 @@ enum em_ocl_kernel_id {
 typedef struct em_ocl_dev {
     bool ready;
     bool fp64;        /* program built with double support */
+    bool fp16;        /* the device has cl_khr_fp16 (unused: f16 / bf16 are converted in the kernels) */
     cl_context ctx;
     cl_device_id dev;
     cl_program prog;
