@@ -27,8 +27,9 @@
  * bf16 device vs CPU 0 (bit-identical), f16 CPU vs f32 rounded 0.72
  * (gelu_tanh's gradient), bf16 0.74 (pow's gradient); f32 device vs CPU
  * 0.09, f64 0.0008. The end of a run prints these. Run time (2 cores,
- * loaded): CPU only 2.0 s -> 4.4 s, with PoCL 4.0 s -> 9.5 s (753 -> 1205
- * case variants), plus PoCL's first program build.
+ * shared, so CPU time): CPU only 2.5 s -> 5.8 s (wall 1.9 -> 4.5 s), with
+ * PoCL 5.7 s -> 15.7 s (wall 3.7 -> 9.5 s), 753 -> 1205 case variants,
+ * plus PoCL's first build of the program when it changed.
  * Every case runs once with contiguous inputs and once with strided inputs:
  * views (offset, non-unit strides) cut out of a larger tensor whose other
  * elements hold a sentinel; after the run the whole larger tensor must be
