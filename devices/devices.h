@@ -105,6 +105,10 @@ em_status em__cuda_init(void);
 void em__cuda_shutdown(void);
 em_status em__opencl_init(void);
 void em__opencl_shutdown(void);
+/* One line per OpenCL device with a program for `ember devices`
+ * (em_print_devices): how it stores f16 / bf16 (weak no-op default in
+ * tasks/funnel.c). */
+void em__opencl_describe(FILE *f);
 
 /* ---- how a kernel reports a failure (DESIGN.md §10) ---------------------
  * A kernel never aborts and never prints: when it cannot do its work (a CUDA

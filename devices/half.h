@@ -37,8 +37,8 @@ EW_FN em_u16 em_f32_to_f16_bits(float f)
     /* subnormal half: the value in units of 2^-24, rounded to nearest even */
     em_u32 e = x >> 23, m = (x & 0x7fffffu) | 0x800000u;
     em_u32 shift = 126u - e; /* 14 .. 24 */
-    em_u32 r = m >> shift, rem = m & ((1u << shift) - 1u), half = 1u << (shift - 1u);
-    if (rem > half || (rem == half && (r & 1u))) r++;
+    em_u32 r = m >> shift, rem = m & ((1u << shift) - 1u), tie = 1u << (shift - 1u); /* not "half": a type in OpenCL C */
+    if (rem > tie || (rem == tie && (r & 1u))) r++;
     return (em_u16)(sign | r);
 }
 

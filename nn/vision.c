@@ -122,10 +122,13 @@ em_tensor *em_batch_norm(const em_tensor *x, em_tensor *running_mean, em_tensor 
     channel_shape(c, nd, cs);
     em_scope_begin();
     em_tensor *y;
-    /* Training with f32/f64 operands of one dtype: one fused op forward
+    /* Training with float operands of one dtype: one fused op forward
      * (BATCH_NORM, tasks/norm.c) and one backward; the running statistics
-     * come from its stats output [2, C]. Other dtypes stay composed. */
-    const bool fused = training && (dt == EM_F32 || dt == EM_F64) && (!weight || em_tensor_dtype(weight) == dt) &&
+     * come from its stats output [2, C]. f16 / bf16 too: the door runs the
+     * fused ops in f32 (widened: statistics in f32, as PyTorch's), where the
+     * composed path below would round the mean and the variance to 16 bits
+     * (2 % off for an input far from zero). Mixed dtypes stay composed. */
+    const bool fused = training && em_dtype_is_float(dt) && (!weight || em_tensor_dtype(weight) == dt) &&
                        (!bias || em_tensor_dtype(bias) == dt);
     if (fused) {
         const em_tensor *w = weight ? weight : em_ones(&c, 1, dt);

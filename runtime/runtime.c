@@ -475,6 +475,8 @@ void em_print_devices(FILE *f)
         fprintf(f, "  worker %2u  %-6s device %d  memory node %u  %s\n", w, worker_kind_name(t),
                 starpu_worker_get_devid((int)w), starpu_worker_get_memory_node(w), name);
     }
+    for (int i = 0; i < g_nhooks; i++) /* the layers' facts about their devices (e.g. OpenCL's f16 / bf16) */
+        if (g_hooks[i]->describe) g_hooks[i]->describe(f);
     unsigned nodes = starpu_memory_nodes_get_count();
     fprintf(f, "memory nodes: %u\n", nodes);
     for (unsigned m = 0; m < nodes; m++) {

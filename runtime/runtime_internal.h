@@ -160,6 +160,7 @@ typedef struct em_runtime_hooks {
     int order;        /* tasks/: 10 */
     em_status (*init)(void); /* NULL = nothing to start */
     void (*shutdown)(void);  /* NULL = nothing to stop */
+    void (*describe)(FILE *f); /* NULL = nothing to add; else lines about its devices for em_print_devices */
 } em_runtime_hooks;
 /** Registers @p h (static storage), from a constructor of the layer so that
  *  it is in place before em_init. At most 8. */

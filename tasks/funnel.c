@@ -40,6 +40,7 @@ __attribute__((weak)) em_kernel_fn em__cuda_kernels[EM_OP_COUNT];
 __attribute__((weak)) em_kernel_fn em__opencl_kernels[EM_OP_COUNT];
 __attribute__((weak)) const bool em__cuda_half[EM_OP_COUNT];
 __attribute__((weak)) const bool em__opencl_half[EM_OP_COUNT];
+__attribute__((weak)) void em__opencl_describe(FILE *f) { (void)f; }
 __attribute__((weak)) em_kernel_fn em__dist_cpu_kernels[EM_OP_COUNT];
 __attribute__((weak)) em_kernel_fn em__dist_cuda_kernels[EM_OP_COUNT];
 __attribute__((weak)) bool em__cuda_compiled(void) { return false; }

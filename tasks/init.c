@@ -20,8 +20,12 @@ static void tasks_shutdown(void)
     em__codelets_shutdown();
 }
 
+/* em_print_devices: what the device backends add (OpenCL: f16 / bf16). */
+static void tasks_describe(FILE *f) { em__opencl_describe(f); }
+
 __attribute__((constructor)) static void register_tasks(void)
 {
-    static const em_runtime_hooks hooks = {.name = "tasks", .order = 10, .init = tasks_init, .shutdown = tasks_shutdown};
+    static const em_runtime_hooks hooks = {
+        .name = "tasks", .order = 10, .init = tasks_init, .shutdown = tasks_shutdown, .describe = tasks_describe};
     em__runtime_register(&hooks);
 }

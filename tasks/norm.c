@@ -15,7 +15,8 @@
  *       channel; CPU and GPUs accumulate in double, OpenCL devices without
  *       fp64 in float), invstd = 1 / sqrt(var + eps),
  *       y = (x - mean) * invstd * weight + bias;
- *       stats = (mean, var) rounded to the dtype.
+ *       stats = (mean, var) rounded to the dtype (f32 for f16 / bf16 x, whose
+ *       ops the door widens: the kernels only see f32 / f64).
  *   BATCH_NORM_BWD in = dy, x, stats, weight; out = dx, dweight, dbias
  *       (PyTorch's batch_norm_backward): with mean, var from stats,
  *       invstd = 1 / sqrt(var + eps), xhat = (x - mean) * invstd,
@@ -61,7 +62,11 @@ em_tensor *em__batch_norm_train(const em_tensor *x, const em_tensor *weight, con
     if (!contiguous_all(orig, in, 3)) return NULL;
     const int64_t sshape[2] = {2, c};
     em_tensor *y = em__tensor_new(x->dtype, x->shape, x->ndim);
-    em_tensor *st = y ? em__tensor_new(x->dtype, sshape, 2) : NULL;
+    /* f16 / bf16: the statistics stay f32 (as PyTorch's save_mean / save_invstd),
+     * so the backward and the running update do not see a mean rounded to 16
+     * bits; the door runs the op widened (every operand f32 in the kernel). */
+    const em_dtype sdt = (x->dtype == EM_F16 || x->dtype == EM_BF16) ? EM_F32 : x->dtype;
+    em_tensor *st = y ? em__tensor_new(sdt, sshape, 2) : NULL;
     if (!st) {
         em_tensor_release(y);
         release_all(in, 3);

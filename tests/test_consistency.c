@@ -9,8 +9,27 @@
  *   - once on every other device present (each CUDA and OpenCL device with a
  *     worker): forward outputs and, for differentiable ops, the input
  *     gradients of sum_i sum(out_i * w_i) (em_backward, w_i random) are
- *     compared with the CPU's, with tolerances per dtype (integers and bools
- *     exact); a NaN/Inf where the CPU has a finite value is a failure.
+ *     compared with the CPU's, with tolerances per dtype (g_tol below, the
+ *     one place; integers and bools exact); a NaN/Inf where the CPU has a
+ *     finite value is a failure.
+ * 16 bits: every case whose dtypes include f32 also runs in f16 and bf16
+ * (add_half_dtypes; one_hot, integer-only, cannot). Inputs are generated as
+ * for f32 and rounded to the 16-bit dtype on the host (devices/half.h, the
+ * library's converters), so every device sees the same 16-bit inputs;
+ * gradients are 16-bit too. Each device is compared with the CPU's 16-bit
+ * result, and the CPU's 16-bit result with its f32 result of the same
+ * inputs (the case run in f32 on the values rounded to 16 bits, then each
+ * f32 result rounded to 16 bits): that checks the CPU's 16-bit kernels and
+ * the door's widening (f32 kernel between rounding copies) themselves.
+ * An op that fails to run in 16 bits is a FAIL like any other. Measured
+ * (PoCL, 2026-12-02), worst error as a fraction of the tolerance: f16 device
+ * vs CPU 0.054 (about 1 f16 ulp: libm differences surviving the rounding),
+ * bf16 device vs CPU 0 (bit-identical), f16 CPU vs f32 rounded 0.72
+ * (gelu_tanh's gradient), bf16 0.74 (pow's gradient); f32 device vs CPU
+ * 0.09, f64 0.0008. The end of a run prints these. Run time (2 cores,
+ * shared, so CPU time): CPU only 2.5 s -> 5.8 s (wall 1.9 -> 4.5 s), with
+ * PoCL 5.7 s -> 15.7 s (wall 3.7 -> 9.5 s), 753 -> 1205 case variants,
+ * plus PoCL's first build of the program when it changed.
  * Every case runs once with contiguous inputs and once with strided inputs:
  * views (offset, non-unit strides) cut out of a larger tensor whose other
  * elements hold a sentinel; after the run the whole larger tensor must be
@@ -40,9 +59,62 @@
 #include "devices/devices.h" /* enum em_op_kind, F_* flags, the device kernel tables */
 
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+/* f16 / bf16 <-> f32: the library's converters (devices/half.h, the same
+ * bits as every backend), to make 16-bit inputs and round f32 results. */
+static inline uint32_t t_f2u(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    return u;
+}
+static inline float t_u2f(uint32_t u)
+{
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+#define EW_FN static inline
+typedef uint32_t em_u32;
+typedef uint16_t em_u16;
+#define EM_F2U(f) t_f2u(f)
+#define EM_U2F(u) t_u2f(u)
+#include "devices/half.h"
+
+static bool is_half_dt(int dt) { return dt == EM_F16 || dt == EM_BF16; }
+static uint16_t half_bits(int dt, double v)
+{
+    return dt == EM_BF16 ? em_f32_to_bf16_bits((float)v) : em_f32_to_f16_bits((float)v);
+}
+static double half_value(int dt, uint16_t h) { return dt == EM_BF16 ? em_bf16_bits_to_f32(h) : em_f16_bits_to_f32(h); }
+/* v rounded to f32, then to the 16-bit dtype dt (as a cast does). */
+static double round_half(int dt, double v) { return half_value(dt, half_bits(dt, v)); }
+
+/* ---- tolerances: the one place ------------------------------------------------
+ * A float result passes when |got - ref| <= atol' + rtol * |ref| (both times
+ * the case's tol_scale), atol' = atol, or for the 16-bit dtypes (of_max)
+ * atol * max(1, the largest |ref| of the tensor): every op of a 16-bit run
+ * rounds its output (2^-11 relative for f16, 2^-8 for bf16), so a sum of
+ * rounded terms that cancels (a broadcast operand's gradient, a difference
+ * of statistics) is off by the terms' rounding, not the result's. Integers
+ * and bools must be equal. The same table serves a device against the CPU
+ * in one dtype, and the CPU's 16-bit result against its f32 result of the
+ * same inputs rounded to 16 bits. The worst error / tolerance of a run is
+ * printed at its end (the header says what was measured). */
+typedef struct dt_tol {
+    double rtol, atol;
+    bool of_max; /* atol scales with the tensor's largest magnitude */
+} dt_tol;
+static const dt_tol g_tol[EM_DTYPE_COUNT] = {
+    [EM_F32] = {1e-4, 1e-5, false},
+    [EM_F64] = {1e-9, 1e-11, false},
+    [EM_F16] = {1e-2, 1e-3, true},
+    [EM_BF16] = {2e-2, 1e-2, true},
+};
 
 /* ---- the op table (from tasks/ops.def, as the library builds it) ----------- */
 
@@ -84,14 +156,16 @@ typedef struct ctx {
     int n_guard;
     bool no_backward;
     double tol_scale; /* multiplies the float tolerances (1 by default) */
+    int round_to;     /* -1, or f16 / bf16: f32 inputs hold values rounded to it (the f32 reference of a 16-bit run) */
     char err[512];
 } ctx;
 
 typedef bool (*case_fn)(ctx *c);
 
+#define MAX_DTS 10
 typedef struct op_case {
     case_fn fn;
-    int dts[8]; /* dtype variants, END-terminated */
+    int dts[MAX_DTS]; /* dtype variants, END-terminated (f16 / bf16 added where f32 is: add_half_dtypes) */
     double tol_scale;
 } op_case;
 
@@ -147,6 +221,8 @@ static void pack(em_dtype dt, void *dst, int64_t i, double v)
     case EM_I32: ((int32_t *)dst)[i] = (int32_t)v; break;
     case EM_I64: ((int64_t *)dst)[i] = (int64_t)v; break;
     case EM_U8: ((uint8_t *)dst)[i] = (uint8_t)(int64_t)v; break;
+    case EM_F16:
+    case EM_BF16: ((uint16_t *)dst)[i] = half_bits(dt, v); break;
     default: ((uint8_t *)dst)[i] = v != 0; break;
     }
 }
@@ -157,6 +233,8 @@ static double unpack(em_dtype dt, const void *src, int64_t i)
     case EM_F64: return ((const double *)src)[i];
     case EM_I32: return ((const int32_t *)src)[i];
     case EM_I64: return (double)((const int64_t *)src)[i];
+    case EM_F16:
+    case EM_BF16: return half_value(dt, ((const uint16_t *)src)[i]);
     default: return ((const uint8_t *)src)[i];
     }
 }
@@ -209,6 +287,8 @@ static em_tensor *input(ctx *c, int dti, const int64_t *shape, int nd, double lo
     for (int i = 0; i < nd; i++) n *= shape[i];
     double *v = malloc(sizeof(double) * (size_t)(n ? n : 1));
     for (int64_t i = 0; i < n; i++) v[i] = gen_value(c, dt, lo, hi, flags);
+    if (dt == EM_F32 && c->round_to >= 0) /* the f32 reference of a 16-bit run: the same values */
+        for (int64_t i = 0; i < n; i++) v[i] = round_half(c->round_to, v[i]);
     em_tensor *t = NULL;
     size_t es = em_dtype_size(dt);
     const bool can_stride = !(flags & IN_CONTIG) && nd > 0 && n > 0;
@@ -288,8 +368,21 @@ static em_tensor *index_input(ctx *c, const int64_t *shape, int nd, int64_t lo, 
 
 /* ---- cases ---------------------------------------------------------------------- */
 
-static bool is_float_dt(int dt) { return dt == EM_F32 || dt == EM_F64; }
+static bool is_float_dt(int dt) { return dt == EM_F32 || dt == EM_F64 || is_half_dt(dt); }
+
+/* A tensor of dtype c->dt holding @p n values (as stored in that dtype). */
+static em_tensor *from_values(ctx *c, const double *v, int64_t n, const int64_t *shape, int nd)
+{
+    void *raw = malloc((size_t)n * em_dtype_size((em_dtype)c->dt));
+    if (!raw) return NULL;
+    for (int64_t i = 0; i < n; i++) pack((em_dtype)c->dt, raw, i, v[i]);
+    em_tensor *t = em_from_host(raw, shape, nd, (em_dtype)c->dt);
+    free(raw);
+    return t;
+}
 static int grad_flag(int dt) { return is_float_dt(dt) ? IN_GRAD : 0; }
+/* A 16-bit run, or the f32 reference of one (whose inputs must be the same). */
+static bool half_run(const ctx *c) { return is_half_dt(c->dt) || c->round_to >= 0; }
 
 typedef em_tensor *(*unary_fn)(const em_tensor *);
 
@@ -438,7 +531,13 @@ static bool case_binary(ctx *c)
     double alo = -3, ahi = 3, blo = -3, bhi = 3;
     switch (c->kind) {
     case EM_OP_DIV: blo = 0.5, bhi = 2, fb |= IN_NONZERO; break;
-    case EM_OP_REMAINDER: case EM_OP_FMOD: case EM_OP_FLOOR_DIVIDE: blo = 0.5, bhi = 2, fb |= IN_NONZERO; break;
+    case EM_OP_REMAINDER: case EM_OP_FMOD: case EM_OP_FLOOR_DIVIDE:
+        blo = 0.5, bhi = 2, fb |= IN_NONZERO;
+        /* 16 bits: a quotient a / b near an integer would round to it in a
+         * 16-bit intermediate (the backward's) and step the result;
+         * multiples of 0.5 keep quotients exact or >= 1/4 from one */
+        if (half_run(c)) fa |= IN_DISCRETE, fb |= IN_DISCRETE;
+        break;
     case EM_OP_POW: alo = 0.2, ahi = 2, blo = -1.5, bhi = 1.5; break;
     default: break;
     }
@@ -513,9 +612,7 @@ static bool case_reduce(ctx *c)
         OUT(c, f(cube, 1, false));
         if (is_float_dt(c->dt)) { /* NaN: the first NaN wins */
             const double nanv[8] = {1, NAN, 3, NAN, -1, 2, 2, 0};
-            em_tensor *t = em_from_host(c->dt == EM_F32 ? (const void *)(const float[]){1, NAN, 3, NAN, -1, 2, 2, 0}
-                                                         : (const void *)nanv,
-                                        S(2, 4), 2, (em_dtype)c->dt);
+            em_tensor *t = from_values(c, nanv, 8, S(2, 4), 2);
             REQ(c, t);
             OUT(c, f(t, 1, false));
             OUT(c, f(t, 0, false));
@@ -554,9 +651,7 @@ static bool case_reduce(ctx *c)
     }
     if (k == EM_OP_LOGSUMEXP && is_float_dt(c->dt)) { /* -inf rows, +inf */
         const double v[8] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY, 1, INFINITY, 2, 3};
-        float vf[8];
-        for (int i = 0; i < 8; i++) vf[i] = (float)v[i];
-        em_tensor *t = em_from_host(c->dt == EM_F32 ? (const void *)vf : (const void *)v, S(2, 4), 2, (em_dtype)c->dt);
+        em_tensor *t = from_values(c, v, 8, S(2, 4), 2);
         REQ(c, t);
         OUT(c, f(t, d1, 1, false));
     }
@@ -624,9 +719,10 @@ static bool case_copy(ctx *c)
     em_tensor *a = IN(c, c->dt, (9, 11), -3, 3, fl);
     REQ(c, a);
     OUT(c, em_contiguous(em_transpose(a, 0, 1)));
-    static const int casts[] = {EM_F32, EM_F64, EM_I32, EM_I64, EM_U8, EM_BOOL};
-    for (size_t i = 0; i < sizeof casts / sizeof casts[0]; i++)
-        if (casts[i] != c->dt) OUT(c, em_cast(a, (em_dtype)casts[i]));
+    /* every dtype pair (a cast to the same dtype too, so that a 16-bit run and
+     * its f32 reference give the same list) */
+    static const int casts[] = {EM_F32, EM_F64, EM_I32, EM_I64, EM_U8, EM_BOOL, EM_F16, EM_BF16};
+    for (size_t i = 0; i < sizeof casts / sizeof casts[0]; i++) OUT(c, em_cast(a, (em_dtype)casts[i]));
     /* em_copy_ into a strided slice of a sentinel-filled tensor: the sentinel
      * around the slice must survive */
     if (is_float_dt(c->dt) || c->dt == EM_I32 || c->dt == EM_I64) {
@@ -634,8 +730,8 @@ static bool case_copy(ctx *c)
         double *fillv = malloc(sizeof(double) * (size_t)(R * C));
         void *raw = malloc((size_t)(R * C) * em_dtype_size((em_dtype)c->dt));
         for (int64_t i = 0; i < R * C; i++) {
-            fillv[i] = is_float_dt(c->dt) ? SENTINEL : 77.0;
-            pack((em_dtype)c->dt, raw, i, fillv[i]);
+            pack((em_dtype)c->dt, raw, i, is_float_dt(c->dt) ? SENTINEL : 77.0);
+            fillv[i] = unpack((em_dtype)c->dt, raw, i); /* as stored (rounded in 16 bits) */
         }
         em_tensor *dst = em_from_host(raw, S(7, 9), 2, (em_dtype)c->dt);
         free(raw);
@@ -1412,7 +1508,11 @@ static uint64_t variant_seed(int kind, int dt, int strided)
     return s ? s : 1;
 }
 
-static bool run_variant(int kind, int dt, int strided, em_device dev, run_result *r, bool *made_strided, char *err, size_t errn)
+/* Runs case @p kind in dtype @p dt on @p dev. seed_dt picks the inputs'
+ * seed (dt, or the 16-bit dtype whose f32 reference this run is, with
+ * round_to = that dtype: f32 inputs then hold the 16-bit values; -1: none). */
+static bool run_variant(int kind, int dt, int seed_dt, int round_to, int strided, em_device dev, run_result *r,
+                        bool *made_strided, char *err, size_t errn)
 {
     memset(r, 0, sizeof *r);
     err[0] = 0;
@@ -1425,8 +1525,9 @@ static bool run_variant(int kind, int dt, int strided, em_device dev, run_result
     c->kind = kind;
     c->dt = dt;
     c->strided = strided;
-    c->rng = variant_seed(kind, dt, strided);
+    c->rng = variant_seed(kind, seed_dt, strided);
     c->tol_scale = 1;
+    c->round_to = round_to;
     em_clear_error();
     em_scope_begin();
     bool ok = g_cases[kind].fn(c);
@@ -1490,27 +1591,56 @@ static bool run_variant(int kind, int dt, int strided, em_device dev, run_result
 
 static double g_tf32_scale = 1;
 
-static bool compare(int kind, const run_result *ref, const run_result *got, bool exact, char *why, size_t n)
+/* The worst |got - ref| / (atol + rtol |ref|) seen per dtype whose
+ * tolerance applied (ratio 0: no difference seen) and kind of comparison: [0] a device against
+ * the CPU, [1] the CPU's 16-bit result against its f32 reference rounded.
+ * Printed at the end: how much of the tolerance the results use. */
+typedef struct worst {
+    bool seen; /* some element was compared under this tolerance */
+    double ratio;
+    int kind;
+    char where[48];
+} worst;
+static worst g_worst[EM_DTYPE_COUNT][2];
+
+/* Compares @p got with the reference @p ref tensor by tensor. rounded: ref is
+ * the f32 reference of the 16-bit run @p got (run dtype @p run_dt): an f32
+ * reference tensor where got has a 16-bit one is rounded to that dtype, and
+ * the float tolerances are @p run_dt's; otherwise each tensor's own dtype
+ * picks them and dtypes must match. */
+static bool compare_ex(int kind, int run_dt, const run_result *ref, const run_result *got, bool exact, bool rounded,
+                       char *why, size_t n)
 {
+    const char *who = rounded ? "the f32 reference rounded" : "the CPU";
     if (ref->n != got->n) {
-        snprintf(why, n, "%d result tensors, the CPU has %d", got->n, ref->n);
+        snprintf(why, n, "%d result tensors, %s has %d", got->n, who, ref->n);
         return false;
     }
     double scale = g_cases[kind].tol_scale > 0 ? g_cases[kind].tol_scale : 1;
     if (kind == EM_OP_MATMUL) scale *= g_tf32_scale;
     for (int t = 0; t < ref->n; t++) {
         const tvals *a = &ref->t[t], *b = &got->t[t];
-        if ((a->v == NULL) != (b->v == NULL) || a->n != b->n || a->dt != b->dt) {
-            snprintf(why, n, "%s #%d: %s/%lld elements/%s, the CPU has %s/%lld/%s", b->what, t, b->v ? "present" : "missing",
-                     (long long)b->n, em_dtype_name(b->dt), a->v ? "present" : "missing", (long long)a->n, em_dtype_name(a->dt));
+        const bool round_ref = rounded && a->dt == EM_F32 && is_half_dt(b->dt);
+        if ((a->v == NULL) != (b->v == NULL) || a->n != b->n || (a->dt != b->dt && !round_ref)) {
+            snprintf(why, n, "%s #%d: %s/%lld elements/%s, %s has %s/%lld/%s", b->what, t, b->v ? "present" : "missing",
+                     (long long)b->n, em_dtype_name(b->dt), who, a->v ? "present" : "missing", (long long)a->n,
+                     em_dtype_name(a->dt));
             return false;
         }
         if (!a->v) continue;
+        const int tdt = rounded && em_dtype_is_float(b->dt) ? run_dt : (int)b->dt;
         double rtol = 0, atol = 0;
-        if (!exact && a->dt == EM_F32) rtol = 1e-4 * scale, atol = 1e-5 * scale;
-        if (!exact && a->dt == EM_F64) rtol = 1e-9 * scale, atol = 1e-11 * scale;
+        if (!exact && em_dtype_is_float(b->dt) && (unsigned)tdt < EM_DTYPE_COUNT) {
+            rtol = g_tol[tdt].rtol * scale, atol = g_tol[tdt].atol * scale;
+            if (g_tol[tdt].of_max) {
+                double mx = 1;
+                for (int64_t i = 0; i < a->n; i++)
+                    if (isfinite(a->v[i]) && fabs(a->v[i]) > mx) mx = fabs(a->v[i]);
+                atol *= mx;
+            }
+        }
         for (int64_t i = 0; i < a->n; i++) {
-            const double x = a->v[i], y = b->v[i];
+            const double x = round_ref ? round_half(b->dt, a->v[i]) : a->v[i], y = b->v[i];
             bool ok;
             const char *reason = "differs";
             if (isnan(x)) {
@@ -1519,18 +1649,33 @@ static bool compare(int kind, const run_result *ref, const run_result *got, bool
                 ok = x == y;
             } else if (!isfinite(y)) {
                 ok = false;
-                reason = "is NaN/Inf where the CPU has a finite value";
+                reason = rounded ? "is NaN/Inf where the f32 reference is finite" : "is NaN/Inf where the CPU has a finite value";
             } else {
-                ok = fabs(x - y) <= atol + rtol * fabs(x);
+                const double tol = atol + rtol * fabs(x), d = fabs(x - y);
+                ok = d <= tol;
+                if (tol > 0) {
+                    worst *w = &g_worst[tdt][rounded];
+                    w->seen = true;
+                    if (d / tol > w->ratio) {
+                        w->ratio = d / tol;
+                        w->kind = kind;
+                        snprintf(w->where, sizeof w->where, "%s #%d: %.6g vs %.6g", b->what, t, y, x);
+                    }
+                }
             }
             if (!ok) {
-                snprintf(why, n, "%s #%d (%s, %lld elements) element %lld %s: %.9g vs CPU %.9g", b->what, t,
-                         em_dtype_name(a->dt), (long long)a->n, (long long)i, reason, y, x);
+                snprintf(why, n, "%s #%d (%s, %lld elements) element %lld %s: %.9g vs %s %.9g", b->what, t,
+                         em_dtype_name(b->dt), (long long)a->n, (long long)i, reason, y, rounded ? "f32 rounded" : "CPU", x);
                 return false;
             }
         }
     }
     return true;
+}
+
+static bool compare(int kind, int run_dt, const run_result *ref, const run_result *got, bool exact, char *why, size_t n)
+{
+    return compare_ex(kind, run_dt, ref, got, exact, false, why, n);
 }
 
 /* ---- devices ---------------------------------------------------------------------- */
@@ -1603,14 +1748,36 @@ static bool op_selected(const char *name)
 
 /* ---- tests ------------------------------------------------------------------------- */
 
+/* Every case whose dtypes include f32 also runs in f16 and bf16 (the
+ * 16-bit storage types); the others (integer-only ops: one_hot) cannot. */
+static void add_half_dtypes(void)
+{
+    for (int k = 0; k < EM_OP_COUNT; k++) {
+        int *d = g_cases[k].dts, n = 0;
+        bool f32 = false, done = false;
+        if (!g_cases[k].fn) continue;
+        while (n < MAX_DTS && d[n] != END) {
+            f32 = f32 || d[n] == EM_F32;
+            done = done || is_half_dt(d[n]);
+            n++;
+        }
+        if (!f32 || done) continue;
+        if (n + 3 > MAX_DTS) fail_msg("op '%s': no room for f16 / bf16 in its dtype list (MAX_DTS)", g_ops[k].name);
+        d[n] = EM_F16;
+        d[n + 1] = EM_BF16;
+        d[n + 2] = END;
+    }
+}
+
 /* An element-wise kind of the table without a row above gets the generic
  * case of its kind of front end (EW1: case_unary, EWS: case_scalar, EW2:
  * case_binary) over the float dtypes and i32 (promoted) for F_FLOAT kinds,
  * every numeric dtype but u8 otherwise. Its input domain, if it needs one,
  * is a line in case_unary / case_binary. */
+static void add_half_dtypes(void);
 static void fill_default_cases(void)
 {
-    static const int float_math[8] = FLOAT_MATH, int_ok[8] = INT_OK;
+    static const int float_math[MAX_DTS] = FLOAT_MATH, int_ok[MAX_DTS] = INT_OK;
     for (int k = 0; k < EM_OP_COUNT; k++) {
         if (g_cases[k].fn) continue;
         case_fn fn = unary_of(k) ? case_unary : scalar_of(k) ? case_scalar : binary_of(k) ? case_binary : NULL;
@@ -1619,6 +1786,7 @@ static void fill_default_cases(void)
         memcpy(g_cases[k].dts, (g_ops[k].flags & F_FLOAT) ? float_math : int_ok, sizeof g_cases[k].dts);
         g_cases[k].tol_scale = 1;
     }
+    add_half_dtypes();
 }
 
 /* Every op kind of tasks/ops.def must have a case (new ops cannot be forgotten),
@@ -1692,24 +1860,42 @@ static void test_consistency_all(void **state)
                                (!devs[col - 1].table || !devs[col - 1].table[k]);
             status[k][col] = unsupported ? ST_UNSUPPORTED : (col > 0 && !devs[col - 1].table_known) ? ST_OK_UNKNOWN : ST_OK;
         }
-        for (int di = 0; di < 8 && g_cases[k].dts[di] != END; di++) {
+        for (int di = 0; di < MAX_DTS && g_cases[k].dts[di] != END; di++) {
             const int dt = g_cases[k].dts[di];
             for (int strided = 0; strided < 2; strided++) {
                 run_result ref, again;
                 bool made = false;
                 nrun++;
-                bool ok = run_variant(k, dt, strided, em_device_cpu(), &ref, &made, err, sizeof err);
+                bool ok = run_variant(k, dt, dt, -1, strided, em_device_cpu(), &ref, &made, err, sizeof err);
                 if (ok) {
                     bool made2;
-                    ok = run_variant(k, dt, strided, em_device_cpu(), &again, &made2, err, sizeof err);
-                    if (ok && !compare(k, &ref, &again, true, why, sizeof why)) {
+                    ok = run_variant(k, dt, dt, -1, strided, em_device_cpu(), &again, &made2, err, sizeof err);
+                    if (ok && !compare(k, dt, &ref, &again, true, why, sizeof why)) {
                         snprintf(err, sizeof err, "CPU run twice differs: %s", why);
                         ok = false;
                     }
                     result_free(&again);
                 }
+                /* 16 bits: the CPU's result against its f32 result of the same
+                 * inputs (rounded to 16 bits), rounded to 16 bits */
+                bool ref_ok = ok;
+                if (ok && is_half_dt(dt)) {
+                    run_result r32;
+                    bool m32;
+                    ref_ok = run_variant(k, EM_F32, dt, dt, strided, em_device_cpu(), &r32, &m32, err, sizeof err);
+                    if (!ref_ok) {
+                        char e2[sizeof err];
+                        memcpy(e2, err, sizeof e2);
+                        e2[400] = 0;
+                        snprintf(err, sizeof err, "its f32 reference failed: %s", e2);
+                    } else if (!compare_ex(k, dt, &r32, &ref, false, true, why, sizeof why)) {
+                        snprintf(err, sizeof err, "against its f32 reference: %s", why);
+                        ref_ok = false;
+                    }
+                    result_free(&r32);
+                }
                 const char *lay = strided ? "strided" : "contiguous";
-                if (!ok) {
+                if (!ok || !ref_ok) {
                     if (status[k][0] != ST_FAIL) {
                         snprintf(first_err[k][0], sizeof first_err[k][0], "%s %s: %s", em_dtype_name((em_dtype)dt), lay, err);
                         nfail++;
@@ -1721,8 +1907,8 @@ static void test_consistency_all(void **state)
                 for (int d = 0; ok && d < ndev; d++) {
                     run_result got;
                     bool m3;
-                    bool dok = run_variant(k, dt, strided, devs[d].dev, &got, &m3, err, sizeof err);
-                    if (dok && !compare(k, &ref, &got, exact_devices, why, sizeof why)) {
+                    bool dok = run_variant(k, dt, dt, -1, strided, devs[d].dev, &got, &m3, err, sizeof err);
+                    if (dok && !compare(k, dt, &ref, &got, exact_devices, why, sizeof why)) {
                         snprintf(err, sizeof err, "%s", why);
                         dok = false;
                     }
@@ -1779,6 +1965,14 @@ static void test_consistency_all(void **state)
     if (st1.live_tensors != st0.live_tensors)
         printf("consistency: note: %lld live tensors before the cases, %lld after (a leak in some op?)\n",
                (long long)st0.live_tensors, (long long)st1.live_tensors);
+    printf("consistency: worst error / tolerance (1 = at the tolerance):\n");
+    for (int dt = 0; dt < EM_DTYPE_COUNT; dt++)
+        for (int r = 0; r < 2; r++)
+            if (g_worst[dt][r].seen)
+                printf("  %-8s %-18s %-6.3g (rtol %g, atol %g%s) %s%s%s\n", em_dtype_name((em_dtype)dt),
+                       r ? "CPU vs f32 rounded" : "device vs CPU", g_worst[dt][r].ratio, g_tol[dt].rtol, g_tol[dt].atol,
+                       g_tol[dt].of_max ? " x max|ref|" : "", g_worst[dt][r].where[0] ? g_ops[g_worst[dt][r].kind].name : "all equal",
+                       g_worst[dt][r].where[0] ? ", " : "", g_worst[dt][r].where);
     printf("consistency: %d case variants, %d device(s) besides the CPU, %d failure(s)\n", nrun, ndev, nfail);
     fflush(stdout);
     if (nfail) fail_msg("%d op/device pair(s) FAIL (see the table above)", nfail);

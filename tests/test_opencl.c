@@ -18,7 +18,11 @@
  *       bit, transcendental ones within a few ulps;
  *   (c) the Philox random ops give the same numbers on both devices;
  *   (d) the host fallback of a device without fp64 (EMBER_OPENCL_NO_FP64=1,
- *       runtime restarted) still matches the CPU.
+ *       runtime restarted) still matches the CPU;
+ *   (e) f16 / bf16: the unary, binary, where, copy and fill kernels take
+ *       them natively (one task, no widening), bit-identical to the CPU
+ *       (the converters of devices/half.h; f32 math within a few ulps), and
+ *       `ember devices` (em_print_devices) says so for the device.
  * The general every-op-on-every-device check lives in tests/test_consistency.c;
  * this file keeps to OpenCL specifics.
  *
@@ -644,6 +648,93 @@ static void test_creation(void **state)
     }
 }
 
+/* ---- (e) f16 / bf16 ------------------------------------------------------------------ */
+
+/* Tasks that EXPR submits on the OpenCL device (after its inputs exist). */
+#define TASKS_ON_OPENCL(n, EXPR)                                                                   \
+    do {                                                                                            \
+        em_scope_begin();                                                                           \
+        set_dev(em_device_opencl(0));                                                               \
+        const int64_t t0_ = em_get_stats().tasks_submitted;                                          \
+        em_tensor *r_ = (EXPR);                                                                     \
+        (n) = em_get_stats().tasks_submitted - t0_;                                                 \
+        if (!r_ || em_sync() != EM_OK) fail_msg("%s: %s", #EXPR, em_last_error());                  \
+        set_dev(em_device_cpu());                                                                   \
+        em_scope_end();                                                                             \
+    } while (0)
+
+static void test_half(void **state)
+{
+    (void)state;
+    static const em_dtype H[] = {EM_F16, EM_BF16};
+    for (int h = 0; h < 2; h++) {
+        const em_dtype dt = H[h];
+        em_scope_begin();
+        set_dev(em_device_cpu());
+        em_tensor *x = em_cast(make(EM_F32, SHAPE(6, 9), 2, -3, 3, 0), dt);
+        em_tensor *y = em_cast(make(EM_F32, SHAPE(9), 1, 0.5, 2, 0), dt);
+        em_tensor *d = em_cast(make(EM_F32, SHAPE(6, 9), 2, -2, 2, 1), dt); /* multiples of 1/8: ties */
+        em_tensor *m = make(EM_BOOL, SHAPE(6, 1), 2, 0, 1, 0);
+        em_tensor *xt = em_transpose(x, 0, 1);
+        if (!x || !y || !d || !m || !xt) fail_msg("inputs: %s", em_last_error());
+        /* exact: the same float operation, rounded by the same converter */
+        CHECK("neg", EXACT, em_neg(xt));
+        CHECK("abs", EXACT, em_abs(x));
+        CHECK("relu", EXACT, em_relu(xt));
+        CHECK("add (broadcast)", EXACT, em_add(x, y));
+        CHECK("mul", EXACT, em_mul(xt, em_transpose(d, 0, 1)));
+        CHECK("div", EXACT, em_div(x, y));
+        CHECK("mul_scalar", EXACT, em_mul_scalar(x, 0.3));
+        CHECK("clamp", EXACT, em_clamp(x, -0.5, 0.7));
+        CHECK("lt", EXACT, em_lt(d, em_transpose(em_transpose(d, 0, 1), 0, 1)));
+        CHECK("ge_scalar", EXACT, em_ge_scalar(d, 0.25));
+        CHECK("where (broadcast mask)", EXACT, em_where(m, x, d));
+        CHECK("full", EXACT, em_full(SHAPE(5, 7), 2, dt, 2.3));
+        CHECK("eye", EXACT, em_eye(4, 6, dt));
+        CHECK("arange", EXACT, em_arange(-3, 17, 0.3, dt));
+        CHECK("rand_uniform", EXACT, (em_manual_seed(1234), em_rand_uniform(SHAPE(300), 1, dt, -1, 2)));
+        CHECK("rand_normal", EXACT, (em_manual_seed(7), em_rand_normal(SHAPE(300), 1, dt, 1.5, 2.0)));
+        for (int o = 0; o < NELEM(ALL); o++) {
+            char what[64];
+            snprintf(what, sizeof what, "cast %s -> %s", em_dtype_name(dt), em_dtype_name(ALL[o]));
+            CHECK(what, EXACT, em_cast(xt, ALL[o]));
+            snprintf(what, sizeof what, "cast %s -> %s", em_dtype_name(ALL[o]), em_dtype_name(dt));
+            em_tensor *src = make(ALL[o], SHAPE(9, 6), 2, -200, 200, 0);
+            CHECK(what, EXACT, em_cast(em_transpose(src, 0, 1), dt));
+        }
+        CHECK("cast f16 <-> bf16", EXACT, em_cast(x, dt == EM_F16 ? EM_BF16 : EM_F16));
+        CHECK("contiguous(transpose)", EXACT, em_contiguous(xt));
+        /* f32 math of OpenCL's built-ins: at most one 16-bit rounding apart */
+        CHECK("exp", dt == EM_F16 ? 1e-3 : 8e-3, 0, em_cast(em_exp(x), EM_F32));
+        CHECK("sigmoid", dt == EM_F16 ? 1e-3 : 8e-3, 0, em_cast(em_sigmoid(xt), EM_F32));
+        /* native: one task each on the OpenCL device; a reduction is widened */
+        int64_t n = 0;
+        TASKS_ON_OPENCL(n, em_add(x, y));
+        if (n != 1) fail_msg("%s add on OpenCL: %lld tasks, expected 1 (a native 16-bit kernel)", em_dtype_name(dt), (long long)n);
+        TASKS_ON_OPENCL(n, em_exp(x));
+        if (n != 1) fail_msg("%s exp on OpenCL: %lld tasks, expected 1", em_dtype_name(dt), (long long)n);
+        TASKS_ON_OPENCL(n, em_cast(x, EM_F32));
+        if (n != 1) fail_msg("%s cast on OpenCL: %lld tasks, expected 1", em_dtype_name(dt), (long long)n);
+        TASKS_ON_OPENCL(n, em_sum(x, (const int[]){1}, 1, false));
+        if (n < 3) fail_msg("%s sum on OpenCL: %lld tasks, expected the widened op (copy, f32 sum, copy)", em_dtype_name(dt), (long long)n);
+        CHECK("sum (widened)", EXACT, em_sum(x, (const int[]){1}, 1, false));
+        em_scope_end();
+    }
+    /* ember devices: one line for the device, under 80 columns */
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    if (!f) fail_msg("open_memstream failed");
+    em_print_devices(f);
+    fclose(f);
+    const char *l = strstr(buf, "  opencl:0  f16/bf16: converted in kernel (cl_khr_fp16: ");
+    if (!l) fail_msg("em_print_devices has no f16/bf16 line for opencl:0:\n%s", buf);
+    const char *e = strchr(l, '\n');
+    if (!e || e - l > 80 || (strncmp(e - 4, "yes)", 4) && strncmp(e - 3, "no)", 3)))
+        fail_msg("em_print_devices: bad f16/bf16 line: %.*s", e ? (int)(e - l) : 100, l);
+    free(buf);
+}
+
 /* One optimizer, 3 steps, on the current device; returns the parameter. */
 static em_tensor *optim_run(const em_optim_config *cfg, const em_tensor *p0, const em_tensor *const *grads)
 {
@@ -810,7 +901,8 @@ int main(void)
         cmocka_unit_test(test_binary),           cmocka_unit_test(test_where),       cmocka_unit_test(test_copy_cast),
         cmocka_unit_test(test_reductions),       cmocka_unit_test(test_softmax),     cmocka_unit_test(test_matmul),
         cmocka_unit_test(test_index),            cmocka_unit_test(test_creation),    cmocka_unit_test(test_optim),
-        cmocka_unit_test(test_rng_identical),    cmocka_unit_test(test_no_fp64_fallback),
+        cmocka_unit_test(test_rng_identical),    cmocka_unit_test(test_half),
+        cmocka_unit_test(test_no_fp64_fallback),
     };
     int failed = cmocka_run_group_tests(tests, setup, NULL);
     fprintf(stderr, "test_opencl: %d CPU/OpenCL comparisons\n", g_checked);

@@ -38,8 +38,9 @@ static int only_help(const char *cmd, int argc, char **argv, const char *help)
 static int cmd_devices(int argc, char **argv)
 {
     int rc = only_help("devices", argc, argv,
-                       "usage: ember devices\n\nLists StarPU workers (CPU cores, GPUs, OpenCL devices), memory nodes\n"
-                       "and the hwloc topology. EMBER_DEVICE, EMBER_NCPU, EMBER_NCUDA, EMBER_NOPENCL and\n"
+                       "usage: ember devices\n\nLists StarPU workers (CPU cores, GPUs, OpenCL devices), how each OpenCL\n"
+                       "device holds f16/bf16 (and whether it has cl_khr_fp16), memory nodes and the\n"
+                       "hwloc topology. EMBER_DEVICE, EMBER_NCPU, EMBER_NCUDA, EMBER_NOPENCL and\n"
                        "EMBER_SCHED are honoured.\n\n" EM_TOOL_EXIT_HELP);
     if (rc >= 0) return rc;
     if (em_init(NULL) != EM_OK) {

@@ -188,8 +188,8 @@ void em_cpu_unary(void *buffers[], void *cl_arg)
 {
     const em_kargs *k = cl_arg;
     void *bufs[2] = {em_cpu_ptr(buffers[0]), em_cpu_ptr(buffers[1])};
-    if (k->kind == EM_OP_REMAINDER_SCALAR && k->in[0].dtype != EM_F32 && k->in[0].dtype != EM_F64 &&
-        (int64_t)k->p.s.a == 0 && numel(&k->out[0]) > 0) {
+    if (k->kind == EM_OP_REMAINDER_SCALAR && !em_dtype_is_float((em_dtype)k->in[0].dtype) &&
+        (int64_t)k->p.s.a == 0 && numel(&k->out[0]) > 0) { /* f16 / bf16 are floats: no error, as f32 */
         int_div_by_zero(k, "remainder");
         return;
     }
@@ -220,7 +220,7 @@ void em_cpu_binary(void *buffers[], void *cl_arg)
 {
     const em_kargs *k = cl_arg;
     void *bufs[3] = {em_cpu_ptr(buffers[0]), em_cpu_ptr(buffers[1]), em_cpu_ptr(buffers[2])};
-    if (int_div_kind(k->kind) && k->in[1].dtype != EM_F32 && k->in[1].dtype != EM_F64 && has_zero(k, &k->in[1], bufs[1])) {
+    if (int_div_kind(k->kind) && !em_dtype_is_float((em_dtype)k->in[1].dtype) && has_zero(k, &k->in[1], bufs[1])) {
         int_div_by_zero(k, k->kind == EM_OP_FLOOR_DIVIDE ? "division" : "remainder");
         return;
     }

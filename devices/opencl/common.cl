@@ -1,11 +1,21 @@
-/* Ember OpenCL kernels: shared definitions. This file must sort first among
- * devices/opencl/<name>.cl files (cmake/embed_cl.cmake concatenates them in name order).
+/* Ember OpenCL kernels: shared definitions, first in the program
+ * (cmake/embed_cl.cmake concatenates the files in the order below).
  *
  * The host prepends "#define EM_OP_<KIND> <n>" for every op of tasks/ops.def
  * and "#define EM_DT_<DTYPE> <n>" for the dtypes (F32=0 F64=1 I32=2 I64=3
- * U8=4 BOOL=5), and -DEM_TILE=<n> (matmul tile edge); -DEM_NO_FP64 turns
- * double support off even when the device has it (tests use this to check
- * the host fallback).
+ * U8=4 BOOL=5 F16=6 BF16=7), and -DEM_TILE=<n> (matmul tile edge);
+ * -DEM_NO_FP64 turns double support off even when the device has it (tests
+ * use this to check the host fallback).
+ *
+ * Program order (CMakeLists.txt): this file, devices/ew_math.h,
+ * devices/half.h (the f16 / bf16 converters), devices/opencl/dtype.cl (loads
+ * and stores through a runtime dtype), then the other .cl files in name
+ * order.
+ *
+ * f16 / bf16 are storage types: a kernel loads the 16 bits as ushort,
+ * converts them with devices/half.h (the CPU's and CUDA's converters, so the
+ * bits are the same everywhere), computes in float and converts back. No
+ * cl_khr_fp16 is needed.
  *
  * Conventions of every kernel:
  *   - a buffer is passed as (__global uchar *base, long boff): base is the
@@ -33,10 +43,14 @@ typedef float acc_t;
 
 #define EM_MAXD 8
 
-/* What devices/ew_math.h (embedded next) needs. */
+/* What devices/ew_math.h and devices/half.h (embedded next) need. */
 #define EW_FN inline
 typedef long em_i64;
 typedef ulong em_u64;
+typedef uint em_u32;
+typedef ushort em_u16;
+#define EM_F2U(f) as_uint(f)
+#define EM_U2F(u) as_float(u)
 
 /* Unpacks a long8 into a private array. */
 #define EM_UNPACK(arr, v) long arr[EM_MAXD]; vstore8((v), 0, arr)
@@ -121,48 +135,3 @@ inline acc_t em_tree_sum(__local acc_t *lv, acc_t v)
     barrier(CLK_LOCAL_MEM_FENCE);
     return r;
 }
-
-/* Typed loads/stores through a runtime dtype (uniform branches). */
-inline acc_t em_ld_acc(int dt, __global const uchar *b, long i)
-{
-    switch (dt) {
-    case EM_DT_F32: return (acc_t)((__global const float *)b)[i];
-#ifdef EM_FP64
-    case EM_DT_F64: return ((__global const double *)b)[i];
-#endif
-    case EM_DT_I32: return (acc_t)((__global const int *)b)[i];
-    case EM_DT_I64: return (acc_t)((__global const long *)b)[i];
-    default: return (acc_t)b[i];
-    }
-}
-
-/* As the CPU's ldi: floats truncate toward zero. */
-inline long em_ld_long(int dt, __global const uchar *b, long i)
-{
-    switch (dt) {
-    case EM_DT_I32: return ((__global const int *)b)[i];
-    case EM_DT_I64: return ((__global const long *)b)[i];
-    case EM_DT_F32: return (long)((__global const float *)b)[i];
-#ifdef EM_FP64
-    case EM_DT_F64: return (long)((__global const double *)b)[i];
-#endif
-    default: return b[i];
-    }
-}
-
-/* As the CPU reduce's st(): use_i picks the integer value. */
-inline void em_st_val(int dt, __global uchar *b, long i, acc_t v, long iv, int use_i)
-{
-    switch (dt) {
-    case EM_DT_F32: ((__global float *)b)[i] = (float)v; break;
-#ifdef EM_FP64
-    case EM_DT_F64: ((__global double *)b)[i] = v; break;
-#endif
-    case EM_DT_I32: ((__global int *)b)[i] = use_i ? (int)iv : (int)v; break;
-    case EM_DT_I64: ((__global long *)b)[i] = use_i ? iv : (long)v; break;
-    case EM_DT_U8: b[i] = use_i ? (uchar)iv : (uchar)(long)v; break;
-    default: b[i] = use_i ? (iv != 0) : (v != 0); break;
-    }
-}
-
-inline int em_dt_is_int(int dt) { return dt == EM_DT_I32 || dt == EM_DT_I64 || dt == EM_DT_U8 || dt == EM_DT_BOOL; }

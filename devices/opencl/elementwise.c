@@ -20,7 +20,8 @@ typedef uint64_t em_u64;
 #include <stdint.h>
 #include <string.h>
 
-static bool is_float_dt(int dt) { return dt == EM_F32 || dt == EM_F64; }
+/* The float dtypes (f16 / bf16: stored in 16 bits, computed in float). */
+static bool is_float_dt(int dt) { return dt == EM_F32 || dt == EM_F64 || dt == EM_F16 || dt == EM_BF16; }
 
 /* Collapses the output shape over nops operands (ops[0] = output). */
 typedef struct ew_geom {
@@ -233,10 +234,11 @@ static bool ew_ok(int kind, int arity, int dt)
     return is_float_dt(dt) || !(em__kernel_info[kind].flags & F_FLOAT);
 }
 
-/* Kernel id for a dtype: base + offset, in the order f32 f64 i32 i64 u8 of
- * EM_OCL_KERNEL_LIST (4 kernels per dtype). */
+/* Kernel id for a dtype: base + offset, in the order f32 f64 i32 i64 u8 f16
+ * bf16 of EM_OCL_KERNEL_LIST (4 kernels per dtype). */
 _Static_assert(EMK_unary_f64 == EMK_unary_f32 + 4 && EMK_bcmp_i32 == EMK_bcmp_f32 + 8 &&
-                   EMK_unary_i64 == EMK_unary_f32 + 12 && EMK_bcmp_u8 == EMK_bcmp_f32 + 16,
+                   EMK_unary_i64 == EMK_unary_f32 + 12 && EMK_bcmp_u8 == EMK_bcmp_f32 + 16 &&
+                   EMK_ucmp_f16 == EMK_ucmp_f32 + 20 && EMK_binary_bf16 == EMK_binary_f32 + 24,
                "EM_OCL_KERNEL_LIST: 4 element-wise kernels per dtype, in dtype order");
 static int typed_kernel(int dt, int f32_id)
 {
@@ -247,6 +249,8 @@ static int typed_kernel(int dt, int f32_id)
     case EM_I64: return f32_id + 12;
     case EM_U8:
     case EM_BOOL: return f32_id + 16;
+    case EM_F16: return f32_id + 20;
+    case EM_BF16: return f32_id + 24;
     default: return -1;
     }
 }
@@ -327,7 +331,7 @@ void em_ocl_where(void *buffers[], void *cl_arg)
 {
     const em_kargs *k = cl_arg;
     const size_t es = em_ocl_dtsize(k->out[0].dtype);
-    if (k->kind != EM_OP_WHERE || (es != 1 && es != 4 && es != 8) || em_ocl_dtsize(k->in[0].dtype) != 1) {
+    if (k->kind != EM_OP_WHERE || (es != 1 && es != 2 && es != 4 && es != 8) || em_ocl_dtsize(k->in[0].dtype) != 1) {
         em_ocl_error("where: unsupported dtypes (mask %d, out %d)", k->in[0].dtype, k->out[0].dtype);
         return;
     }
@@ -364,7 +368,7 @@ void em_ocl_copy(void *buffers[], void *cl_arg)
 {
     const em_kargs *k = cl_arg;
     const int idt = k->in[0].dtype, odt = k->out[0].dtype;
-    if (k->kind != EM_OP_COPY || em_ocl_dtsize(idt) == 0 || idt > EM_BOOL || odt > EM_BOOL || idt < 0 || odt < 0) {
+    if (k->kind != EM_OP_COPY || em_ocl_dtsize(idt) == 0 || em_ocl_dtsize(odt) == 0) {
         em_ocl_error("copy: unsupported dtypes %d -> %d", idt, odt);
         return;
     }

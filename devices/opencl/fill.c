@@ -2,6 +2,7 @@
  * Kernel contracts: devices/opencl/fill.cl. out[0] is written as numel
  * contiguous elements from its element offset, like devices/cpu/fill.c. */
 #include "devices/opencl/opencl.h"
+#include "devices/cpu/cpu.h" /* em_cpu_half_store: the CPU's f16 / bf16 bits */
 
 #include <math.h>
 #include <string.h>
@@ -33,6 +34,8 @@ static uint64_t pattern(int dt, double v)
         break;
     }
     case EM_BOOL: p = v != 0; break;
+    case EM_F16:
+    case EM_BF16: p = em_cpu_half_store(dt, (float)v); break;
     default: em_ocl_error("fill: no byte pattern for dtype %d", dt); break;
     }
     return p;
@@ -44,7 +47,7 @@ void em_ocl_fill(void *buffers[], void *cl_arg)
     const em_tdesc *o = &k->out[0];
     const int dt = o->dtype;
     const size_t es = em_ocl_dtsize(dt);
-    if (dt < EM_F32 || dt > EM_BOOL || k->kind < EM_OP_FILL || k->kind > EM_OP_RAND_BERNOULLI ||
+    if (es == 0 || k->kind < EM_OP_FILL || k->kind > EM_OP_RAND_BERNOULLI ||
         (k->kind == EM_OP_EYE && o->ndim != 2)) {
         em_ocl_error("fill: unsupported op %d / dtype %d", k->kind, dt);
         return;

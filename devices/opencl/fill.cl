@@ -15,7 +15,9 @@
  *     The arithmetic is in double, FP_CONTRACT off, so uniform and bernoulli
  *     are bit-identical to the CPU; normal differs only where OpenCL's log/cos
  *     (<= 3-4 ulp in double) round differently, invisible after a cast to f32.
- * arange and rand exist only with fp64 (the host falls back otherwise). */
+ * arange and rand exist only with fp64 (the host falls back otherwise).
+ * f16 / bf16: the value rounded to float, then to 16 bits (devices/half.h),
+ * as the CPU's store_elem; fill and eye get that pattern from the host. */
 
 inline void em_store_pat(__global uchar *Y, long i, int es, ulong pat)
 {
@@ -71,6 +73,8 @@ inline void em_store_d(int dt, __global uchar *Y, long i, double v)
     case EM_DT_I32: ((__global int *)Y)[i] = (int)v; break;
     case EM_DT_I64: ((__global long *)Y)[i] = (long)v; break;
     case EM_DT_U8: Y[i] = (uchar)(long)v; break;
+    case EM_DT_F16:
+    case EM_DT_BF16: ((__global ushort *)Y)[i] = em_half_st(dt, (float)v); break;
     default: Y[i] = v != 0; break;
     }
 }

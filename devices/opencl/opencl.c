@@ -9,14 +9,19 @@
  * device without cl_khr_fp64.
  *
  * Program: a generated prefix with the EM_OP_* / EM_DT_* / EM_OPTIM_F_*
- * numbers, em_cl_source (devices/opencl/common.cl, devices/ew_math.h and
- * the other devices/opencl/<name>.cl, embedded by cmake/embed_cl.cmake), and
+ * numbers, em_cl_source (devices/opencl/common.cl, devices/ew_math.h,
+ * devices/half.h, devices/opencl/dtype.cl and the other
+ * devices/opencl/<name>.cl, embedded by cmake/embed_cl.cmake), and
  * the element-wise functions generated from the expressions of
  * tasks/ops.def (em_ocl_ew_source, devices/opencl/elementwise.c), built by clBuildProgram once per OpenCL device in
  * em__opencl_init (PoCL caches the binary in POCL_CACHE_DIR). A build
  * failure makes em_init fail with the build log in the message.
  * Environment: EMBER_OPENCL_NO_FP64=1 builds without double support (to test
- * the host fallback on a device that has fp64). */
+ * the host fallback on a device that has fp64).
+ *
+ * f16 / bf16: the unary, binary, where, copy and fill families store them
+ * as 16 bits and compute in float (em__opencl_half below); `ember devices`
+ * says so per device, with whether it has cl_khr_fp16 (not needed). */
 #include "devices/opencl/opencl.h"
 #include "devices/collapse.h"
 
@@ -36,6 +41,30 @@ em_kernel_fn em__opencl_kernels[EM_OP_COUNT] = {
 #include "tasks/ops.def"
 };
 bool em__opencl_compiled(void) { return true; }
+
+/* The families whose OpenCL kernels load and store f16 / bf16 themselves
+ * (devices/devices.h): 16-bit storage converted in the kernel by the
+ * converters of devices/half.h, float compute (no cl_khr_fp16 needed). The
+ * door widens the other families' 16-bit ops (f32 copies in and out). */
+#define EM_OCL_HALF_unary true
+#define EM_OCL_HALF_binary true
+#define EM_OCL_HALF_where true
+#define EM_OCL_HALF_copy true
+#define EM_OCL_HALF_fill true
+#define EM_OCL_HALF_reduce false
+#define EM_OCL_HALF_softmax false
+#define EM_OCL_HALF_matmul false
+#define EM_OCL_HALF_index false
+#define EM_OCL_HALF_optim false
+#define EM_OCL_HALF_conv false
+#define EM_OCL_HALF_pool false
+#define EM_OCL_HALF_norm false
+#define EM_OCL_HALF_collective false
+#define EM_OCL_HALF_NONE false
+const bool em__opencl_half[EM_OP_COUNT] = {
+#define OP(E, nm, nin, nout, fl, fam, bw) [EM_OP_##E] = EM_OCL_HALF_##fam,
+#include "tasks/ops.def"
+};
 
 em_ocl_dev em__ocl_devs[STARPU_MAXOPENCLDEVS];
 
@@ -260,8 +289,8 @@ static char *make_prefix(const em_ocl_dev *d, bool no_fp64)
 #define OP(E, nm, nin, nout, fl, fam, bw) APPEND("#define EM_OP_%s %d\n", #E, (int)EM_OP_##E);
 #include "tasks/ops.def"
     APPEND("#define EM_DT_F32 %d\n#define EM_DT_F64 %d\n#define EM_DT_I32 %d\n#define EM_DT_I64 %d\n"
-           "#define EM_DT_U8 %d\n#define EM_DT_BOOL %d\n",
-           EM_F32, EM_F64, EM_I32, EM_I64, EM_U8, EM_BOOL);
+           "#define EM_DT_U8 %d\n#define EM_DT_BOOL %d\n#define EM_DT_F16 %d\n#define EM_DT_BF16 %d\n",
+           EM_F32, EM_F64, EM_I32, EM_I64, EM_U8, EM_BOOL, EM_F16, EM_BF16);
     APPEND("#define EM_OPTIM_F_MOMENTUM %d\n#define EM_OPTIM_F_INIT_BUF %d\n#define EM_OPTIM_F_NESTEROV %d\n"
            "#define EM_OPTIM_F_AMSGRAD %d\n#define EM_OPTIM_F_DECOUPLED %d\n#define EM_OPTIM_F_CENTERED %d\n"
            "#define EM_OPTIM_F_MAXIMIZE %d\n",
@@ -305,6 +334,7 @@ static em_status dev_build(int devid)
     bool no_fp64 = nf && *nf && strcmp(nf, "0") != 0;
     bool has_fp64 = strstr(ext, "cl_khr_fp64") != NULL;
     d->fp64 = has_fp64 && !no_fp64;
+    d->fp16 = strstr(ext, "cl_khr_fp16") != NULL;
     d->tile = d->max_wg >= 256 ? 16 : 8;
 
     char *prefix = make_prefix(d, !d->fp64);
@@ -383,6 +413,24 @@ em_status em__opencl_init(void)
         }
     }
     return EM_OK;
+}
+
+/* Numbered as Ember numbers OpenCL devices (opencl:N, runtime/runtime.c's
+ * find_worker): in the order the workers drive them. */
+void em__opencl_describe(FILE *f)
+{
+    int seen[STARPU_MAXOPENCLDEVS], nseen = 0;
+    unsigned nw = starpu_worker_get_count();
+    for (unsigned w = 0; w < nw; w++) {
+        if (starpu_worker_get_type((int)w) != STARPU_OPENCL_WORKER) continue;
+        int devid = starpu_worker_get_devid((int)w), k = 0;
+        while (k < nseen && seen[k] != devid) k++;
+        if (k < nseen || nseen == STARPU_MAXOPENCLDEVS) continue;
+        seen[nseen++] = devid;
+        if (devid < 0 || devid >= STARPU_MAXOPENCLDEVS || !em__ocl_devs[devid].ready) continue;
+        fprintf(f, "  opencl:%d  f16/bf16: converted in kernel (cl_khr_fp16: %s)\n", k,
+                em__ocl_devs[devid].fp16 ? "yes" : "no");
+    }
 }
 
 void em__opencl_shutdown(void)

@@ -43,7 +43,9 @@ char *em_ocl_ew_source(bool fp64, char *err, size_t errlen);
     X(unary_f64) X(ucmp_f64) X(binary_f64) X(bcmp_f64)                                            \
     X(unary_i32) X(ucmp_i32) X(binary_i32) X(bcmp_i32)                                            \
     X(unary_i64) X(ucmp_i64) X(binary_i64) X(bcmp_i64)                                            \
-    X(unary_u8) X(ucmp_u8) X(binary_u8) X(bcmp_u8) X(binary_bool)                                 \
+    X(unary_u8) X(ucmp_u8) X(binary_u8) X(bcmp_u8)                                                \
+    X(unary_f16) X(ucmp_f16) X(binary_f16) X(bcmp_f16)                                            \
+    X(unary_bf16) X(ucmp_bf16) X(binary_bf16) X(bcmp_bf16) X(binary_bool)                         \
     X(where) X(copy)                                                                              \
     X(reduce) X(softmax_f32) X(softmax_f64)                                                       \
     X(matmul_f32) X(matmul_f64) X(matmul_i32) X(matmul_i64) X(matmul_u8)                          \
@@ -68,6 +70,7 @@ enum em_ocl_kernel_id {
 typedef struct em_ocl_dev {
     bool ready;
     bool fp64;        /* program built with double support */
+    bool fp16;        /* the device has cl_khr_fp16 (unused: f16 / bf16 are converted in the kernels) */
     cl_context ctx;
     cl_device_id dev;
     cl_program prog;
