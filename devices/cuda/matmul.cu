@@ -23,8 +23,16 @@
  * kernel (floats accumulate in double, f16/bf16 loaded exactly and the sum
  * rounded to f32, then to the 16-bit type; integers in wrapping int64, as the
  * CPU). K == 0 gives zeros; M == 0 or N == 0 writes nothing.
- * cuBLAS math mode: FP32 (default) or TF32 tensor cores when EMBER_TF32=1
- * (set on each worker's handle by em__cuda_init). */
+ * cuBLAS math mode, set on the worker's handle before every cuBLAS call (so
+ * it follows the setting of the moment the kernel runs):
+ *   f32       em_get_float32_matmul_precision(): EM_MATMUL_HIGHEST ->
+ *             CUBLAS_DEFAULT_MATH (full FP32; no TF32), EM_MATMUL_HIGH ->
+ *             CUBLAS_TF32_TENSOR_OP_MATH (TF32 tensor cores, f32 accumulate;
+ *             EMBER_TF32=1 sets HIGH at em_init);
+ *   f16/bf16  CUBLAS_DEFAULT_MATH | CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION
+ *             (tensor cores; split-K partial sums stay f32, as DESIGN.md §7);
+ *   f64       CUBLAS_DEFAULT_MATH.
+ * A failed cublasSetMathMode is reported like a failed GEMM. */
 #include "devices/cuda/emcuda.h"
 #include "devices/cuda/half.cuh"
 
@@ -144,6 +152,15 @@ cublasStatus_t gemm_sb(uint16_t, cublasHandle_t h, cublasOperation_t ta, cublasO
                                       CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
 }
 
+/* The math mode of a cuBLAS GEMM of dtype @p dt (see the header). */
+cublasMath_t math_mode(int dt)
+{
+    if (dt == EM_F32)
+        return em_get_float32_matmul_precision() == EM_MATMUL_HIGH ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH;
+    if (dt == EM_F16 || dt == EM_BF16) return (cublasMath_t)(CUBLAS_DEFAULT_MATH | CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION);
+    return CUBLAS_DEFAULT_MATH;
+}
+
 /* cuBLAS path for dtype @p dt; false when the layout or sizes do not fit
  * (caller falls back). */
 template <typename T> bool mm_blas(const Geom &bg0, const MM &p0, const T *A, const T *B, T *C, int dt)
@@ -181,6 +198,11 @@ template <typename T> bool mm_blas(const Geom &bg0, const MM &p0, const T *A, co
     if (M > INT_MAX || p.N > INT_MAX || p.K > INT_MAX) return false;
 
     cublasHandle_t h = starpu_cublas_get_local_handle();
+    const cublasStatus_t mst = cublasSetMathMode(h, math_mode(dt));
+    if (mst != CUBLAS_STATUS_SUCCESS) {
+        report(mst, "matmul (cublasSetMathMode)");
+        return true;
+    }
     const cudaDataType ty = dt == EM_BF16 ? CUDA_R_16BF : CUDA_R_16F; /* used by the f16/bf16 gemm only */
     const cublasOperation_t opA = ta ? CUBLAS_OP_T : CUBLAS_OP_N;
     const cublasOperation_t opB = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
