@@ -470,15 +470,15 @@ __device__ __forceinline__ void cast_one(int idt, int odt, const char *xp, char 
         else iv = *(const uint8_t *)xp;
         v = (double)iv;
     } else if (is_h16_dt(idt)) {
-        v = (double)H16{idt == EM_BF16}.ld(*(const uint16_t *)xp);
+        v = f2d_as_cpu(H16{idt == EM_BF16}.ld(*(const uint16_t *)xp));
     } else {
-        v = idt == EM_F32 ? (double)*(const float *)xp : *(const double *)xp;
+        v = idt == EM_F32 ? f2d_as_cpu(*(const float *)xp) : *(const double *)xp;
     }
     switch (odt) {
-    case EM_F32: *(float *)yp = (float)v; break;
+    case EM_F32: *(float *)yp = d2f_as_cpu(v); break;
     case EM_F64: *(double *)yp = v; break;
     case EM_F16:
-    case EM_BF16: *(uint16_t *)yp = H16{odt == EM_BF16}.st(int_src ? (float)iv : (float)v); break; /* as the CPU's store_d */
+    case EM_BF16: *(uint16_t *)yp = H16{odt == EM_BF16}.st(int_src ? (float)iv : d2f_as_cpu(v)); break; /* as the CPU's store_d */
     case EM_I32: *(int32_t *)yp = int_src ? (int32_t)iv : (int32_t)v; break;
     case EM_I64: *(int64_t *)yp = int_src ? iv : (int64_t)v; break;
     case EM_U8: *(uint8_t *)yp = int_src ? (uint8_t)iv : (uint8_t)(int64_t)v; break;

@@ -45,7 +45,7 @@ template <> struct Store<EM_F64> {
 };
 template <> struct Store<EM_F16> {
     using T = uint16_t;
-    __device__ static T conv(double v, H16 h) { return h.st((float)v); }
+    __device__ static T conv(double v, H16 h) { return h.st(d2f_as_cpu(v)); } /* a NaN keeps its sign, as on the CPU */
 };
 template <> struct Store<EM_I32> {
     using T = int32_t;

@@ -36,6 +36,25 @@ struct H16 {
 };
 inline H16 h16_of(int dt) { return H16{dt == EM_BF16}; }
 
+/* (double)f and (float)d with the CPU's (x86 SSE) NaN results: sign and
+ * payload kept, the NaN made quiet; other values as the plain conversions.
+ * The casts that go through double (devices/cpu/elementwise.c load_d /
+ * store_d, the fills) then give the CPU's bits for NaNs too, whatever the
+ * device's cvt makes of them (f16 keeps a NaN's sign). */
+__device__ __forceinline__ double f2d_as_cpu(float f)
+{
+    if (!isnan(f)) return (double)f;
+    const uint32_t w = __float_as_uint(f);
+    return __longlong_as_double((long long)(((unsigned long long)(w >> 31) << 63) | 0x7ff8000000000000ull |
+                                            ((unsigned long long)(w & 0x3fffffu) << 29)));
+}
+__device__ __forceinline__ float d2f_as_cpu(double d)
+{
+    if (!isnan(d)) return (float)d;
+    const unsigned long long b = (unsigned long long)__double_as_longlong(d);
+    return __uint_as_float((uint32_t)((b >> 63) << 31) | 0x7fc00000u | (uint32_t)((b >> 29) & 0x3fffffu));
+}
+
 } // namespace emc
 
 #endif

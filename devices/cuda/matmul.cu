@@ -74,7 +74,7 @@ struct MM {
 template <typename T> __device__ __forceinline__ double mm_ld(T v, H16) { return (double)v; }
 __device__ __forceinline__ double mm_ld(uint16_t v, H16 h) { return (double)h.ld(v); }
 template <typename T> __device__ __forceinline__ T mm_st(double s, H16) { return (T)s; }
-template <> __device__ __forceinline__ uint16_t mm_st<uint16_t>(double s, H16 h) { return h.st((float)s); }
+template <> __device__ __forceinline__ uint16_t mm_st<uint16_t>(double s, H16 h) { return h.st(d2f_as_cpu(s)); }
 
 template <typename T, bool FP>
 __global__ void k_mm_naive(Geom bg, MM p, const T *__restrict__ A, const T *__restrict__ B, T *__restrict__ C, H16 h)
