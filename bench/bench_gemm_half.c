@@ -285,7 +285,7 @@ int main(int argc, char **argv)
 {
     em_config cfg = em_config_default();
     cfg.device = "cuda:0";
-    if (em_init(&cfg) != EM_OK) {
+    if (em_init(&cfg) != EM_OK || em_set_device(em_device_cuda(0)) != EM_OK) { /* cuda:0 even under EMBER_DEVICE=cpu */
         fprintf(stderr, "bench_gemm_half: %s\n", em_last_error());
         return 1;
     }
