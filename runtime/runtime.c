@@ -350,6 +350,26 @@ static em_status ensure_starpu_dirs(void)
     return EM_OK;
 }
 
+/* em_set_float32_matmul_precision: read by the CUDA matmul and conv kernels
+ * on their workers' threads (relaxed atomics: a flag, nothing else depends
+ * on it). */
+static int g_f32_matmul_precision = EM_MATMUL_HIGHEST;
+
+void em_set_float32_matmul_precision(em_matmul_precision p)
+{
+    if (p != EM_MATMUL_HIGHEST && p != EM_MATMUL_HIGH) {
+        em__set_error(EM_ERR_INVALID, "em_set_float32_matmul_precision: %d is not a precision (EM_MATMUL_HIGHEST = 0, EM_MATMUL_HIGH = 1)",
+                      (int)p);
+        return;
+    }
+    __atomic_store_n(&g_f32_matmul_precision, (int)p, __ATOMIC_RELAXED);
+}
+
+em_matmul_precision em_get_float32_matmul_precision(void)
+{
+    return (em_matmul_precision)__atomic_load_n(&g_f32_matmul_precision, __ATOMIC_RELAXED);
+}
+
 em_status em_init(const em_config *user)
 {
     if (g_initialized) return em__set_error(EM_ERR_STATE, "em_init: already initialized (call em_shutdown first)");
@@ -366,6 +386,8 @@ em_status em_init(const em_config *user)
         return em_last_status();
     if (getenv("EMBER_SCHED")) cfg.sched = getenv("EMBER_SCHED");
     if (getenv("EMBER_DEVICE")) cfg.device = getenv("EMBER_DEVICE");
+    const char *tf32 = getenv("EMBER_TF32"); /* a shortcut for em_set_float32_matmul_precision */
+    if (tf32) em_set_float32_matmul_precision(atoi(tf32) == 1 ? EM_MATMUL_HIGH : EM_MATMUL_HIGHEST);
     const char *sv = getenv("EMBER_STARPU_VERBOSE"); /* any value but a number equal to 0 (as before: atoi) */
     if (sv) cfg.starpu_verbose = *sv ? atoi(sv) != 0 : true;
 

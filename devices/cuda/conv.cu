@@ -25,10 +25,12 @@
  *
  * Math type (f32): CUDNN_FMA_MATH by default. cuDNN's CUDNN_DEFAULT_MATH lets
  * FP32 convolutions run as TF32 on Ampere and newer (H200 included), which the
- * FP32 cuBLAS setting of devices/cuda/kernels.cu does not do; with
- * EMBER_TF32=1 it is CUDNN_TENSOR_OP_MATH (TF32 tensor cores, as
- * CUBLAS_TF32_TENSOR_OP_MATH). CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION is never
- * used (it may convert FP32 data down to FP16). f64: CUDNN_DEFAULT_MATH.
+ * FP32 cuBLAS setting of devices/cuda/matmul.cu does not do; when
+ * em_get_float32_matmul_precision() is EM_MATMUL_HIGH (read once per
+ * convolution, when its kernel runs; EMBER_TF32=1 sets it at em_init) it is
+ * CUDNN_TENSOR_OP_MATH (TF32 tensor cores, as CUBLAS_TF32_TENSOR_OP_MATH).
+ * CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION is never used (it may convert FP32
+ * data down to FP16). f64: CUDNN_DEFAULT_MATH.
  *
  * Algorithm cache: one entry per (op kind, dtype, device, every size of x, w
  * and y, stride, pad, dilation, groups, math setting, pointer alignment),
@@ -174,7 +176,6 @@ struct Settings {
     bool use_cudnn;     /* EMBER_CUDNN, default 1 */
     bool find;          /* EMBER_CUDNN_FIND, default 1 */
     bool deterministic; /* EMBER_CUDNN_DETERMINISTIC, default 0 */
-    bool tf32;          /* EMBER_TF32=1 */
     size_t ws_cap;      /* EMBER_CUDNN_WORKSPACE_MB, default 1024 */
 };
 
@@ -192,8 +193,6 @@ const Settings &settings()
         r.use_cudnn = env_flag("EMBER_CUDNN", true);
         r.find = env_flag("EMBER_CUDNN_FIND", true);
         r.deterministic = env_flag("EMBER_CUDNN_DETERMINISTIC", false);
-        const char *tf = getenv("EMBER_TF32");
-        r.tf32 = tf && atoi(tf) == 1;
         const char *mb = getenv("EMBER_CUDNN_WORKSPACE_MB");
         const long long m = mb ? atoll(mb) : 0;
         r.ws_cap = (size_t)(m > 0 ? m : 1024) << 20;
@@ -201,6 +200,11 @@ const Settings &settings()
     }();
     return s;
 }
+
+/* TF32 for the f32 convolution the calling worker runs now
+ * (em_get_float32_matmul_precision, read once at its start by cudnn_conv:
+ * the cache key and the math types of one call agree). */
+thread_local bool t_tf32;
 
 const char *kind_name(int kind)
 {
@@ -407,13 +411,13 @@ cudnnStatus_t run(int kind, int dt, cudnnHandle_t h, const Descs &d, const Ptrs 
 cudnnMathType_t requested_math(int dt)
 {
     if (dt == EM_F64) return CUDNN_DEFAULT_MATH;
-    return settings().tf32 ? CUDNN_TENSOR_OP_MATH : CUDNN_FMA_MATH;
+    return t_tf32 ? CUDNN_TENSOR_OP_MATH : CUDNN_FMA_MATH;
 }
 
 bool math_ok(int dt, cudnnMathType_t m, cudnnMathType_t *run_with)
 {
     if (m == CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION) return false;
-    if (dt == EM_F32 && !settings().tf32) {
+    if (dt == EM_F32 && !t_tf32) {
         if (m == CUDNN_TENSOR_OP_MATH) return false;
         *run_with = CUDNN_FMA_MATH; /* never TF32 */
         return true;
@@ -527,6 +531,7 @@ bool cudnn_conv(const em_kargs *k, void *buffers[], const ConvGeom &g, int dt)
         if (!fits_int(v)) return false;
     if (!fits_int(g.N * g.C * g.H * g.W) || !fits_int(g.N * g.O * g.OH * g.OW) || !fits_int(g.O * g.Cg * g.KH * g.KW)) return false;
 
+    t_tf32 = dt == EM_F32 && em_get_float32_matmul_precision() == EM_MATMUL_HIGH;
     const int id = starpu_worker_get_id();
     if (id < 0 || id >= STARPU_NMAXWORKERS) {
         em__kernel_error(k, EM_ERR_RUNTIME, "cuDNN %s: not called from a StarPU worker", kind_name(kind));
@@ -585,7 +590,7 @@ bool cudnn_conv(const em_kargs *k, void *buffers[], const ConvGeom &g, int dt)
     int dev = 0;
     cudaGetDevice(&dev);
     const Key key = {kind, dt, dev, g.N, g.C, g.H, g.W, g.O, g.Cg, g.KH, g.KW, g.OH, g.OW, g.sh, g.sw, g.ph, g.pw, g.dh, g.dw, g.G,
-                     settings().tf32 ? 1 : 0, settings().deterministic ? 1 : 0, alignment(q), 0};
+                     t_tf32 ? 1 : 0, settings().deterministic ? 1 : 0, alignment(q), 0};
     std::vector<Algo> algos;
     bool hit = false;
     {

@@ -55,7 +55,7 @@ inline bool is_fp_dtype(int dt) { return dt == EM_F32 || dt == EM_F64; }
 inline char *buf(void *buffers[], int i) { return (char *)STARPU_VECTOR_GET_PTR(buffers[i]); }
 inline cudaStream_t stream() { return starpu_cuda_get_local_stream(); }
 
-/* Element size of an em_dtype (f16/bf16 never reach kernels). */
+/* Element size of an em_dtype. */
 inline int64_t dtype_size(int dt)
 {
     switch (dt) {

@@ -2,9 +2,11 @@
  * RAND_UNIFORM, RAND_NORMAL, RAND_BERNOULLI.
  *
  * Contract (devices/cpu/fill.c): no inputs; out[0] is a fresh tensor whose
- * numel elements lie contiguously from its offset; any dtype f32, f64, i32,
- * i64, u8, bool. Values are computed in double and stored with the CPU's
- * conversions ((int32_t)v, (uint8_t)(int64_t)v, v != 0 for bool).
+ * numel elements lie contiguously from its offset; any dtype f32, f64, f16,
+ * bf16, i32, i64, u8, bool. Values are computed in double and stored with the
+ * CPU's conversions ((int32_t)v, (uint8_t)(int64_t)v, v != 0 for bool; f16
+ * and bf16: (float)v rounded to nearest even by devices/half.h, the CPU's
+ * bits; the two share one instantiation, the dtype passed at run time).
  *   FILL      p.s.a everywhere
  *   ARANGE    start + step * i (p.range); linspace (p.range.linspace) takes
  *             the first half from start and the second half from end
@@ -19,6 +21,7 @@
  * so that arange and uniform draws are bit-identical to the CPU's; normal
  * draws go through the device's log/cos, within an ulp of the host libm. */
 #include "devices/cuda/emcuda.h"
+#include "devices/cuda/half.cuh"
 #include "devices/philox.h"
 
 #include <cmath>
@@ -29,40 +32,46 @@ namespace {
 
 constexpr double kPi = 3.14159265358979323846;
 
+/* Store<DT>::conv(v, h): the element of dtype DT for the double v; h is
+ * the 16-bit dtype of Store<EM_F16>, which stands for f16 and bf16. */
 template <int DT> struct Store;
 template <> struct Store<EM_F32> {
     using T = float;
-    __device__ static T conv(double v) { return (float)v; }
+    __device__ static T conv(double v, H16) { return (float)v; }
 };
 template <> struct Store<EM_F64> {
     using T = double;
-    __device__ static T conv(double v) { return v; }
+    __device__ static T conv(double v, H16) { return v; }
+};
+template <> struct Store<EM_F16> {
+    using T = uint16_t;
+    __device__ static T conv(double v, H16 h) { return h.st(d2f_as_cpu(v)); } /* a NaN keeps its sign, as on the CPU */
 };
 template <> struct Store<EM_I32> {
     using T = int32_t;
-    __device__ static T conv(double v) { return (int32_t)v; }
+    __device__ static T conv(double v, H16) { return (int32_t)v; }
 };
 template <> struct Store<EM_I64> {
     using T = int64_t;
-    __device__ static T conv(double v) { return (int64_t)v; }
+    __device__ static T conv(double v, H16) { return (int64_t)v; }
 };
 template <> struct Store<EM_U8> {
     using T = uint8_t;
-    __device__ static T conv(double v) { return (uint8_t)(int64_t)v; }
+    __device__ static T conv(double v, H16) { return (uint8_t)(int64_t)v; }
 };
 template <> struct Store<EM_BOOL> {
     using T = uint8_t;
-    __device__ static T conv(double v) { return v != 0; }
+    __device__ static T conv(double v, H16) { return v != 0; }
 };
 
-template <int DT> __global__ void k_fill(typename Store<DT>::T *y, int64_t n, double v)
+template <int DT> __global__ void k_fill(typename Store<DT>::T *y, int64_t n, double v, H16 h)
 {
-    const typename Store<DT>::T c = Store<DT>::conv(v);
+    const typename Store<DT>::T c = Store<DT>::conv(v, h);
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) y[i] = c;
 }
 
 template <int DT>
-__global__ void k_arange(typename Store<DT>::T *y, int64_t n, double start, double step, double end, int linspace)
+__global__ void k_arange(typename Store<DT>::T *y, int64_t n, double start, double step, double end, int linspace, H16 h)
 {
     const int64_t half = n / 2;
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
@@ -73,19 +82,19 @@ __global__ void k_arange(typename Store<DT>::T *y, int64_t n, double start, doub
             v = __dsub_rn(end, __dmul_rn(step, (double)(n - 1 - i)));
         else
             v = __dadd_rn(start, __dmul_rn(step, (double)i));
-        y[i] = Store<DT>::conv(v);
+        y[i] = Store<DT>::conv(v, h);
     }
 }
 
-template <int DT> __global__ void k_eye(typename Store<DT>::T *y, int64_t rows, int64_t cols)
+template <int DT> __global__ void k_eye(typename Store<DT>::T *y, int64_t rows, int64_t cols, H16 h)
 {
     const int64_t n = rows * cols;
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
-        y[i] = Store<DT>::conv(i / cols == i % cols ? 1.0 : 0.0);
+        y[i] = Store<DT>::conv(i / cols == i % cols ? 1.0 : 0.0, h);
 }
 
 template <int DT>
-__global__ void k_rand(typename Store<DT>::T *y, int64_t n, int kind, uint64_t seed, uint64_t off, double a, double b)
+__global__ void k_rand(typename Store<DT>::T *y, int64_t n, int kind, uint64_t seed, uint64_t off, double a, double b, H16 h)
 {
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
         uint32_t r[4];
@@ -101,7 +110,7 @@ __global__ void k_rand(typename Store<DT>::T *y, int64_t n, int kind, uint64_t s
         } else {
             v = em_philox_u01(r[0]) < a ? 1.0 : 0.0;
         }
-        y[i] = Store<DT>::conv(v);
+        y[i] = Store<DT>::conv(v, h);
     }
 }
 
@@ -114,25 +123,26 @@ template <int DT> void fill_t(const em_kargs *k, void *buffers[])
     if (n <= 0) return;
     cudaStream_t s = stream();
     const unsigned grid = grid_for(n);
+    const H16 h = h16_of(o.dtype);
     switch (k->kind) {
     case EM_OP_FILL:
         if (k->p.s.a == 0 && (DT != EM_F32 || !std::signbit(k->p.s.a))) { /* as the CPU: memset unless f32 -0.0 */
             check(cudaMemsetAsync(y, 0, (size_t)n * sizeof(T), s), "fill (memset)");
             return;
         }
-        k_fill<DT><<<grid, kThreads, 0, s>>>(y, n, k->p.s.a);
+        k_fill<DT><<<grid, kThreads, 0, s>>>(y, n, k->p.s.a, h);
         break;
     case EM_OP_ARANGE:
-        k_arange<DT><<<grid, kThreads, 0, s>>>(y, n, k->p.range.start, k->p.range.step, k->p.range.end, k->p.range.linspace);
+        k_arange<DT><<<grid, kThreads, 0, s>>>(y, n, k->p.range.start, k->p.range.step, k->p.range.end, k->p.range.linspace, h);
         break;
     case EM_OP_EYE:
         if (o.ndim != 2) return;
-        k_eye<DT><<<grid, kThreads, 0, s>>>(y, o.shape[0], o.shape[1]);
+        k_eye<DT><<<grid, kThreads, 0, s>>>(y, o.shape[0], o.shape[1], h);
         break;
     case EM_OP_RAND_UNIFORM:
     case EM_OP_RAND_NORMAL:
     case EM_OP_RAND_BERNOULLI:
-        k_rand<DT><<<grid, kThreads, 0, s>>>(y, n, k->kind, k->p.rng.seed, k->p.rng.offset, k->p.rng.a, k->p.rng.b);
+        k_rand<DT><<<grid, kThreads, 0, s>>>(y, n, k->kind, k->p.rng.seed, k->p.rng.offset, k->p.rng.a, k->p.rng.b, h);
         break;
     default: unsupported("fill (op)", k->kind); return;
     }
@@ -147,6 +157,8 @@ void em_cuda_fill(void *buffers[], void *cl_arg)
     switch (k->out[0].dtype) {
     case EM_F32: fill_t<EM_F32>(k, buffers); break;
     case EM_F64: fill_t<EM_F64>(k, buffers); break;
+    case EM_F16:
+    case EM_BF16: fill_t<EM_F16>(k, buffers); break; /* both: Store<EM_F16> with the dtype at run time */
     case EM_I32: fill_t<EM_I32>(k, buffers); break;
     case EM_I64: fill_t<EM_I64>(k, buffers); break;
     case EM_U8: fill_t<EM_U8>(k, buffers); break;

@@ -7,10 +7,15 @@
  * which submit no task, have none. The consistency test reads it directly
  * (it links the library's objects, not libember.so).
  *
+ * em__cuda_half[kind] (devices/devices.h): the families whose CUDA kernels
+ * load and store f16 / bf16 themselves (unary, binary, where, copy, fill,
+ * matmul); the door widens the other ops' 16-bit operands to f32.
+ *
  * em__cuda_init() (called by the tasks layer's start-up, after the codelets): cuBLAS handles on
- * every CUDA worker (starpu_cublas_init), their math mode (FP32 by default,
- * TF32 tensor-op math when EMBER_TF32=1), and a per-worker device workspace
- * (EMBER_CUDA_WORKSPACE_MB, default 4) used by split reductions.
+ * every CUDA worker (starpu_cublas_init) and a per-worker device workspace
+ * (EMBER_CUDA_WORKSPACE_MB, default 4) used by split reductions. The math
+ * mode of a handle is set by the matmul kernel before each cuBLAS call
+ * (devices/cuda/matmul.cu: f32 follows em_get_float32_matmul_precision).
  * em__cuda_shutdown() frees them (starpu_cublas_shutdown), and the cuDNN
  * handles and workspace pools the conv kernels create on a worker's first
  * convolution (devices/cuda/conv.cu, emc::conv_worker_stop). */
@@ -53,9 +58,7 @@ void worker_start(void *arg)
         w.ws = nullptr;
         em_log_msg(EM_LOG_WARN, "CUDA worker %d: no %zu-byte workspace; split reductions disabled", id, bytes);
     }
-    const char *tf32 = getenv("EMBER_TF32");
-    cublasMath_t mode = (tf32 && atoi(tf32) == 1) ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH;
-    cublasStatus_t st = cublasSetMathMode(starpu_cublas_get_local_handle(), mode);
+    cublasStatus_t st = cublasSetMathMode(starpu_cublas_get_local_handle(), CUBLAS_DEFAULT_MATH); /* matmul.cu sets it per call */
     if (st != CUBLAS_STATUS_SUCCESS) em_log_msg(EM_LOG_WARN, "CUDA worker %d: cublasSetMathMode failed (%d)", id, (int)st);
 }
 
@@ -84,6 +87,29 @@ em_kernel_fn em__cuda_kernels[EM_OP_COUNT] = {
 #include "tasks/ops.def"
 };
 bool em__cuda_compiled(void) { return true; }
+
+/* Families whose CUDA kernels take f16 / bf16 operands (devices/devices.h). */
+#define EM_CUDA_HALF_unary true
+#define EM_CUDA_HALF_binary true
+#define EM_CUDA_HALF_where true
+#define EM_CUDA_HALF_copy true
+#define EM_CUDA_HALF_fill true
+#define EM_CUDA_HALF_matmul true
+#define EM_CUDA_HALF_reduce false
+#define EM_CUDA_HALF_softmax false
+#define EM_CUDA_HALF_index false
+#define EM_CUDA_HALF_optim false
+#define EM_CUDA_HALF_conv false
+#define EM_CUDA_HALF_pool false
+#define EM_CUDA_HALF_norm false
+#define EM_CUDA_HALF_collective false
+#define EM_CUDA_HALF_NONE false
+/* a definition (the declaration in devices/devices.h gives it external
+ * linkage), overriding the weak all-false default of tasks/funnel.c */
+const bool em__cuda_half[EM_OP_COUNT] = {
+#define OP(E, nm, nin, nout, fl, fam, bw) [EM_OP_##E] = EM_CUDA_HALF_##fam,
+#include "tasks/ops.def"
+};
 
 em_status em__cuda_init(void)
 {

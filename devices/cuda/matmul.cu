@@ -5,7 +5,11 @@
  * Contract (devices/cpu/matmul.c): in[0] = A [batch..., M, K], in[1] = B
  * [batch..., K, N], out[0] = C [batch..., M, N], one rank nd >= 2 and one
  * dtype; batch dims may be broadcast (stride 0); offsets and strides in
- * elements. f32/f64: cuBLAS. A matrix goes to cuBLAS as it is when one of its
+ * elements. f32/f64: cuBLAS (cublas{S,D}gemm[StridedBatched]); f16/bf16:
+ * cublasGemmEx / cublasGemmStridedBatchedEx with A, B, C of that type
+ * (CUDA_R_16F / CUDA_R_16BF), CUBLAS_COMPUTE_32F (products accumulated in
+ * f32, alpha 1 and beta 0 as floats), the result rounded to the 16-bit type
+ * once. A matrix goes to cuBLAS as it is when one of its
  * two dims is unit-stride (row-major NoTrans with ld = row stride, or Trans
  * with ld = column stride), the same rule as the CPU kernel; row-major
  * products run as the column-major C^T = B^T A^T (and a column-major C is
@@ -16,11 +20,21 @@
  *   - when B is broadcast over the batch and A, C stack their batch over M
  *     (x[B, T, D] @ W), the batch folds into M: one plain gemm.
  * Layouts cuBLAS cannot take, sizes beyond int, and i32/i64/u8 use a plain
- * kernel (floats accumulate in double; integers in wrapping int64, as the
+ * kernel (floats accumulate in double, f16/bf16 loaded exactly and the sum
+ * rounded to f32, then to the 16-bit type; integers in wrapping int64, as the
  * CPU). K == 0 gives zeros; M == 0 or N == 0 writes nothing.
- * cuBLAS math mode: FP32 (default) or TF32 tensor cores when EMBER_TF32=1
- * (set on each worker's handle by em__cuda_init). */
+ * cuBLAS math mode, set on the worker's handle before every cuBLAS call (so
+ * it follows the setting of the moment the kernel runs):
+ *   f32       em_get_float32_matmul_precision(): EM_MATMUL_HIGHEST ->
+ *             CUBLAS_DEFAULT_MATH (full FP32; no TF32), EM_MATMUL_HIGH ->
+ *             CUBLAS_TF32_TENSOR_OP_MATH (TF32 tensor cores, f32 accumulate;
+ *             EMBER_TF32=1 sets HIGH at em_init);
+ *   f16/bf16  CUBLAS_DEFAULT_MATH | CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION
+ *             (tensor cores; split-K partial sums stay f32, as DESIGN.md §7);
+ *   f64       CUBLAS_DEFAULT_MATH.
+ * A failed cublasSetMathMode is reported like a failed GEMM. */
 #include "devices/cuda/emcuda.h"
+#include "devices/cuda/half.cuh"
 
 #include <cublas_v2.h>
 #include <limits.h>
@@ -56,8 +70,14 @@ struct MM {
 
 /* Plain kernel: one thread per C element, grid-stride over (N, M, batch).
  * Batch geometry operands: 0 = A, 1 = B, 2 = C. */
+/* Element loads and stores of the plain float kernel (uint16_t: f16/bf16 bits). */
+template <typename T> __device__ __forceinline__ double mm_ld(T v, H16) { return (double)v; }
+__device__ __forceinline__ double mm_ld(uint16_t v, H16 h) { return (double)h.ld(v); }
+template <typename T> __device__ __forceinline__ T mm_st(double s, H16) { return (T)s; }
+template <> __device__ __forceinline__ uint16_t mm_st<uint16_t>(double s, H16 h) { return h.st(d2f_as_cpu(s)); }
+
 template <typename T, bool FP>
-__global__ void k_mm_naive(Geom bg, MM p, const T *__restrict__ A, const T *__restrict__ B, T *__restrict__ C)
+__global__ void k_mm_naive(Geom bg, MM p, const T *__restrict__ A, const T *__restrict__ B, T *__restrict__ C, H16 h)
 {
     for (long long b = blockIdx.z; b < bg.n; b += gridDim.z) {
         long long off[3];
@@ -69,8 +89,8 @@ __global__ void k_mm_naive(Geom bg, MM p, const T *__restrict__ A, const T *__re
             for (long long j = blockIdx.x * (long long)blockDim.x + threadIdx.x; j < p.N; j += (long long)gridDim.x * blockDim.x) {
                 if constexpr (FP) {
                     double s = 0;
-                    for (long long q = 0; q < p.K; q++) s += (double)a[i * p.sam + q * p.sak] * (double)bb[q * p.sbk + j * p.sbn];
-                    c[i * p.scm + j * p.scn] = (T)s;
+                    for (long long q = 0; q < p.K; q++) s += mm_ld(a[i * p.sam + q * p.sak], h) * mm_ld(bb[q * p.sbk + j * p.sbn], h);
+                    c[i * p.scm + j * p.scn] = mm_st<T>(s, h);
                 } else {
                     unsigned long long s = 0;
                     for (long long q = 0; q < p.K; q++)
@@ -82,12 +102,12 @@ __global__ void k_mm_naive(Geom bg, MM p, const T *__restrict__ A, const T *__re
     }
 }
 
-template <typename T, bool FP> void mm_naive(const Geom &bg, const MM &p, const T *A, const T *B, T *C)
+template <typename T, bool FP> void mm_naive(const Geom &bg, const MM &p, const T *A, const T *B, T *C, H16 h)
 {
     dim3 block(16, 16);
     auto cl = [](long long v, long long cap) { return (unsigned)(v < 1 ? 1 : v > cap ? cap : v); };
     dim3 grid(cl((p.N + 15) / 16, 65535), cl((p.M + 15) / 16, 65535), cl(bg.n, 65535));
-    k_mm_naive<T, FP><<<grid, block, 0, stream()>>>(bg, p, A, B, C);
+    k_mm_naive<T, FP><<<grid, block, 0, stream()>>>(bg, p, A, B, C, h);
     check_launch("matmul (plain kernel)");
 }
 
@@ -98,8 +118,11 @@ void report(cublasStatus_t st, const char *what)
                          (int)st, what);
 }
 
+/* C = A B (column-major, cuBLAS's operands) for count matrices spaced sA, sB,
+ * sC elements apart; ty: the CUDA type of f16/bf16 operands (uint16_t). */
 cublasStatus_t gemm_sb(float, cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, const void *A,
-                       int lda, long long sA, const void *B, int ldb, long long sB, void *C, int ldc, long long sC, int count)
+                       int lda, long long sA, const void *B, int ldb, long long sB, void *C, int ldc, long long sC, int count,
+                       cudaDataType)
 {
     const float one = 1.0f, zero = 0.0f;
     if (count == 1)
@@ -108,7 +131,8 @@ cublasStatus_t gemm_sb(float, cublasHandle_t h, cublasOperation_t ta, cublasOper
                                      (float *)C, ldc, sC, count);
 }
 cublasStatus_t gemm_sb(double, cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, const void *A,
-                       int lda, long long sA, const void *B, int ldb, long long sB, void *C, int ldc, long long sC, int count)
+                       int lda, long long sA, const void *B, int ldb, long long sB, void *C, int ldc, long long sC, int count,
+                       cudaDataType)
 {
     const double one = 1.0, zero = 0.0;
     if (count == 1)
@@ -116,9 +140,30 @@ cublasStatus_t gemm_sb(double, cublasHandle_t h, cublasOperation_t ta, cublasOpe
     return cublasDgemmStridedBatched(h, ta, tb, m, n, k, &one, (const double *)A, lda, sA, (const double *)B, ldb, sB, &zero,
                                      (double *)C, ldc, sC, count);
 }
+cublasStatus_t gemm_sb(uint16_t, cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, const void *A,
+                       int lda, long long sA, const void *B, int ldb, long long sB, void *C, int ldc, long long sC, int count,
+                       cudaDataType ty)
+{
+    const float one = 1.0f, zero = 0.0f; /* CUBLAS_COMPUTE_32F: float scalars */
+    if (count == 1)
+        return cublasGemmEx(h, ta, tb, m, n, k, &one, A, ty, lda, B, ty, ldb, &zero, C, ty, ldc, CUBLAS_COMPUTE_32F,
+                            CUBLAS_GEMM_DEFAULT);
+    return cublasGemmStridedBatchedEx(h, ta, tb, m, n, k, &one, A, ty, lda, sA, B, ty, ldb, sB, &zero, C, ty, ldc, sC, count,
+                                      CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+}
 
-/* cuBLAS path; false when the layout or sizes do not fit (caller falls back). */
-template <typename T> bool mm_blas(const Geom &bg0, const MM &p0, const T *A, const T *B, T *C)
+/* The math mode of a cuBLAS GEMM of dtype @p dt (see the header). */
+cublasMath_t math_mode(int dt)
+{
+    if (dt == EM_F32)
+        return em_get_float32_matmul_precision() == EM_MATMUL_HIGH ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH;
+    if (dt == EM_F16 || dt == EM_BF16) return (cublasMath_t)(CUBLAS_DEFAULT_MATH | CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION);
+    return CUBLAS_DEFAULT_MATH;
+}
+
+/* cuBLAS path for dtype @p dt; false when the layout or sizes do not fit
+ * (caller falls back). */
+template <typename T> bool mm_blas(const Geom &bg0, const MM &p0, const T *A, const T *B, T *C, int dt)
 {
     MM p = p0;
     Geom bg = bg0;
@@ -153,11 +198,17 @@ template <typename T> bool mm_blas(const Geom &bg0, const MM &p0, const T *A, co
     if (M > INT_MAX || p.N > INT_MAX || p.K > INT_MAX) return false;
 
     cublasHandle_t h = starpu_cublas_get_local_handle();
+    const cublasStatus_t mst = cublasSetMathMode(h, math_mode(dt));
+    if (mst != CUBLAS_STATUS_SUCCESS) {
+        report(mst, "matmul (cublasSetMathMode)");
+        return true;
+    }
+    const cudaDataType ty = dt == EM_BF16 ? CUDA_R_16BF : CUDA_R_16F; /* used by the f16/bf16 gemm only */
     const cublasOperation_t opA = ta ? CUBLAS_OP_T : CUBLAS_OP_N;
     const cublasOperation_t opB = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
     if (count == 1) {
         /* batch of one (or folded): plain gemm at batch element 0 */
-        report(gemm_sb(T(), h, opB, opA, (int)p.N, (int)M, (int)p.K, B, (int)ldb, 0, A, (int)lda, 0, C, (int)ldc, 0, 1),
+        report(gemm_sb(T(), h, opB, opA, (int)p.N, (int)M, (int)p.K, B, (int)ldb, 0, A, (int)lda, 0, C, (int)ldc, 0, 1, ty),
                "matmul (cublas gemm)");
         return true;
     }
@@ -177,7 +228,7 @@ template <typename T> bool mm_blas(const Geom &bg0, const MM &p0, const T *A, co
         for (long long i0 = 0; i0 < inner; i0 += INT_MAX) {
             const int cnt = (int)(inner - i0 < INT_MAX ? inner - i0 : INT_MAX);
             report(gemm_sb(T(), h, opB, opA, (int)p.N, (int)p.M, (int)p.K, B + offB + i0 * sB, (int)ldb, sB, A + offA + i0 * sA,
-                           (int)lda, sA, C + offC + i0 * sC, (int)ldc, sC, cnt),
+                           (int)lda, sA, C + offC + i0 * sC, (int)ldc, sC, cnt, ty),
                    "matmul (cublas gemm strided batched)");
         }
     }
@@ -198,9 +249,9 @@ template <typename T, bool FP> void matmul_t(const em_kargs *k, void *buffers[])
     const T *B = (const T *)base(buffers, 1, Bd);
     T *C = (T *)base(buffers, 2, Cd);
     if constexpr (FP) {
-        if (p.K > 0 && mm_blas<T>(bg, p, A, B, C)) return;
+        if (p.K > 0 && mm_blas<T>(bg, p, A, B, C, Cd.dtype)) return;
     }
-    mm_naive<T, FP>(bg, p, A, B, C);
+    mm_naive<T, FP>(bg, p, A, B, C, h16_of(Cd.dtype));
 }
 
 } // namespace
@@ -217,6 +268,8 @@ void em_cuda_matmul(void *buffers[], void *cl_arg)
     switch (C.dtype) {
     case EM_F32: matmul_t<float, true>(k, buffers); break;
     case EM_F64: matmul_t<double, true>(k, buffers); break;
+    case EM_F16:
+    case EM_BF16: matmul_t<uint16_t, true>(k, buffers); break; /* both: the dtype picks the CUDA type at run time */
     case EM_I32: matmul_t<int32_t, false>(k, buffers); break;
     case EM_I64: matmul_t<int64_t, false>(k, buffers); break;
     case EM_U8: matmul_t<uint8_t, false>(k, buffers); break;

@@ -152,6 +152,35 @@ EM_API bool em_is_initialized(void);
  *  is kept, later ones until the report are only counted. */
 EM_API em_status em_sync(void);
 
+/** Precision of float32 matrix products and convolutions, as PyTorch's
+ *  torch.set_float32_matmul_precision ("highest" / "high"). */
+typedef enum em_matmul_precision {
+    EM_MATMUL_HIGHEST = 0, /**< full FP32 arithmetic (the default)                        */
+    EM_MATMUL_HIGH = 1,    /**< TF32 tensor cores where a device has them: inputs rounded to
+                                a 10-bit mantissa, products accumulated in f32             */
+} em_matmul_precision;
+
+/** Sets how float32 em_matmul (and everything built on it: linear layers,
+ *  attention) and float32 convolutions run on CUDA devices: EM_MATMUL_HIGH
+ *  lets cuBLAS use TF32 tensor cores (CUBLAS_TF32_TENSOR_OP_MATH) and cuDNN
+ *  CUDNN_TENSOR_OP_MATH; EM_MATMUL_HIGHEST (the default) keeps full FP32
+ *  (CUBLAS_DEFAULT_MATH, CUDNN_FMA_MATH). Operands keep their shapes and
+ *  dtypes (f32 in, f32 out); only the rounding of the products changes
+ *  (relative error about 1e-3 instead of 1e-6 per product). f64, f16, bf16
+ *  and integer products, and the CPU and OpenCL kernels, are not affected.
+ *  Process-wide; may be called before em_init and at any time after. A
+ *  kernel reads the setting when it starts on its device, so ops submitted
+ *  but not yet started when it changes may run under either setting: call
+ *  em_sync first for an exact switch. EMBER_TF32=1 in the environment sets
+ *  EM_MATMUL_HIGH at em_init (any other value of it: EM_MATMUL_HIGHEST;
+ *  unset: the setting is left as it is). A value other than the two is
+ *  refused: the setting is unchanged and EM_ERR_INVALID becomes the calling
+ *  thread's last error (em_last_status). */
+EM_API void em_set_float32_matmul_precision(em_matmul_precision p);
+/** The current setting of em_set_float32_matmul_precision (EM_MATMUL_HIGHEST
+ *  until changed). Never fails. */
+EM_API em_matmul_precision em_get_float32_matmul_precision(void);
+
 /** Number of StarPU workers of each kind. */
 EM_API int em_worker_count(em_device_kind kind);
 /** Parses a comma-separated device list ("cuda:0,cuda:1", "cpu,opencl:0")
