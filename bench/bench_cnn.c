@@ -5,8 +5,10 @@
  * ../shared/anchors/torch_graphs.py, whose PyTorch side (eager and whole-step
  * CUDA graph) is bench/cnn_torch.py. Prints samples/s per batch size.
  *
- * Usage: bench_cnn [--device DEV] [--steps N] [--warmup N] [batch ...]
- *        (default: cpu, 30 steps after 5 warm-up steps, batches 64 512) */
+ * Usage: bench_cnn [--device DEV] [--steps N] [--warmup N] [--bf16] [batch ...]
+ *        (default: cpu, 30 steps after 5 warm-up steps, batches 64 512;
+ *        --bf16: the forward and loss under em_autocast_begin(EM_BF16), f32
+ *        weights, as `cnn_torch.py --bf16`'s torch.autocast) */
 #include "bench/bench_util.h"
 #include "ember/ember.h"
 
@@ -39,6 +41,8 @@ static em_tensor *forward(em_tensor **p, const em_tensor *x)
     return em_linear(h, p[F2W], p[F2B]);
 }
 
+static bool g_bf16;
+
 static void run(int64_t batch, int steps, int warmup)
 {
     em_manual_seed(0);
@@ -66,7 +70,9 @@ static void run(int64_t batch, int steps, int warmup)
             t0 = now();
         }
         em_scope_begin();
+        if (g_bf16) CK(em_autocast_begin(EM_BF16) == EM_OK);
         em_tensor *loss = em_cross_entropy(forward(p, x), y, &ce);
+        if (g_bf16) CK(em_autocast_end() == EM_OK);
         em_grads *g = em_backward(loss);
         CK(g);
         CK(em_optim_step(opt, g) == EM_OK);
@@ -76,8 +82,8 @@ static void run(int64_t batch, int steps, int warmup)
     CK(em_sync() == EM_OK);
     double t = now() - t0;
     const char *tf = getenv("EMBER_TF32");
-    printf("MNIST CNN training, batch %lld: Ember %.0f samples/s (%.1f us/step)%s\n", (long long)batch, (double)batch * steps / t,
-           t / steps * 1e6, tf && atoi(tf) == 1 ? " [EMBER_TF32=1]" : "");
+    printf("MNIST CNN training%s, batch %lld: Ember %.0f samples/s (%.1f us/step)%s\n", g_bf16 ? " bf16 autocast" : "",
+           (long long)batch, (double)batch * steps / t, t / steps * 1e6, tf && atoi(tf) == 1 ? " [EMBER_TF32=1]" : "");
     fflush(stdout);
     em_optim_free(opt);
     for (int i = 0; i < NP; i++) em_tensor_release(p[i]);
@@ -99,10 +105,12 @@ int main(int argc, char **argv)
             steps = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--warmup") && i + 1 < argc)
             warmup = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--bf16"))
+            g_bf16 = true;
         else if (nb < 8 && atoll(argv[i]) > 0)
             batches[nb++] = atoll(argv[i]);
         else {
-            fprintf(stderr, "usage: bench_cnn [--device DEV] [--steps N] [--warmup N] [batch ...]\n");
+            fprintf(stderr, "usage: bench_cnn [--device DEV] [--steps N] [--warmup N] [--bf16] [batch ...]\n");
             return 2;
         }
     }

@@ -3,8 +3,10 @@
  *   2. element-wise add bandwidth vs the device-to-device copy bandwidth;
  *   3. per-op cost of a chain of tiny adds (task overhead);
  *   4. MLP 784-256-10 training step throughput (Adam, cross-entropy, random
- *      data) at batch 64 and 512 — the PyTorch side is bench/mlp_torch_gpu.py.
- * Usage: bench_cuda [gemm sizes...]   (needs a CUDA device; prints ratios) */
+ *      data) at batch 64 and 512, in f32 and under bf16 autocast — the
+ *      PyTorch side is bench/mlp_torch_gpu.py.
+ * Usage: bench_cuda [gemm sizes...]   (needs a CUDA device; prints ratios)
+ *        bench_cuda mlp|mlp-f32|mlp-bf16   the MLP rows only (all, f32, bf16) */
 #include "bench/bench_util.h"
 #include "ember/ember.h"
 
@@ -12,6 +14,7 @@
 #include <cuda_runtime.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 
 static double ember_gemm(int64_t n, int reps)
@@ -128,7 +131,9 @@ static void per_op(void)
     printf("per-op cost (chain of %d tiny adds on cuda:0): %.1f us/op (bare CUDA launch anchor: 3.6 us)\n", N, t / N * 1e6);
 }
 
-static void mlp(int64_t batch, int steps)
+/* bf16: the forward and loss under em_autocast_begin(EM_BF16), f32 weights
+ * (bench/mlp_torch_gpu.py's bf16 rows: torch.autocast). */
+static void mlp(int64_t batch, int steps, bool bf16)
 {
     em_manual_seed(0);
     em_module *m = em_sequential_new(NULL, 0);
@@ -149,7 +154,9 @@ static void mlp(int64_t batch, int steps)
             t0 = now();
         }
         em_scope_begin();
+        if (bf16) CK(em_autocast_begin(EM_BF16) == EM_OK);
         em_tensor *loss = em_cross_entropy(em_module_forward(m, x), y, &ce);
+        if (bf16) CK(em_autocast_end() == EM_OK);
         em_grads *g = em_backward(loss);
         CK(g);
         em_optim_step(opt, g);
@@ -158,8 +165,8 @@ static void mlp(int64_t batch, int steps)
     }
     em_sync();
     double t = now() - t0;
-    printf("MLP 784-256-10 training, batch %lld: Ember %.0f samples/s (%.1f us/step)\n", (long long)batch,
-           (double)batch * steps / t, t / steps * 1e6);
+    printf("MLP 784-256-10 training%s, batch %lld: Ember %.0f samples/s (%.1f us/step)\n", bf16 ? " bf16 autocast" : "",
+           (long long)batch, (double)batch * steps / t, t / steps * 1e6);
     em_optim_free(opt);
     em_module_free(m);
 }
@@ -174,7 +181,11 @@ int main(int argc, char **argv)
     }
     int64_t sizes[8] = {2048, 4096, 8192};
     int ns = 3;
-    if (argc > 1) {
+    const char *mlp_only = NULL; /* "all", "f32", "bf16": the MLP rows only */
+    if (argc > 1 && !strncmp(argv[1], "mlp", 3)) {
+        mlp_only = !strcmp(argv[1], "mlp-f32") ? "f32" : !strcmp(argv[1], "mlp-bf16") ? "bf16" : "all";
+        ns = 0;
+    } else if (argc > 1) {
         ns = 0;
         for (int i = 1; i < argc && ns < 8; i++) sizes[ns++] = atoll(argv[i]);
     }
@@ -182,10 +193,15 @@ int main(int argc, char **argv)
         double e = ember_gemm(sizes[i], 5), c = cublas_gemm(sizes[i], 5);
         printf("SGEMM %lld^3: Ember %.1f TFLOP/s, cuBLAS direct %.1f TFLOP/s, ratio %.3f\n", (long long)sizes[i], e, c, e / c);
     }
-    bandwidth();
-    per_op();
-    mlp(64, 500);
-    mlp(512, 300);
+    if (!mlp_only) {
+        bandwidth();
+        per_op();
+    }
+    for (int h = 0; h < 2; h++) {
+        if (mlp_only && ((h == 0 && !strcmp(mlp_only, "bf16")) || (h == 1 && !strcmp(mlp_only, "f32")))) continue;
+        mlp(64, 500, h == 1);
+        mlp(512, 300, h == 1);
+    }
     em_shutdown();
     return 0;
 }

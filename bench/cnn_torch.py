@@ -1,7 +1,10 @@
 """PyTorch side of bench/bench_cnn.c: the pytorch/examples MNIST CNN (the net
 of ../shared/anchors/torch_graphs.py), Adam, cross-entropy, random data.
 
-    python3 bench/cnn_torch.py [--device cpu|cuda] [--steps N] [--threads N] [batch ...]
+    python3 bench/cnn_torch.py [--device cpu|cuda] [--steps N] [--threads N] [--bf16] [batch ...]
+
+--bf16: the forward and loss under torch.autocast(dtype=torch.bfloat16)
+(f32 weights), as bench_cnn --bf16.
 
 On cuda it prints eager and whole-step CUDA-graph figures (capturable Adam,
 cudnn.benchmark), each the median of 3 runs with the runs listed; on cpu,
@@ -35,7 +38,7 @@ class Net(nn.Module):  # pytorch/examples mnist
         return s.fc2(x)
 
 
-def bench(dev, B, mode, steps, warmup):
+def bench(dev, B, mode, steps, warmup, bf16=False):
     torch.manual_seed(0)
     m = Net().to(dev)
     x = torch.randn((B, 1, 28, 28), device=dev)
@@ -44,7 +47,8 @@ def bench(dev, B, mode, steps, warmup):
 
     def step():
         opt.zero_grad(set_to_none=False)
-        loss = F.cross_entropy(m(x), y)
+        with torch.autocast(dev, dtype=torch.bfloat16, enabled=bf16):
+            loss = F.cross_entropy(m(x), y)
         loss.backward()
         opt.step()
 
@@ -77,6 +81,7 @@ ap.add_argument("--steps", type=int, default=30)
 ap.add_argument("--warmup", type=int, default=5)
 ap.add_argument("--threads", type=int, default=0)
 ap.add_argument("--runs", type=int, default=3)
+ap.add_argument("--bf16", action="store_true")
 ap.add_argument("batches", type=int, nargs="*", default=[64, 512])
 a = ap.parse_args()
 if a.threads:
@@ -88,7 +93,8 @@ else:
     print("torch", torch.__version__, "cpu,", torch.get_num_threads(), "threads")
 for B in a.batches:
     for mode in (("eager", "graph") if a.device == "cuda" else ("eager",)):
-        r = [bench(a.device, B, mode, a.steps, a.warmup) for _ in range(a.runs)]
+        r = [bench(a.device, B, mode, a.steps, a.warmup, a.bf16) for _ in range(a.runs)]
         dt = sorted(r)[len(r) // 2]
-        print(f"MNIST CNN training, batch {B}: PyTorch {mode} {B / dt:.0f} samples/s ({dt * 1e6:.1f} us/step)"
+        tag = " bf16 autocast" if a.bf16 else ""
+        print(f"MNIST CNN training{tag}, batch {B}: PyTorch {mode} {B / dt:.0f} samples/s ({dt * 1e6:.1f} us/step)"
               f" (runs us: {', '.join(f'{v * 1e6:.0f}' for v in r)})", flush=True)

@@ -7,12 +7,17 @@
 
 #include <stdint.h>
 
-/* An internal symbol that libember.so exports anyway (default visibility; the
- * version script cmake/ember.map exports em_*): the few internals the
- * white-box tests and benchmarks reach (tests/CMakeLists.txt), so they link
- * the shared library like every other program instead of a private copy of
- * the objects. Not API: no declaration in include/ember/, no stability. */
+/* The few internals the white-box tests and benchmarks reach
+ * (tests/CMakeLists.txt). Normally hidden like every em__ symbol (those
+ * tests link the library's objects); a build with -DEMBER_TEST_EXPORTS=ON
+ * (the GPU pack, scripts/gpu-pack.sh, where six private copies of the
+ * objects would not fit the carry limit) exports them from libember.so and
+ * links the tests to it. Not API either way. */
+#ifdef EMBER_TEST_EXPORTS
 #define EM_TEST_API __attribute__((visibility("default")))
+#else
+#define EM_TEST_API
+#endif
 
 #define EM_KARGS_MAX_DIMS 8
 #define EM_KARGS_MAX_IN 4

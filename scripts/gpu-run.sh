@@ -14,6 +14,11 @@
 #   tests        the whole CTest suite (ctest), sequential
 #   bench        every build-gpu/bench/bench_* on the CPU and with EMBER_DEVICE=cuda:0
 #   vision       the CNN / conv / ResNet-18 anchors side by side (not in the default list)
+#   precision    issue #15 side by side (not in the default list): bench_gemm_half
+#                (bf16/f16/TF32 GEMM task vs cuBLAS direct, bf16 add vs copy), then
+#                PRECISION_PAIRS (default 3) alternating rounds of the MLP (bench_cuda
+#                mlp vs mlp_torch_gpu.py) and CNN (bench_cnn vs cnn_torch.py) in f32
+#                and bf16 autocast, then `ember train --precision f32/bf16` on cuda:0
 #   sanitizer    test_consistency under compute-sanitizer memcheck (out-of-bounds
 #                accesses in CUDA kernels), when compute-sanitizer exists
 # Time: the whole run stays within GPU_RUN_BUDGET_S seconds (default 560, the
@@ -209,6 +214,33 @@ run_cnnprofile() {
 
 # The main job on the GPU: ember train --device cuda:0 on Fashion-MNIST carried in .deps/fashion-mnist
 # (EMBER_GPU_MODEL=cnn for the CNN, EMBER_GPU_EPOCHS epochs).
+run_precision() {
+  mkdir -p "$OUT/bench"
+  local i have_torch=0 log="$OUT/bench/precision.log" data="$DEPS/fashion-mnist"
+  python3 -c 'import torch' 2>/dev/null && have_torch=1
+  [ -x "$BUILD/bench/bench_gemm_half" ] && timeout "$(tlimit 150)" "$BUILD/bench/bench_gemm_half" >>"$log" 2>&1
+  say "bench_gemm_half: rc $?"
+  for i in $(seq 1 "${PRECISION_PAIRS:-3}"); do
+    timeout "$(tlimit 60)" "$BUILD/bench/bench_cuda" mlp >>"$log" 2>&1
+    [ $have_torch = 1 ] && timeout "$(tlimit 60)" python3 "$ROOT/bench/mlp_torch_gpu.py" >>"$log" 2>&1
+    for p in "" --bf16; do
+      # shellcheck disable=SC2086
+      timeout "$(tlimit 60)" "$BUILD/bench/bench_cnn" --device cuda:0 --steps 200 --warmup 20 $p 64 512 >>"$log" 2>&1
+      # shellcheck disable=SC2086
+      [ $have_torch = 1 ] && timeout "$(tlimit 60)" python3 "$ROOT/bench/cnn_torch.py" --device cuda --steps 200 --warmup 20 --runs 1 $p 64 512 >>"$log" 2>&1
+    done
+  done
+  if [ -f "$data/train-images-idx3-ubyte.gz" ]; then
+    for p in f32 bf16; do
+      ( cd "$WORK" && timeout "$(tlimit 120)" "$BUILD/ember" train --device cuda:0 --data "$data" --no-progress \
+          --epochs 3 --precision $p --out "$WORK/run-$p" ) >>"$log" 2>&1
+      say "ember train --precision $p (cuda:0): rc $?"
+    done
+  fi
+  grep -E "TFLOP|GB/s|check|samples/s|^epoch|^final|^precision|rc " "$log" >>"$SUMMARY"
+  status precision 0
+}
+
 run_train() {
   local data="$DEPS/fashion-mnist"
   if [ ! -f "$data/train-images-idx3-ubyte.gz" ]; then
@@ -248,6 +280,7 @@ for s in $STEPS; do
     bench) run_bench ;;
     gpubench) run_gpubench ;;
     vision) run_vision ;;
+    precision) run_precision ;;
     cnnprofile) run_cnnprofile ;;
     train) run_train ;;
     sanitizer) run_sanitizer ;;

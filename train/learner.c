@@ -706,10 +706,12 @@ em_status em_learner_fit(em_module *model, em_optim *opt, em_lr_scheduler *sched
     const em_learner_config cfg = cfg_in ? *cfg_in : em_learner_config_default();
     if ((unsigned)cfg.precision >= EM_PRECISION_COUNT)
         return em__set_error(EM_ERR_INVALID, "em_learner_fit: precision %d is not an em_precision", (int)cfg.precision);
-    if (cfg.precision == EM_PRECISION_TF32) {
-        /* TODO(#15, tf32): call em_set_float32_matmul_precision(EM_MATMUL_HIGH) here (and restore the
-         * previous setting on return) once include/ember/core.h has it: another helper adds it, and it
-         * is not in this branch yet. Until then tf32 trains exactly as f32. */
+    if (cfg.precision == EM_PRECISION_TF32) { /* f32 matmuls and convs on TF32 tensor cores for this fit, then as before */
+        const em_matmul_precision before = em_get_float32_matmul_precision();
+        em_set_float32_matmul_precision(EM_MATMUL_HIGH);
+        em_status st = fit(model, opt, sched, train, val, &cfg, history, max_history, n_history, NULL);
+        em_set_float32_matmul_precision(before); /* fit's last act is a host read: its kernels have run */
+        return st;
     }
     if (cfg.precision != EM_PRECISION_F16) return fit(model, opt, sched, train, val, &cfg, history, max_history, n_history, NULL);
     if (cfg.replicas && em_replicas_count(cfg.replicas) > 1)

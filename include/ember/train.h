@@ -140,7 +140,10 @@ typedef struct em_learner_config {
      *  ("ember.grad_scaler.scale", "ember.grad_scaler.growth_tracker") and
      *  restored on resume, so a resumed run continues exactly; a checkpoint
      *  without it starts a fresh scaler. F16 with replicas: EM_ERR_UNSUPPORTED.
-     *  TF32: see em_learner_fit. Default EM_PRECISION_F32. */
+     *  TF32: em_set_float32_matmul_precision(EM_MATMUL_HIGH) for the fit
+     *  (f32 matmuls and convolutions on CUDA's TF32 tensor cores; the CPU
+     *  and OpenCL compute f32 as always), the previous setting restored
+     *  when it returns. Default EM_PRECISION_F32. */
     em_precision precision;
 } em_learner_config;
 
