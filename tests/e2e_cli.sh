@@ -306,6 +306,9 @@ run "$EMBER" train "${tiny[@]}" --precision f16 --out "$T/p2"
   fail "--precision f16: rc $rc: $(cat "$T/out.log" "$T/err.log")"
 run "$EMBER" eval --checkpoint "$T/p2/checkpoint.safetensors" --limit 200
 [ "$rc" = 0 ] && grep -q "^test loss [0-9.]*  accuracy 0\.[0-9]*" "$T/out.log" || fail "eval of an f16 run: rc $rc: $(cat "$T/out.log" "$T/err.log")"
-ok "--precision: bad value exit 2; bf16 recorded in the checkpoint and kept by --resume; f16 trains; eval reads it"
+run "$EMBER" train "${tiny[@]}" --precision f16 --devices cpu,cpu --out "$T/p3"
+[ "$rc" = 2 ] && grep -q "^ember train: --precision f16 with several --devices is not supported yet" "$T/err.log" && [ ! -e "$T/p3" ] ||
+  fail "--precision f16 --devices cpu,cpu: rc $rc: $(cat "$T/err.log")"
+ok "--precision: bad value exit 2; f16 with several --devices exit 2; bf16 recorded in the checkpoint and kept by --resume; f16 trains; eval reads it"
 
 echo "$pass passed, 0 failed"

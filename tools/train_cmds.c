@@ -1024,6 +1024,11 @@ int em_tool_train(int argc, char **argv)
         return 2;
     }
     if (check_device("train", device)) return EM_TOOL_EXIT_USAGE;
+    if (devices && !strcmp(precision_s, "f16") && strchr(devices, ',') != NULL) {
+        fprintf(stderr, "ember train: --precision f16 with several --devices is not supported yet (its loss scaler is per "
+                        "process); use --precision bf16, which needs none\n");
+        return EM_TOOL_EXIT_USAGE;
+    }
     /* the run folder (issue #20): an earlier run is never silently replaced. Without --out: the
      * checkpoint's folder with --resume, else runs/fashion-mnist or its first numbered sibling that
      * holds no run (--overwrite: runs/fashion-mnist itself). With --out DIR holding a run: refused
