@@ -45,12 +45,7 @@ em_tensor *em_linear(const em_tensor *x, const em_tensor *weight, const em_tenso
          * included): the product and the bias add stay low, the output too */
         const em_tensor *ins[3] = {x, weight, bias};
         em_tensor *c[3];
-        int acr = em__autocast_inputs(EM_OP_MATMUL, ins, 3, c);
-        if (acr) {
-            em_tensor *r = acr > 0 ? em_linear(c[0], c[1], c[2]) : NULL;
-            if (acr > 0) for (int i = 0; i < 3; i++) em_tensor_release(c[i]);
-            return r;
-        }
+        EM_AUTOCAST_RERUN(EM_OP_MATMUL, ins, 3, c, em_linear(c[0], c[1], c[2]));
     }
     em_scope_begin();
     em_tensor *y = em_matmul(x, em_transpose(weight, 0, 1));

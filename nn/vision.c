@@ -83,12 +83,7 @@ em_tensor *em_batch_norm(const em_tensor *x, em_tensor *running_mean, em_tensor 
     {   /* autocast: batch norm in f32 (x, weight, bias) */
         const em_tensor *ins[3] = {x, weight, bias};
         em_tensor *c[3];
-        int acr = em__autocast_inputs(EM_OP_BATCH_NORM, ins, 3, c);
-        if (acr) {
-            em_tensor *r = acr > 0 ? em_batch_norm(c[0], running_mean, running_var, c[1], c[2], training, momentum, eps) : NULL;
-            if (acr > 0) for (int i = 0; i < 3; i++) em_tensor_release(c[i]);
-            return r;
-        }
+        EM_AUTOCAST_RERUN(EM_OP_BATCH_NORM, ins, 3, c, em_batch_norm(c[0], running_mean, running_var, c[1], c[2], training, momentum, eps));
     }
     em_dtype dt = em_tensor_dtype(x);
     if (!em_dtype_is_float(dt)) return em__fail(EM_ERR_DTYPE, "em_batch_norm: input must be float, got %s", em_dtype_name(dt));

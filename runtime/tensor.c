@@ -9,24 +9,7 @@
 #include <string.h>
 
 /* f16 / bf16 bits <-> float: the converters every backend uses (devices/half.h). */
-static inline uint32_t rt_f2u(float f)
-{
-    uint32_t u;
-    memcpy(&u, &f, sizeof u);
-    return u;
-}
-static inline float rt_u2f(uint32_t u)
-{
-    float f;
-    memcpy(&f, &u, sizeof f);
-    return f;
-}
-#define EW_FN static inline __attribute__((unused))
-typedef uint32_t em_u32;
-typedef uint16_t em_u16;
-#define EM_F2U(f) rt_f2u(f)
-#define EM_U2F(u) rt_u2f(u)
-#include "devices/half.h"
+#include "devices/half_host.h"
 
 /* ---- scopes --------------------------------------------------------------- */
 

@@ -27,7 +27,7 @@ cd "$root" || exit 2
 # Library layers, bottom-up (DESIGN.md §1). fusion/ and serve/ are checked
 # once they exist.
 ORDER=(runtime tasks autodiff fusion nn optim data store train dist serve)
-DEVAPI="devices/kargs.h devices/devices.h devices/half.h"   # what devices/ offer the layers above (half.h: inline f16/bf16 conversions)
+DEVAPI="devices/kargs.h devices/devices.h devices/half.h devices/half_host.h"   # what devices/ offer the layers above (half*.h: inline f16/bf16 conversions)
 STARPU_LAYERS=" runtime tasks devices "
 
 # Calls allowed across layers that DESIGN.md §1's order does not give:

@@ -146,12 +146,7 @@ em_tensor *em_conv2d(const em_tensor *x, const em_tensor *weight, const em_tenso
     {   /* autocast: conv2d (x, weight and bias) in the low dtype, as torch's conv2d */
         const em_tensor *ins[3] = {x, weight, bias};
         em_tensor *c[3];
-        int acr = em__autocast_inputs(EM_OP_CONV2D, ins, 3, c);
-        if (acr) {
-            em_tensor *r = acr > 0 ? em_conv2d(c[0], c[1], c[2], opts) : NULL;
-            if (acr > 0) for (int i = 0; i < 3; i++) em_tensor_release(c[i]);
-            return r;
-        }
+        EM_AUTOCAST_RERUN(EM_OP_CONV2D, ins, 3, c, em_conv2d(c[0], c[1], c[2], opts));
     }
     em_conv_opts o = opts ? *opts : em_conv_opts_default();
     if (!check_common(x, weight, bias, &o, "em_conv2d")) return NULL;
@@ -235,12 +230,7 @@ em_tensor *em_conv_transpose2d(const em_tensor *x, const em_tensor *weight, cons
     {   /* autocast: conv_transpose2d (its forward kind is CONV2D_BWD_DATA) in the low dtype */
         const em_tensor *ins[3] = {x, weight, bias};
         em_tensor *c[3];
-        int acr = em__autocast_inputs(EM_OP_CONV2D_BWD_DATA, ins, 3, c);
-        if (acr) {
-            em_tensor *r = acr > 0 ? em_conv_transpose2d(c[0], c[1], c[2], opts) : NULL;
-            if (acr > 0) for (int i = 0; i < 3; i++) em_tensor_release(c[i]);
-            return r;
-        }
+        EM_AUTOCAST_RERUN(EM_OP_CONV2D_BWD_DATA, ins, 3, c, em_conv_transpose2d(c[0], c[1], c[2], opts));
     }
     em_conv_opts o = opts ? *opts : em_conv_opts_default();
     if (!check_common(x, weight, bias, &o, "em_conv_transpose2d")) return NULL;

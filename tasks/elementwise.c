@@ -30,13 +30,8 @@ static em_tensor *unary(enum em_op_kind kind, const em_tensor *a, double sa, dou
 {
     if (!a) return em__fail_null("%s: input is NULL", name);
     if (!supported(a->dtype)) return em__fail(EM_ERR_DTYPE, "%s: dtype %s is not supported", name, em_dtype_name(a->dtype));
-    em_tensor *ac;
-    int acr = em__autocast_inputs(kind, &a, 1, &ac); /* autocast: exp, log, pow, ... in f32 */
-    if (acr) {
-        em_tensor *r = acr > 0 ? unary(kind, ac, sa, sb, name) : NULL;
-        if (acr > 0) em_tensor_release(ac);
-        return r;
-    }
+    em_tensor *ac[1]; /* autocast: exp, log, pow, ... in f32 */
+    EM_AUTOCAST_RERUN(kind, &a, 1, ac, unary(kind, ac[0], sa, sb, name));
     em_dtype cdt = a->dtype;
     bool is_float = em_dtype_is_float(cdt);
     bool scalar_op = (em__optab[kind].flags & F_SCALAR) != 0;
@@ -144,13 +139,8 @@ static em_tensor *binary(enum em_op_kind kind, const em_tensor *a, const em_tens
         return em__fail(EM_ERR_DTYPE, "%s: subtraction with a bool tensor is not supported (as PyTorch): cast to an integer "
                         "dtype first", name);
     const em_tensor *ab[2] = {a, b};
-    em_tensor *ac[2];
-    int acr = em__autocast_inputs(kind, ab, 2, ac); /* autocast: pow in f32 */
-    if (acr) {
-        em_tensor *r = acr > 0 ? binary(kind, ac[0], ac[1], name) : NULL;
-        if (acr > 0) em_tensor_release(ac[0]), em_tensor_release(ac[1]);
-        return r;
-    }
+    em_tensor *ac[2]; /* autocast: pow in f32 */
+    EM_AUTOCAST_RERUN(kind, ab, 2, ac, binary(kind, ac[0], ac[1], name));
     em_dtype cdt = em__promote(a->dtype, b->dtype);
     if ((kind == EM_OP_REMAINDER || kind == EM_OP_FMOD || kind == EM_OP_FLOOR_DIVIDE) && cdt == EM_BOOL)
         return em__fail(EM_ERR_DTYPE, "%s: not supported for two bool tensors (as PyTorch): cast one to an integer dtype first", name);

@@ -88,13 +88,8 @@ em_tensor *em_matmul(const em_tensor *a, const em_tensor *b)
         return em__fail(EM_ERR_SHAPE, "em_matmul: both arguments need at least 1 dimension, got shapes %s and %s",
                         SHAPE_STR(a, sa), SHAPE_STR(b, sb));
     const em_tensor *ab[2] = {a, b};
-    em_tensor *acast[2];
-    int acr = em__autocast_inputs(EM_OP_MATMUL, ab, 2, acast); /* autocast: matmul in the low dtype */
-    if (acr) {
-        em_tensor *r = acr > 0 ? em_matmul(acast[0], acast[1]) : NULL;
-        if (acr > 0) em_tensor_release(acast[0]), em_tensor_release(acast[1]);
-        return r;
-    }
+    em_tensor *acast[2]; /* autocast: matmul in the low dtype */
+    EM_AUTOCAST_RERUN(EM_OP_MATMUL, ab, 2, acast, em_matmul(acast[0], acast[1]));
     em_dtype cdt = em__promote(a->dtype, b->dtype);
     if (cdt == EM_BOOL || (unsigned)cdt >= EM_DTYPE_COUNT)
         return em__fail(EM_ERR_DTYPE, "em_matmul: dtype %s is not supported (inputs %s and %s)", em_dtype_name(cdt),

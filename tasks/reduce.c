@@ -32,13 +32,8 @@ static em_tensor *reduce(enum em_op_kind kind, const em_tensor *a, const int *di
                          const char *op)
 {
     if (!a) return em__fail_null("%s: input is NULL", op);
-    em_tensor *ac;
-    int acr = em__autocast_inputs(kind, &a, 1, &ac); /* autocast: sum, prod, logsumexp, var in f32 */
-    if (acr) {
-        em_tensor *r = acr > 0 ? reduce(kind, ac, dims, ndims, keepdim, correction, op) : NULL;
-        if (acr > 0) em_tensor_release(ac);
-        return r;
-    }
+    em_tensor *ac[1]; /* autocast: sum, prod, logsumexp, var in f32 */
+    EM_AUTOCAST_RERUN(kind, &a, 1, ac, reduce(kind, ac[0], dims, ndims, keepdim, correction, op));
     bool mask[EM_MAX_DIMS];
     if (a->ndim == 0 && ndims == 1 && dims && (dims[0] == 0 || dims[0] == -1)) ndims = 0; /* 0-d: dim 0 ok */
     if (dims_mask(a, dims, ndims, mask, op) != EM_OK) return NULL;
@@ -184,13 +179,8 @@ em_tensor *em_std(const em_tensor *a, const int *dims, int ndims, double correct
 static em_tensor *softmax(enum em_op_kind kind, const em_tensor *a, int dim, const char *op)
 {
     if (!a) return em__fail_null("%s: input is NULL", op);
-    em_tensor *ac;
-    int acr = em__autocast_inputs(kind, &a, 1, &ac); /* autocast: softmax, log_softmax in f32 */
-    if (acr) {
-        em_tensor *r = acr > 0 ? softmax(kind, ac, dim, op) : NULL;
-        if (acr > 0) em_tensor_release(ac);
-        return r;
-    }
+    em_tensor *ac[1]; /* autocast: softmax, log_softmax in f32 */
+    EM_AUTOCAST_RERUN(kind, &a, 1, ac, softmax(kind, ac[0], dim, op));
     int d = a->ndim == 0 && (dim == 0 || dim == -1) ? 0 : em__norm_dim(a, dim, 0, op);
     if (d < 0) return NULL;
     em_tensor *c = em__as_dtype(a, em_dtype_is_float(a->dtype) ? a->dtype : EM_F32);

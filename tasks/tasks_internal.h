@@ -211,6 +211,21 @@ em_dtype em__autocast_dtype(enum em_op_kind k, em_dtype natural);
  *  when nothing needs a cast (cast[] untouched); -1 on error (nothing to
  *  release). The front end then runs again on cast[]. */
 int em__autocast_inputs(enum em_op_kind k, const em_tensor *const *ins, int n, em_tensor **cast);
+/** The autocast hook of a front end: when autocast wants other dtypes for
+ *  the @p n inputs @p ins of kind @p kind, casts them into the array @p c
+ *  (recorded casts) and returns CALL's result (the front end called again
+ *  on c[]) after releasing c[]; NULL if a cast failed. Nothing happens when
+ *  no input needs a cast. */
+#define EM_AUTOCAST_RERUN(kind, ins, n, c, CALL)                                           \
+    do {                                                                                     \
+        int acr_ = em__autocast_inputs((kind), (ins), (n), (c));                             \
+        if (acr_) {                                                                          \
+            em_tensor *r_ = acr_ > 0 ? (CALL) : NULL;                                        \
+            if (acr_ > 0)                                                                    \
+                for (int i_ = 0; i_ < (n); i_++) em_tensor_release((c)[i_]);                 \
+            return r_;                                                                       \
+        }                                                                                    \
+    } while (0)
 /** Autocast off on this thread until the matching resume (em_backward). */
 void em__autocast_suspend(void);
 void em__autocast_resume(void);

@@ -66,24 +66,7 @@
 
 /* f16 / bf16 <-> f32: the library's converters (devices/half.h, the same
  * bits as every backend), to make 16-bit inputs and round f32 results. */
-static inline uint32_t t_f2u(float f)
-{
-    uint32_t u;
-    memcpy(&u, &f, sizeof u);
-    return u;
-}
-static inline float t_u2f(uint32_t u)
-{
-    float f;
-    memcpy(&f, &u, sizeof f);
-    return f;
-}
-#define EW_FN static inline
-typedef uint32_t em_u32;
-typedef uint16_t em_u16;
-#define EM_F2U(f) t_f2u(f)
-#define EM_U2F(u) t_u2f(u)
-#include "devices/half.h"
+#include "devices/half_host.h"
 
 static bool is_half_dt(int dt) { return dt == EM_F16 || dt == EM_BF16; }
 static uint16_t half_bits(int dt, double v)

@@ -490,30 +490,6 @@ static bool run_case(const ecase *c, const expect *e, em_device_kind kind, char 
 
 /* ---- the test -------------------------------------------------------------- */
 
-typedef struct dev {
-    em_device d;
-    char name[32];
-} dev;
-
-static int list_devices(dev *devs, int max)
-{
-    int n = 0;
-    devs[n].d = em_device_cpu();
-    snprintf(devs[n++].name, sizeof devs[0].name, "cpu");
-    const em_device_kind kinds[] = {EM_DEVICE_CUDA, EM_DEVICE_OPENCL};
-    for (int k = 0; k < 2; k++) {
-        if (em_worker_count(kinds[k]) <= 0) continue;
-        for (int i = 0; i < 16 && n < max; i++) {
-            em_device d = {kinds[k], i};
-            if (em_set_device(d) != EM_OK) continue;
-            devs[n].d = d;
-            em_device_str(d, devs[n].name, sizeof devs[n].name);
-            n++;
-        }
-    }
-    em_set_device(em_device_cpu());
-    return n;
-}
 
 static bool op_covered(const char *name, const ecase *cs, int nc)
 {
@@ -562,8 +538,8 @@ static void test_edges_all(void **state)
     for (int k = 0; k < NELEM(em_test_ew2_fns); k++) missing += !op_covered(em_test_ew2_fns[k].name, cs, nc) && printf("edges: no case for %s\n", em_test_ew2_fns[k].name);
     for (int k = 0; k < NELEM(EWP_NAMES); k++) missing += !op_covered(EWP_NAMES[k], cs, nc) && printf("edges: no case for %s\n", EWP_NAMES[k]);
 
-    dev devs[17];
-    const int nd = list_devices(devs, 17);
+    em_test_dev devs[17];
+    const int nd = em_test_list_devices(devs, 17);
     const char *only = getenv("EMBER_EDGES_ONLY"); /* a tag prefix, to rerun some cases */
     const bool verbose = getenv("EMBER_EDGES_VERBOSE") != NULL;
     int nrun = 0, npass = 0, nfail = 0;

@@ -67,30 +67,6 @@ static bool is_nan_bits(em_dtype dt, const void *p)
     }
 }
 
-typedef struct dev {
-    em_device d;
-    char name[32];
-} dev;
-
-static int list_devices(dev *devs, int max)
-{
-    int n = 0;
-    devs[n].d = em_device_cpu();
-    snprintf(devs[n++].name, sizeof devs[0].name, "cpu");
-    const em_device_kind kinds[] = {EM_DEVICE_CUDA, EM_DEVICE_OPENCL};
-    for (int k = 0; k < 2; k++) {
-        if (em_worker_count(kinds[k]) <= 0) continue;
-        for (int i = 0; i < 16 && n < max; i++) {
-            em_device d = {kinds[k], i};
-            if (em_set_device(d) != EM_OK) continue;
-            devs[n].d = d;
-            em_device_str(d, devs[n].name, sizeof devs[n].name);
-            n++;
-        }
-    }
-    em_set_device(em_device_cpu());
-    return n;
-}
 
 /* One cast line: src -> dst on device d; returns the number of mismatches (prints the first few). */
 static int check_cast(em_dtype src, em_dtype dst, int64_t n, const void *in, const void *want, const char *dname)
@@ -138,8 +114,8 @@ static void test_fixture(void **state)
     char path[1024];
     FILE *f = fopen(data_path("half_fixtures.txt", path, sizeof path), "r");
     if (!f) fail_msg("cannot open %s (EMBER_TEST_DATA)", path);
-    dev devs[17];
-    const int nd = list_devices(devs, 17);
+    em_test_dev devs[17];
+    const int nd = em_test_list_devices(devs, 17);
     char *line = NULL;
     size_t cap = 0;
     int ncast = 0, nbad = 0, nprint = 0, nfile = 0;

@@ -207,3 +207,23 @@ double em_test_max_param_diff(const em_module *a, const em_module *b)
     }
     return worst;
 }
+
+int em_test_list_devices(em_test_dev *devs, int max)
+{
+    int n = 0;
+    devs[n].d = em_device_cpu();
+    snprintf(devs[n++].name, sizeof devs[0].name, "cpu");
+    const em_device_kind kinds[] = {EM_DEVICE_CUDA, EM_DEVICE_OPENCL};
+    for (int k = 0; k < 2; k++) {
+        if (em_worker_count(kinds[k]) <= 0) continue;
+        for (int i = 0; i < 16 && n < max; i++) {
+            em_device d = {kinds[k], i};
+            if (em_set_device(d) != EM_OK) continue;
+            devs[n].d = d;
+            em_device_str(d, devs[n].name, sizeof devs[n].name);
+            n++;
+        }
+    }
+    em_set_device(em_device_cpu());
+    return n;
+}

@@ -11,6 +11,15 @@
 #include "ember/ember.h"
 
 /* cmocka group setup/teardown that start and stop the runtime. */
+/* The devices a test runs on: the CPU first, then every CUDA and OpenCL
+ * device with a worker (up to @p max in all); the current device is the CPU
+ * afterwards. Returns the count. */
+typedef struct em_test_dev {
+    em_device d;
+    char name[32]; /* "cpu", "cuda:0", ... */
+} em_test_dev;
+int em_test_list_devices(em_test_dev *devs, int max);
+
 int em_test_setup(void **state);
 int em_test_teardown(void **state);
 

@@ -16,27 +16,7 @@ static inline void *em_cpu_ptr(void *iface) { return (void *)STARPU_VECTOR_GET_P
 static inline size_t em_cpu_dtype_size(int dt) { return em_dtype_size((em_dtype)dt); }
 
 /* f16 / bf16 <-> f32 (devices/half.h, the same bits on every backend). */
-#include <string.h>
-static inline uint32_t em_cpu_f2u(float f)
-{
-    uint32_t u;
-    memcpy(&u, &f, sizeof u);
-    return u;
-}
-static inline float em_cpu_u2f(uint32_t u)
-{
-    float f;
-    memcpy(&f, &u, sizeof f);
-    return f;
-}
-#ifndef EW_FN
-#define EW_FN static inline
-#endif
-typedef uint32_t em_u32;
-typedef uint16_t em_u16;
-#define EM_F2U(f) em_cpu_f2u(f)
-#define EM_U2F(u) em_cpu_u2f(u)
-#include "devices/half.h"
+#include "devices/half_host.h"
 /* A float of a 16-bit float dtype's bits, and back. */
 static inline float em_cpu_half_load(int dt, uint16_t h) { return dt == EM_BF16 ? em_bf16_bits_to_f32(h) : em_f16_bits_to_f32(h); }
 static inline uint16_t em_cpu_half_store(int dt, float f) { return dt == EM_BF16 ? em_f32_to_bf16_bits(f) : em_f32_to_f16_bits(f); }
