@@ -3,7 +3,16 @@
  * tasks/pool.c). __host__ __device__ and free of StarPU and of the CUDA
  * runtime, so that a host program can check them against the CPU kernels.
  * Every read stays inside its operand: each index is bounds-checked against
- * the operand's sizes before it is used. */
+ * the operand's sizes before it is used.
+ *
+ * Element access (conv only): the conv functions take an access policy L
+ * (template parameter, default Plain<T>) with the storage type T of the
+ * operands, the accumulation type L::acc and L::ld (T -> acc); the kernels
+ * store a result with L::st (acc -> T). Plain<T> is f32 / f64 accumulated in
+ * their own type (the CPU kernels' types); devices/cuda/conv.cu adds the
+ * 16-bit one (uint16_t bits of f16 / bf16, loaded exactly into float,
+ * accumulated in float, rounded once at the store: the values of the CPU's
+ * widened f32 conv, DESIGN.md §7). */
 #ifndef EMBER_CUDA_CONV_ELEM_CUH
 #define EMBER_CUDA_CONV_ELEM_CUH
 
@@ -18,10 +27,19 @@ struct ConvGeom {
     long long sh, sw, ph, pw, dh, dw;
 };
 
+/* The access policy of f32 / f64 operands: accumulated in T itself. */
+template <typename T>
+struct Plain {
+    typedef T acc;
+    __host__ __device__ T ld(T v) const { return v; }
+    __host__ __device__ T st(T v) const { return v; }
+};
+
 /* y[t], t = ((n*O + o)*OH + oh)*OW + ow:
  * sum_{c, i, j} x[n, (o/Og)*Cg + c, h, w] * w[o, c, i, j] over (h, w) inside x */
-template <typename T>
-__host__ __device__ inline T conv_fwd_at(const ConvGeom &g, const T *__restrict__ x, const T *__restrict__ w, long long t)
+template <typename T, typename L = Plain<T>>
+__host__ __device__ inline typename L::acc conv_fwd_at(const ConvGeom &g, const T *__restrict__ x, const T *__restrict__ w, long long t,
+                                                       const L &ls = L())
 {
     long long r = t;
     const long long ow = r % g.OW;
@@ -31,7 +49,7 @@ __host__ __device__ inline T conv_fwd_at(const ConvGeom &g, const T *__restrict_
     const long long o = r % g.O, n = r / g.O;
     const T *xb = x + (n * g.C + (o / g.Og) * g.Cg) * g.H * g.W;
     const T *wb = w + o * g.Cg * g.KH * g.KW;
-    T acc = 0;
+    typename L::acc acc = 0;
     for (long long c = 0; c < g.Cg; c++)
         for (long long i = 0; i < g.KH; i++) {
             const long long h = oh * g.sh - g.ph + i * g.dh;
@@ -40,7 +58,7 @@ __host__ __device__ inline T conv_fwd_at(const ConvGeom &g, const T *__restrict_
             const T *wr = wb + (c * g.KH + i) * g.KW;
             for (long long j = 0; j < g.KW; j++) {
                 const long long wc = ow * g.sw - g.pw + j * g.dw;
-                if (wc >= 0 && wc < g.W) acc += xr[wc] * wr[j];
+                if (wc >= 0 && wc < g.W) acc += ls.ld(xr[wc]) * ls.ld(wr[j]);
             }
         }
     return acc;
@@ -49,8 +67,9 @@ __host__ __device__ inline T conv_fwd_at(const ConvGeom &g, const T *__restrict_
 /* dx[t], t = ((n*C + c)*H + h)*W + w: sum over o of c's group, i, j with
  * oh*sh - ph + i*dh = h, ow*sw - pw + j*dw = w (inside dy) of
  * dy[n,o,oh,ow] * w[o, c % Cg, i, j] */
-template <typename T>
-__host__ __device__ inline T conv_bwd_data_at(const ConvGeom &g, const T *__restrict__ dy, const T *__restrict__ w, long long t)
+template <typename T, typename L = Plain<T>>
+__host__ __device__ inline typename L::acc conv_bwd_data_at(const ConvGeom &g, const T *__restrict__ dy, const T *__restrict__ w,
+                                                            long long t, const L &ls = L())
 {
     long long r = t;
     const long long wc = r % g.W;
@@ -59,7 +78,7 @@ __host__ __device__ inline T conv_bwd_data_at(const ConvGeom &g, const T *__rest
     r /= g.H;
     const long long c = r % g.C, n = r / g.C;
     const long long gr = c / g.Cg, cc = c % g.Cg;
-    T acc = 0;
+    typename L::acc acc = 0;
     for (long long o = gr * g.Og; o < (gr + 1) * g.Og; o++) {
         const T *dyb = dy + (n * g.O + o) * g.OH * g.OW;
         const T *wb = w + (o * g.Cg + cc) * g.KH * g.KW;
@@ -73,7 +92,7 @@ __host__ __device__ inline T conv_bwd_data_at(const ConvGeom &g, const T *__rest
                 if (nw < 0 || nw % g.sw) continue;
                 const long long ow = nw / g.sw;
                 if (ow >= g.OW) continue;
-                acc += dyb[oh * g.OW + ow] * wb[i * g.KW + j];
+                acc += ls.ld(dyb[oh * g.OW + ow]) * ls.ld(wb[i * g.KW + j]);
             }
         }
     }
@@ -83,9 +102,9 @@ __host__ __device__ inline T conv_bwd_data_at(const ConvGeom &g, const T *__rest
 /* Part of dw[e], e = ((o*Cg + c)*KH + i)*KW + j: the terms q = q0, q0 + step,
  * ... < N*OH*OW (q = (n*OH + oh)*OW + ow) of
  * sum_{n, oh, ow} dy[n,o,oh,ow] * x[n, (o/Og)*Cg + c, h, w] over (h, w) inside x */
-template <typename T>
-__host__ __device__ inline T conv_bwd_weight_part(const ConvGeom &g, const T *__restrict__ x, const T *__restrict__ dy, long long e,
-                                                  long long q0, long long step)
+template <typename T, typename L = Plain<T>>
+__host__ __device__ inline typename L::acc conv_bwd_weight_part(const ConvGeom &g, const T *__restrict__ x, const T *__restrict__ dy,
+                                                                long long e, long long q0, long long step, const L &ls = L())
 {
     long long r = e;
     const long long j = r % g.KW;
@@ -95,7 +114,7 @@ __host__ __device__ inline T conv_bwd_weight_part(const ConvGeom &g, const T *__
     const long long c = r % g.Cg, o = r / g.Cg;
     const long long ci = (o / g.Og) * g.Cg + c;
     const long long red = g.N * g.OH * g.OW;
-    T acc = 0;
+    typename L::acc acc = 0;
     for (long long q = q0; q < red; q += step) {
         long long s = q;
         const long long ow = s % g.OW;
@@ -103,7 +122,7 @@ __host__ __device__ inline T conv_bwd_weight_part(const ConvGeom &g, const T *__
         const long long oh = s % g.OH, n = s / g.OH;
         const long long h = oh * g.sh - g.ph + i * g.dh, wc = ow * g.sw - g.pw + j * g.dw;
         if (h < 0 || h >= g.H || wc < 0 || wc >= g.W) continue;
-        acc += dy[((n * g.O + o) * g.OH + oh) * g.OW + ow] * x[((n * g.C + ci) * g.H + h) * g.W + wc];
+        acc += ls.ld(dy[((n * g.O + o) * g.OH + oh) * g.OW + ow]) * ls.ld(x[((n * g.C + ci) * g.H + h) * g.W + wc]);
     }
     return acc;
 }
