@@ -14,7 +14,9 @@
  *     against the reference's scatter), all bit-identical, f32 and f64, over
  *     random fixed windows (stride, padding, dilation for max, ceil_mode,
  *     count_include_pad, divisor) and adaptive ones (more outputs than inputs
- *     included).
+ *     included); and in f16 / bf16 through the host Half16 policy, bit for
+ *     bit against the f32 functions on the same 16-bit values rounded once
+ *     (the CPU's widened pooling), NaNs included for max.
  * Buffers are exactly the operands' sizes, so an out-of-bounds read shows
  * under the sanitizers. No GPU needed: it runs wherever nvcc builds the CUDA
  * kernels. Exit status = number of failing checks (0: pass). */
@@ -25,6 +27,7 @@
 #include <random>
 #include <stdio.h>
 #include <string.h>
+#include <type_traits>
 #include <vector>
 
 using namespace emc::convk;
@@ -197,6 +200,36 @@ static T ref_avg_window(const PoolGeom &g, long long oh, long long ow, long long
     return (T)(g.cip ? pool : (he - hs) * (we - ws));
 }
 
+/* The 16-bit pooling of the values of @p x / @p dy rounded to f16 or bf16
+ * (HostHalf16) against the f32 functions on those rounded values, rounded
+ * once: the same bits (the widened op's). max only when @p max_only. */
+static void pool_half_check(const PoolGeom &g, const std::vector<float> &x, const std::vector<float> &dy, bool max_only, bool bf)
+{
+    const HostHalf16 ls{bf};
+    std::vector<uint16_t> xh(x.size()), dyh(dy.size());
+    std::vector<float> xf(x.size()), dyf(dy.size());
+    for (size_t i = 0; i < x.size(); i++) xh[i] = ls.st(x[i]), xf[i] = ls.ld(xh[i]);
+    for (size_t i = 0; i < dy.size(); i++) dyh[i] = ls.st(dy[i]), dyf[i] = ls.ld(dyh[i]);
+    for (long long t = 0; t < (long long)dy.size(); t++) {
+        if (max_only) {
+            float vf;
+            uint16_t vh;
+            int64_t i32, i16;
+            max_pool_at<float>(g, xf.data(), t, &vf, &i32);
+            max_pool_at<uint16_t, HostHalf16>(g, xh.data(), t, &vh, &i16, ls);
+            if (vh != ls.st(vf) || i16 != i32) fail(bf ? "max_pool2d (bf16)" : "max_pool2d (f16)", t, ls.ld(vh), vf);
+        } else {
+            const float vf = avg_pool_at<float>(g, xf.data(), t), vh = avg_pool_at<uint16_t, HostHalf16>(g, xh.data(), t, ls);
+            if (ls.st(vh) != ls.st(vf)) fail(bf ? "avg_pool2d (bf16)" : "avg_pool2d (f16)", t, vh, vf);
+        }
+    }
+    if (max_only) return;
+    for (long long t = 0; t < (long long)x.size(); t++) {
+        const float vf = avg_pool_bwd_at<float>(g, dyf.data(), t), vh = avg_pool_bwd_at<uint16_t, HostHalf16>(g, dyh.data(), t, ls);
+        if (ls.st(vh) != ls.st(vf)) fail(bf ? "avg_pool2d_bwd (bf16)" : "avg_pool2d_bwd (f16)", t, vh, vf);
+    }
+}
+
 template <typename T>
 static void pool_case()
 {
@@ -243,6 +276,8 @@ static void pool_case()
         if (!same(v, best)) fail("max_pool2d", t, v, best);
         if (idx != bi) fail("max_pool2d indices", t, (double)idx, (double)bi);
     }
+    if constexpr (std::is_same<T, float>::value) /* the 16-bit policy, from the f32 case's values */
+        for (int bf = 0; bf < 2; bf++) pool_half_check(g, x, dy, true, bf);
     if (dilated) return; /* avg pooling has no dilation */
     fill(x, false);
     std::vector<T> dx(x.size(), 0);
@@ -263,6 +298,8 @@ static void pool_case()
         const T v = avg_pool_bwd_at<T>(g, dy.data(), t);
         if (!same(v, dx[t])) fail("avg_pool2d_bwd", t, v, dx[t]);
     }
+    if constexpr (std::is_same<T, float>::value)
+        for (int bf = 0; bf < 2; bf++) pool_half_check(g, x, dy, false, bf);
 }
 
 int main()

@@ -3,8 +3,10 @@
  * Operands are contiguous NCHW (a descriptor may have an offset), f32 or f64;
  * the conv ops also f16 and bf16 (issue #15: em__cuda_half's conv entry in
  * devices/cuda/kernels.cu; 16-bit storage, f32 accumulation, the result
- * rounded once to the 16-bit dtype, as the CPU's widened conv). Pooling
- * takes f32 / f64 only (the door widens 16-bit pooling).
+ * rounded once to the 16-bit dtype, as the CPU's widened conv), and so do
+ * the pool ops (em__cuda_half's pool entry: float compute, one rounding;
+ * max pooling's value is one of the 16-bit inputs, a NaN made the quiet NaN
+ * of devices/half.h, as the CPU's widened pooling makes it).
  *
  * ---- em_cuda_conv: CONV2D, CONV2D_BWD_DATA, CONV2D_BWD_WEIGHT ----------------
  *
@@ -757,29 +759,31 @@ bool cudnn_conv(const em_kargs *k, void *buffers[], const ConvGeom &g, int dt)
 /* pooling kernels                                                            */
 /* ========================================================================= */
 
-template <typename T>
-__global__ void k_max_pool(PoolGeom g, const T *__restrict__ x, T *__restrict__ y, int64_t *__restrict__ idx)
+/* T: the storage type (float, double, uint16_t), L: its access policy
+ * (conv_elem.cuh; Half16 for f16 / bf16: float compute, one rounding). */
+template <typename T, typename L>
+__global__ void k_max_pool(PoolGeom g, const T *__restrict__ x, T *__restrict__ y, int64_t *__restrict__ idx, L ls)
 {
     const long long total = g.NC * g.OH * g.OW;
     for (long long t = blockIdx.x * (long long)blockDim.x + threadIdx.x; t < total; t += (long long)gridDim.x * blockDim.x)
-        max_pool_at<T>(g, x, t, &y[t], &idx[t]);
+        max_pool_at<T, L>(g, x, t, &y[t], &idx[t], ls);
 }
 
-template <typename T>
-__global__ void k_avg_pool(PoolGeom g, const T *__restrict__ x, T *__restrict__ y)
+template <typename T, typename L>
+__global__ void k_avg_pool(PoolGeom g, const T *__restrict__ x, T *__restrict__ y, L ls)
 {
     const long long total = g.NC * g.OH * g.OW;
     for (long long t = blockIdx.x * (long long)blockDim.x + threadIdx.x; t < total; t += (long long)gridDim.x * blockDim.x)
-        y[t] = avg_pool_at<T>(g, x, t);
+        y[t] = ls.st(avg_pool_at<T, L>(g, x, t, ls));
 }
 
 /* One thread per dx element, gathering (no atomics). */
-template <typename T>
-__global__ void k_avg_pool_bwd(PoolGeom g, const T *__restrict__ dy, T *__restrict__ dx)
+template <typename T, typename L>
+__global__ void k_avg_pool_bwd(PoolGeom g, const T *__restrict__ dy, T *__restrict__ dx, L ls)
 {
     const long long total = g.NC * g.H * g.W;
     for (long long t = blockIdx.x * (long long)blockDim.x + threadIdx.x; t < total; t += (long long)gridDim.x * blockDim.x)
-        dx[t] = avg_pool_bwd_at<T>(g, dy, t);
+        dx[t] = ls.st(avg_pool_bwd_at<T, L>(g, dy, t, ls));
 }
 
 PoolGeom pool_geometry(const em_kargs *k, const em_tdesc &X, const em_tdesc &Y)
@@ -797,15 +801,16 @@ PoolGeom pool_geometry(const em_kargs *k, const em_tdesc &X, const em_tdesc &Y)
     return g;
 }
 
-template <typename T>
-void pool_typed(const em_kargs *k, void *buffers[])
+template <typename T, typename L>
+void pool_typed(const em_kargs *k, void *buffers[], L ls)
 {
     cudaStream_t s = stream();
     if (k->kind == EM_OP_AVG_POOL2D_BWD) {
         const PoolGeom g = pool_geometry(k, k->out[0], k->in[0]);
         const long long n = g.NC * g.H * g.W;
         if (n == 0) return;
-        k_avg_pool_bwd<T><<<grid_for(n), kThreads, 0, s>>>(g, (const T *)base(buffers, 0, k->in[0]), (T *)base(buffers, 1, k->out[0]));
+        k_avg_pool_bwd<T, L><<<grid_for(n), kThreads, 0, s>>>(g, (const T *)base(buffers, 0, k->in[0]), (T *)base(buffers, 1, k->out[0]),
+                                                              ls);
         check_launch("avg_pool2d_bwd");
         return;
     }
@@ -813,11 +818,11 @@ void pool_typed(const em_kargs *k, void *buffers[])
     const long long n = g.NC * g.OH * g.OW;
     if (n == 0) return;
     if (k->kind == EM_OP_MAX_POOL2D) {
-        k_max_pool<T><<<grid_for(n), kThreads, 0, s>>>(g, (const T *)base(buffers, 0, k->in[0]), (T *)base(buffers, 1, k->out[0]),
-                                                       (int64_t *)base(buffers, 2, k->out[1]));
+        k_max_pool<T, L><<<grid_for(n), kThreads, 0, s>>>(g, (const T *)base(buffers, 0, k->in[0]), (T *)base(buffers, 1, k->out[0]),
+                                                          (int64_t *)base(buffers, 2, k->out[1]), ls);
         check_launch("max_pool2d");
     } else {
-        k_avg_pool<T><<<grid_for(n), kThreads, 0, s>>>(g, (const T *)base(buffers, 0, k->in[0]), (T *)base(buffers, 1, k->out[0]));
+        k_avg_pool<T, L><<<grid_for(n), kThreads, 0, s>>>(g, (const T *)base(buffers, 0, k->in[0]), (T *)base(buffers, 1, k->out[0]), ls);
         check_launch("avg_pool2d");
     }
 }
@@ -904,8 +909,8 @@ void em_cuda_pool(void *buffers[], void *cl_arg)
         return;
     }
     const int dt = k->in[0].dtype;
-    if (!is_fp_dtype(dt) || k->out[0].dtype != dt) {
-        unsupported("pool (dtype)", dt);
+    if ((!is_fp_dtype(dt) && !is_half_dtype(dt)) || k->out[0].dtype != dt) {
+        unsupported("pool (dtype)", dt); /* f32, f64, f16, bf16 only */
         return;
     }
     const em_tdesc &X = kind == EM_OP_AVG_POOL2D_BWD ? k->out[0] : k->in[0], &Y = kind == EM_OP_AVG_POOL2D_BWD ? k->in[0] : k->out[0];
@@ -914,10 +919,13 @@ void em_cuda_pool(void *buffers[], void *cl_arg)
         em__kernel_error(k, EM_ERR_INVALID, "CUDA pool: inconsistent operands or window parameters");
         return;
     }
-    if (dt == EM_F32)
-        pool_typed<float>(k, buffers);
-    else
-        pool_typed<double>(k, buffers);
+    switch (dt) {
+    case EM_F32: pool_typed<float>(k, buffers, Plain<float>()); break;
+    case EM_F64: pool_typed<double>(k, buffers, Plain<double>()); break;
+    case EM_F16:
+    case EM_BF16: pool_typed<uint16_t>(k, buffers, Half16{h16_of(dt)}); break; /* the dtype picks the converters */
+    default: unsupported("pool (dtype)", dt); break; /* excluded by the dtype check above */
+    }
 }
 
 namespace emc {

@@ -5,7 +5,7 @@
  * Every read stays inside its operand: each index is bounds-checked against
  * the operand's sizes before it is used.
  *
- * Element access (conv only): the conv functions take an access policy L
+ * Element access: the conv and pool functions take an access policy L
  * (template parameter, default Plain<T>) with the storage type T of the
  * operands, the accumulation type L::acc and L::ld (T -> acc); the kernels
  * store a result with L::st (acc -> T). Plain<T> is f32 / f64 accumulated in
@@ -147,8 +147,9 @@ __host__ __device__ inline void adaptive_range(long long o, long long in, long l
  * row-major, NaN a maximum (the last NaN wins), else the first of equal
  * maxima; idx = h*W + w. An empty window (excluded by the front end) gives 0
  * and -1. */
-template <typename T>
-__host__ __device__ inline void max_pool_at(const PoolGeom &g, const T *__restrict__ x, long long t, T *best_out, int64_t *idx_out)
+template <typename T, typename L = Plain<T>>
+__host__ __device__ inline void max_pool_at(const PoolGeom &g, const T *__restrict__ x, long long t, T *best_out, int64_t *idx_out,
+                                            const L &ls = L())
 {
     long long r = t;
     const long long ow = r % g.OW;
@@ -170,17 +171,17 @@ __host__ __device__ inline void max_pool_at(const PoolGeom &g, const T *__restri
         if (w1 > g.W) w1 = g.W;
     }
     const T *xp = x + p * g.H * g.W;
-    T best = 0;
+    typename L::acc best = 0;
     long long bi = -1;
     for (long long h = h0; h < h1; h += dh)
         for (long long w = w0; w < w1; w += dw) {
-            const T v = xp[h * g.W + w];
+            const typename L::acc v = ls.ld(xp[h * g.W + w]);
             if (bi < 0 || v > best || v != v) {
                 best = v;
                 bi = h * g.W + w;
             }
         }
-    *best_out = best;
+    *best_out = ls.st(best);
     *idx_out = bi;
 }
 
@@ -209,30 +210,34 @@ __host__ __device__ inline T avg_window(const PoolGeom &g, long long oh, long lo
     return (T)(g.cip ? pool : (he - hs) * (we - ws));
 }
 
-/* y[t], t = (p*OH + oh)*OW + ow: the window's row-major sum / div. */
-template <typename T>
-__host__ __device__ inline T avg_pool_at(const PoolGeom &g, const T *__restrict__ x, long long t)
+/* y[t], t = (p*OH + oh)*OW + ow: the window's row-major sum / div, in
+ * L::acc (stored by the kernel with L::st). */
+template <typename T, typename L = Plain<T>>
+__host__ __device__ inline typename L::acc avg_pool_at(const PoolGeom &g, const T *__restrict__ x, long long t, const L &ls = L())
 {
+    typedef typename L::acc A;
     long long r = t;
     const long long ow = r % g.OW;
     r /= g.OW;
     const long long oh = r % g.OH, p = r / g.OH;
     long long h0, h1, w0, w1;
-    const T div = avg_window<T>(g, oh, ow, h0, h1, w0, w1);
+    const A div = avg_window<A>(g, oh, ow, h0, h1, w0, w1);
     const T *xp = x + p * g.H * g.W;
-    T s = 0;
+    A s = 0;
     for (long long h = h0; h < h1; h++)
-        for (long long w = w0; w < w1; w++) s += xp[h * g.W + w];
+        for (long long w = w0; w < w1; w++) s += ls.ld(xp[h * g.W + w]);
     return s / div;
 }
 
 /* dx[t], t = (p*H + h)*W + w: the sum, in (oh, ow) order (the CPU's order of
  * accumulation), of dy[p, oh, ow] / div(oh, ow) over the windows holding
  * (h, w). Candidate rows come from the window formulas, one more on each
- * side, clipped to [0, OH) x [0, OW); each is checked against its window. */
-template <typename T>
-__host__ __device__ inline T avg_pool_bwd_at(const PoolGeom &g, const T *__restrict__ dy, long long t)
+ * side, clipped to [0, OH) x [0, OW); each is checked against its window.
+ * In L::acc (stored by the kernel with L::st). */
+template <typename T, typename L = Plain<T>>
+__host__ __device__ inline typename L::acc avg_pool_bwd_at(const PoolGeom &g, const T *__restrict__ dy, long long t, const L &ls = L())
 {
+    typedef typename L::acc A;
     long long r = t;
     const long long wc = r % g.W;
     r /= g.W;
@@ -255,12 +260,12 @@ __host__ __device__ inline T avg_pool_bwd_at(const PoolGeom &g, const T *__restr
     oh1 = oh1 + 1 < g.OH - 1 ? oh1 + 1 : g.OH - 1;
     ow1 = ow1 + 1 < g.OW - 1 ? ow1 + 1 : g.OW - 1;
     const T *dyp = dy + p * g.OH * g.OW;
-    T s = 0;
+    A s = 0;
     for (long long oh = oh0; oh <= oh1; oh++)
         for (long long ow = ow0; ow <= ow1; ow++) {
             long long h0, h1, w0, w1;
-            const T div = avg_window<T>(g, oh, ow, h0, h1, w0, w1);
-            if (h >= h0 && h < h1 && wc >= w0 && wc < w1) s += dyp[oh * g.OW + ow] / div;
+            const A div = avg_window<A>(g, oh, ow, h0, h1, w0, w1);
+            if (h >= h0 && h < h1 && wc >= w0 && wc < w1) s += ls.ld(dyp[oh * g.OW + ow]) / div;
         }
     return s;
 }
