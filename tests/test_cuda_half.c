@@ -1,7 +1,7 @@
 /* f16 / bf16 on CUDA (issue #15): the CUDA kernels that load and store the
  * 16-bit types themselves (copy/cast, unary, binary, where, fill, matmul,
- * conv; devices/cuda/) against the CPU's on the same inputs, and the f32
- * matmul precision setting (em_set_float32_matmul_precision).
+ * conv, pool; devices/cuda/) against the CPU's on the same inputs, and the
+ * f32 matmul precision setting (em_set_float32_matmul_precision).
  *
  * Casts, fills, where and the IEEE operations (+ - * /, neg, abs, relu,
  * comparisons, maximum) must give the CPU's bits; transcendental functions
@@ -11,7 +11,9 @@
  * widens it: f32 copies, f32 GEMM, rounding copy), conv2d and its data and
  * weight gradients likewise (the CPU widens them; CUDA runs cuDNN's 16-bit
  * convolutions, or its direct kernels under EMBER_CUDNN=0: the ctest entry
- * test_cuda_half_direct). Operands cover contiguous
+ * test_cuda_half_direct); pooling (max with its indices, avg, adaptive avg,
+ * the avg gradient) must give the CPU's bits: float compute in the CPU's
+ * order, one rounding. Operands cover contiguous
  * aligned tensors (the vectorised paths), odd lengths (their tails), an
  * unaligned narrow view, a transpose and a broadcast (the N-d paths).
  * Without a CUDA worker the device cases are skipped; the setter's own cases
@@ -473,6 +475,99 @@ static void test_conv(void **state)
     em_scope_end();
 }
 
+/* ---- pooling ------------------------------------------------------------------------ */
+
+/* y = f(x) and, through autograd of sum(y * r), dx, on the CPU (widened) and
+ * on CUDA (native): the same bits (max: a 16-bit input and its index; avg
+ * and its gradient: float sums in the CPU's order, one division, one
+ * rounding; backward of max pooling is scatter_add, widened). */
+typedef em_tensor *(*pool_fn)(const em_tensor *x, em_tensor **idx);
+static em_tensor *max_3s2p1(const em_tensor *x, em_tensor **idx)
+{
+    em_pool_opts o = em_pool_opts_default(3, 3);
+    o.stride[0] = o.stride[1] = 2, o.padding[0] = o.padding[1] = 1;
+    return em_max_pool2d(x, &o, idx);
+}
+static em_tensor *max_2(const em_tensor *x, em_tensor **idx)
+{
+    em_pool_opts o = em_pool_opts_default(2, 2);
+    return em_max_pool2d(x, &o, idx);
+}
+static em_tensor *max_dil(const em_tensor *x, em_tensor **idx)
+{
+    em_pool_opts o = em_pool_opts_default(3, 2);
+    o.stride[0] = o.stride[1] = 1, o.padding[0] = 1, o.dilation[0] = 2, o.dilation[1] = 3;
+    return em_max_pool2d(x, &o, idx);
+}
+static em_tensor *avg_3s2p1(const em_tensor *x, em_tensor **idx)
+{
+    (void)idx;
+    em_pool_opts o = em_pool_opts_default(3, 3);
+    o.stride[0] = o.stride[1] = 2, o.padding[0] = o.padding[1] = 1, o.count_include_pad = false;
+    return em_avg_pool2d(x, &o);
+}
+static em_tensor *avg_ceil_div(const em_tensor *x, em_tensor **idx)
+{
+    (void)idx;
+    em_pool_opts o = em_pool_opts_default(2, 3);
+    o.ceil_mode = true, o.stride[1] = 2, o.padding[1] = 1, o.divisor_override = 5;
+    return em_avg_pool2d(x, &o);
+}
+static em_tensor *adaptive_avg(const em_tensor *x, em_tensor **idx)
+{
+    (void)idx;
+    return em_adaptive_avg_pool2d(x, 4, 3);
+}
+
+static void check_pool(em_dtype dt, pool_fn f, bool max, const int64_t *xs, uint64_t seed, const char *what)
+{
+    on(EM_DEVICE_CPU);
+    em_tensor *x = rnd(dt, xs, 4, seed);
+    if (max) x = em_round(em_mul_scalar(x, 8)); /* ties: integers in [-8, 8] */
+    assert_non_null(x);
+    assert_int_equal(em_set_requires_grad(x, true), EM_OK);
+    em_tensor *y[2], *idx[2] = {NULL, NULL}, *dx[2], *r = NULL;
+    em_grads *g[2];
+    for (int side = 0; side < 2; side++) {
+        on(side ? EM_DEVICE_CUDA : EM_DEVICE_CPU);
+        y[side] = f(x, max ? &idx[side] : NULL);
+        assert_non_null(y[side]);
+        if (side == 0) r = rnd(dt, em_tensor_shape(y[0]), 4, seed + 1);
+        g[side] = em_backward(em_sum_all(em_mul(y[side], r)));
+        assert_non_null(g[side]);
+        dx[side] = em_grad(g[side], x);
+        assert_non_null(dx[side]);
+        assert_int_equal(em_sync(), EM_OK);
+    }
+    on(EM_DEVICE_CPU);
+    char nm[96];
+    snprintf(nm, sizeof nm, "%s", what);
+    assert_same_bits(y[0], y[1], nm);
+    if (max) assert_same_bits(idx[0], idx[1], "max_pool2d indices");
+    snprintf(nm, sizeof nm, "%s gradient", what);
+    assert_same_bits(dx[0], dx[1], nm);
+    em_grads_free(g[0]);
+    em_grads_free(g[1]);
+}
+
+static void test_pool(void **state)
+{
+    (void)state;
+    if (!g_cuda) skip();
+    em_scope_begin();
+    for (size_t h = 0; h < 2; h++) {
+        const em_dtype dt = k_half[h];
+        check_pool(dt, max_3s2p1, true, (int64_t[]){2, 3, 9, 8}, 60, "max_pool2d 3x3 stride 2 padding 1");
+        check_pool(dt, max_2, true, (int64_t[]){4, 8, 14, 14}, 61, "max_pool2d 2x2");
+        check_pool(dt, max_dil, true, (int64_t[]){2, 3, 9, 8}, 62, "max_pool2d dilated");
+        check_pool(dt, avg_3s2p1, false, (int64_t[]){2, 3, 9, 8}, 63, "avg_pool2d 3x3 stride 2 (count_include_pad false)");
+        check_pool(dt, avg_ceil_div, false, (int64_t[]){1, 2, 7, 7}, 64, "avg_pool2d ceil_mode, divisor 5");
+        check_pool(dt, adaptive_avg, false, (int64_t[]){2, 3, 9, 8}, 65, "adaptive_avg_pool2d 4x3");
+    }
+    on(EM_DEVICE_CPU);
+    em_scope_end();
+}
+
 /* ---- the f32 matmul precision setting ------------------------------------------------- */
 
 static void test_precision_setting(void **state)
@@ -522,7 +617,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_precision_setting), cmocka_unit_test(test_cast),   cmocka_unit_test(test_unary),
         cmocka_unit_test(test_binary_where),      cmocka_unit_test(test_fill),   cmocka_unit_test(test_matmul),
-        cmocka_unit_test(test_tf32),              cmocka_unit_test(test_conv),
+        cmocka_unit_test(test_tf32),              cmocka_unit_test(test_conv),   cmocka_unit_test(test_pool),
     };
     return cmocka_run_group_tests(tests, setup, em_test_teardown);
 }
