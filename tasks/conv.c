@@ -4,7 +4,9 @@
  *
  * Kernel contracts (every backend; p.conv holds stride, pad, dilation as
  * (h, w) pairs and groups g; padding is symmetric, zeros outside the input).
- * All operands are f32 or f64 (one dtype per op) and contiguous (the front
+ * All operands are f32 or f64 (one dtype per op; f16 / bf16 on the backends
+ * whose em__<backend>_half conv entry says so, CUDA: 16-bit storage, f32
+ * sums, one rounding, the door widens the op elsewhere) and contiguous (the front
  * end copies strided inputs; a descriptor may still have an offset). Sizes
  * come from the descriptors: x [N, C, H, W], w [O, C/g, KH, KW],
  * y / dy [N, O, OH, OW], Cg = C/g, Og = O/g, group of output channel o is

@@ -1,7 +1,9 @@
 /* Pooling front ends: em_max_pool2d, em_avg_pool2d, em_adaptive_avg_pool2d,
  * em_adaptive_max_pool2d, and em__avg_pool2d_bwd for the backward rule.
  *
- * Kernel contracts (every backend). Operands are f32 or f64 (one dtype),
+ * Kernel contracts (every backend). Operands are f32 or f64 (one dtype; f16 /
+ * bf16 where em__<backend>_half's pool entry says so, CUDA: f32 compute, one
+ * rounding; the door widens the op elsewhere),
  * contiguous (a descriptor may have an offset): x / dx [N, C, H, W], y / dy
  * [N, C, OH, OW] (sizes from the descriptors). p.pool holds (h, w) pairs.
  * The window of output row oh (columns alike):

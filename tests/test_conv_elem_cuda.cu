@@ -4,25 +4,62 @@
  *   - conv: forward, data gradient (the kernels gather per dx element; the
  *     reference scatters per dy element) and weight gradient (the kernels'
  *     256-way split of the sum and its tree are replayed), f64 to 1e-12 and
- *     f32 to 1e-5 (relative);
+ *     f32 to 1e-5 (relative); and through the 16-bit access policy of
+ *     conv.cu's Half16 written again for the host (uint16_t bits of f16 /
+ *     bf16, devices/half.h's converters, float accumulation): the float sums
+ *     against the reference of the same 16-bit values, to 1e-5, so every
+ *     operand is read through the policy and summed in float;
  *   - pooling: max (NaNs and ties in the input; values and indices), avg and
  *     the avg data gradient (gathered over the windows holding each element,
  *     against the reference's scatter), all bit-identical, f32 and f64, over
  *     random fixed windows (stride, padding, dilation for max, ceil_mode,
  *     count_include_pad, divisor) and adaptive ones (more outputs than inputs
- *     included).
+ *     included); and in f16 / bf16 through the host Half16 policy, bit for
+ *     bit against the f32 functions on the same 16-bit values rounded once
+ *     (the CPU's widened pooling), NaNs included for max.
  * Buffers are exactly the operands' sizes, so an out-of-bounds read shows
  * under the sanitizers. No GPU needed: it runs wherever nvcc builds the CUDA
  * kernels. Exit status = number of failing checks (0: pass). */
 #include "devices/cuda/conv_elem.cuh"
 
 #include <math.h>
+#include <stdint.h>
 #include <random>
 #include <stdio.h>
 #include <string.h>
+#include <type_traits>
 #include <vector>
 
 using namespace emc::convk;
+
+/* devices/half.h, called on the host only (__host__ __device__ because the
+ * conv_elem.cuh functions that call the policy are) */
+__host__ __device__ static inline uint32_t host_f2u(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    return u;
+}
+__host__ __device__ static inline float host_u2f(uint32_t u)
+{
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+#define EW_FN __host__ __device__ static inline
+typedef uint32_t em_u32;
+typedef uint16_t em_u16;
+#define EM_F2U(f) host_f2u(f)
+#define EM_U2F(u) host_u2f(u)
+#include "devices/half.h"
+
+/* conv.cu's Half16 on the host: f16 / bf16 bits, float accumulation. */
+struct HostHalf16 {
+    typedef float acc;
+    bool bf;
+    __host__ __device__ float ld(uint16_t v) const { return bf ? em_bf16_bits_to_f32(v) : em_f16_bits_to_f32(v); }
+    __host__ __device__ uint16_t st(float v) const { return bf ? em_f32_to_bf16_bits(v) : em_f32_to_f16_bits(v); }
+};
 
 static std::mt19937_64 g_rng(20261201);
 static int g_fails;
@@ -59,8 +96,21 @@ static void fail(const char *what, long long t, double got, double want)
 
 /* ---- conv ------------------------------------------------------------------- */
 
-template <typename T>
-static void conv_case(double tol)
+/* Values in [-1, 1] and some small integers (exact ties), stored through
+ * the policy (16-bit: rounded once). */
+template <typename T, typename L>
+static void fill_ls(std::vector<T> &v, const L &ls)
+{
+    std::uniform_real_distribution<double> u(-1, 1);
+    for (auto &e : v) {
+        e = ls.st((typename L::acc)u(g_rng));
+        if (ri(0, 7) == 0) e = ls.st((typename L::acc)ri(-2, 2));
+    }
+}
+
+/* The reference sums in double over the values the policy loads. */
+template <typename T, typename L = Plain<T>>
+static void conv_case(double tol, const L &ls = L())
 {
     ConvGeom g;
     g.N = ri(1, 3), g.G = ri(1, 3);
@@ -74,8 +124,8 @@ static void conv_case(double tol)
     g.OW = spanw / g.sw + 1;
     if (g.OH <= 0) return;
     std::vector<T> x(g.N * g.C * g.H * g.W), w(g.O * g.Cg * g.KH * g.KW), dy(g.N * g.O * g.OH * g.OW);
-    fill(x, false), fill(w, false), fill(dy, false);
-    std::vector<T> y(dy.size(), 0), dx(x.size(), 0), dw(w.size(), 0);
+    fill_ls(x, ls), fill_ls(w, ls), fill_ls(dy, ls);
+    std::vector<double> y(dy.size(), 0), dx(x.size(), 0), dw(w.size(), 0);
     for (long long n = 0; n < g.N; n++)
         for (long long o = 0; o < g.O; o++)
             for (long long oh = 0; oh < g.OH; oh++)
@@ -88,25 +138,27 @@ static void conv_case(double tol)
                                 const long long xi = ((n * g.C + (o / g.Og) * g.Cg + c) * g.H + h) * g.W + wc;
                                 const long long wi = ((o * g.Cg + c) * g.KH + i) * g.KW + j;
                                 const long long yi = ((n * g.O + o) * g.OH + oh) * g.OW + ow;
-                                y[yi] += x[xi] * w[wi];
-                                dx[xi] += dy[yi] * w[wi];
-                                dw[wi] += dy[yi] * x[xi];
+                                const double xv = ls.ld(x[xi]), wv = ls.ld(w[wi]), dyv = ls.ld(dy[yi]);
+                                y[yi] += xv * wv;
+                                dx[xi] += dyv * wv;
+                                dw[wi] += dyv * xv;
                             }
+    typedef typename L::acc A;
     for (long long t = 0; t < (long long)y.size(); t++) {
-        const T v = conv_fwd_at<T>(g, x.data(), w.data(), t);
-        if (!close_to(v, y[t], tol)) fail("conv2d", t, v, y[t]);
+        const A v = conv_fwd_at<T, L>(g, x.data(), w.data(), t, ls);
+        if (!close_to<double>(v, y[t], tol)) fail("conv2d", t, v, y[t]);
     }
     for (long long t = 0; t < (long long)dx.size(); t++) {
-        const T v = conv_bwd_data_at<T>(g, dy.data(), w.data(), t);
-        if (!close_to(v, dx[t], tol)) fail("conv2d_bwd_data", t, v, dx[t]);
+        const A v = conv_bwd_data_at<T, L>(g, dy.data(), w.data(), t, ls);
+        if (!close_to<double>(v, dx[t], tol)) fail("conv2d_bwd_data", t, v, dx[t]);
     }
     const int nt = 256; /* k_conv_bwd_weight's kThreads */
     for (long long e = 0; e < (long long)dw.size(); e++) {
-        T part[nt];
-        for (int q = 0; q < nt; q++) part[q] = conv_bwd_weight_part<T>(g, x.data(), dy.data(), e, q, nt);
+        A part[nt];
+        for (int q = 0; q < nt; q++) part[q] = conv_bwd_weight_part<T, L>(g, x.data(), dy.data(), e, q, nt, ls);
         for (int s = nt / 2; s > 0; s >>= 1)
             for (int q = 0; q < s; q++) part[q] += part[q + s];
-        if (!close_to(part[0], dw[e], tol)) fail("conv2d_bwd_weight", e, part[0], dw[e]);
+        if (!close_to<double>(part[0], dw[e], tol)) fail("conv2d_bwd_weight", e, part[0], dw[e]);
     }
 }
 
@@ -146,6 +198,36 @@ static T ref_avg_window(const PoolGeom &g, long long oh, long long ow, long long
     b[0] = hs, b[1] = he, b[2] = ws, b[3] = we;
     if (g.divisor) return (T)g.divisor;
     return (T)(g.cip ? pool : (he - hs) * (we - ws));
+}
+
+/* The 16-bit pooling of the values of @p x / @p dy rounded to f16 or bf16
+ * (HostHalf16) against the f32 functions on those rounded values, rounded
+ * once: the same bits (the widened op's). max only when @p max_only. */
+static void pool_half_check(const PoolGeom &g, const std::vector<float> &x, const std::vector<float> &dy, bool max_only, bool bf)
+{
+    const HostHalf16 ls{bf};
+    std::vector<uint16_t> xh(x.size()), dyh(dy.size());
+    std::vector<float> xf(x.size()), dyf(dy.size());
+    for (size_t i = 0; i < x.size(); i++) xh[i] = ls.st(x[i]), xf[i] = ls.ld(xh[i]);
+    for (size_t i = 0; i < dy.size(); i++) dyh[i] = ls.st(dy[i]), dyf[i] = ls.ld(dyh[i]);
+    for (long long t = 0; t < (long long)dy.size(); t++) {
+        if (max_only) {
+            float vf;
+            uint16_t vh;
+            int64_t i32, i16;
+            max_pool_at<float>(g, xf.data(), t, &vf, &i32);
+            max_pool_at<uint16_t, HostHalf16>(g, xh.data(), t, &vh, &i16, ls);
+            if (vh != ls.st(vf) || i16 != i32) fail(bf ? "max_pool2d (bf16)" : "max_pool2d (f16)", t, ls.ld(vh), vf);
+        } else {
+            const float vf = avg_pool_at<float>(g, xf.data(), t), vh = avg_pool_at<uint16_t, HostHalf16>(g, xh.data(), t, ls);
+            if (ls.st(vh) != ls.st(vf)) fail(bf ? "avg_pool2d (bf16)" : "avg_pool2d (f16)", t, vh, vf);
+        }
+    }
+    if (max_only) return;
+    for (long long t = 0; t < (long long)x.size(); t++) {
+        const float vf = avg_pool_bwd_at<float>(g, dyf.data(), t), vh = avg_pool_bwd_at<uint16_t, HostHalf16>(g, dyh.data(), t, ls);
+        if (ls.st(vh) != ls.st(vf)) fail(bf ? "avg_pool2d_bwd (bf16)" : "avg_pool2d_bwd (f16)", t, vh, vf);
+    }
 }
 
 template <typename T>
@@ -194,6 +276,8 @@ static void pool_case()
         if (!same(v, best)) fail("max_pool2d", t, v, best);
         if (idx != bi) fail("max_pool2d indices", t, (double)idx, (double)bi);
     }
+    if constexpr (std::is_same<T, float>::value) /* the 16-bit policy, from the f32 case's values */
+        for (int bf = 0; bf < 2; bf++) pool_half_check(g, x, dy, true, bf);
     if (dilated) return; /* avg pooling has no dilation */
     fill(x, false);
     std::vector<T> dx(x.size(), 0);
@@ -214,6 +298,8 @@ static void pool_case()
         const T v = avg_pool_bwd_at<T>(g, dy.data(), t);
         if (!same(v, dx[t])) fail("avg_pool2d_bwd", t, v, dx[t]);
     }
+    if constexpr (std::is_same<T, float>::value)
+        for (int bf = 0; bf < 2; bf++) pool_half_check(g, x, dy, false, bf);
 }
 
 int main()
@@ -221,6 +307,8 @@ int main()
     for (int i = 0; i < 2000; i++) {
         conv_case<double>(1e-12);
         conv_case<float>(1e-5);
+        conv_case<uint16_t>(1e-5, HostHalf16{false}); /* f16 */
+        conv_case<uint16_t>(1e-5, HostHalf16{true});  /* bf16 */
     }
     for (int i = 0; i < 10000; i++) {
         pool_case<double>();

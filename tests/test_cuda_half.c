@@ -1,14 +1,19 @@
 /* f16 / bf16 on CUDA (issue #15): the CUDA kernels that load and store the
- * 16-bit types themselves (copy/cast, unary, binary, where, fill, matmul;
- * devices/cuda/) against the CPU's on the same inputs, and the f32 matmul
- * precision setting (em_set_float32_matmul_precision).
+ * 16-bit types themselves (copy/cast, unary, binary, where, fill, matmul,
+ * conv, pool; devices/cuda/) against the CPU's on the same inputs, and the
+ * f32 matmul precision setting (em_set_float32_matmul_precision).
  *
  * Casts, fills, where and the IEEE operations (+ - * /, neg, abs, relu,
  * comparisons, maximum) must give the CPU's bits; transcendental functions
  * within one 16-bit ulp (the device's float exp/tanh may differ from the
  * host libm's by a float ulp, which the rounding to 16 bits can push over a
  * rounding boundary); matmul within the rounding of the f32 sum (the CPU
- * widens it: f32 copies, f32 GEMM, rounding copy). Operands cover contiguous
+ * widens it: f32 copies, f32 GEMM, rounding copy), conv2d and its data and
+ * weight gradients likewise (the CPU widens them; CUDA runs cuDNN's 16-bit
+ * convolutions, or its direct kernels under EMBER_CUDNN=0: the ctest entry
+ * test_cuda_half_direct); pooling (max with its indices, avg, adaptive avg,
+ * the avg gradient) must give the CPU's bits: float compute in the CPU's
+ * order, one rounding. Operands cover contiguous
  * aligned tensors (the vectorised paths), odd lengths (their tails), an
  * unaligned narrow view, a transpose and a broadcast (the N-d paths).
  * Without a CUDA worker the device cases are skipped; the setter's own cases
@@ -391,6 +396,178 @@ static void test_matmul(void **state)
     em_scope_end();
 }
 
+/* ---- conv2d and its gradients ------------------------------------------------------ */
+
+/* One geometry: y = conv2d(x, w) and, through autograd of sum(y * r), dx
+ * (CONV2D_BWD_DATA of r) and dw (CONV2D_BWD_WEIGHT of x and r), on the CPU
+ * (widened: f32 conv of the same 16-bit inputs, each result rounded once) and
+ * on CUDA (native 16-bit: f32 accumulation, one rounding); dy = 1 * r is
+ * exact, so both backward convs see the same 16-bit operands. Tolerance
+ * (max|CPU - CUDA| / max|CPU|): the two f32 sums differ in order (and
+ * cuDNN's algorithm), so their roundings to 16 bits may land on neighbouring
+ * values: one 16-bit ulp at the largest output is 2^-7 (bf16) / 2^-10 (f16)
+ * of it at most; allowed 2e-2 (bf16) and 4e-3 (f16), a few ulps, for
+ * algorithms whose transforms (Winograd, FFT) add their own rounding. */
+static void check_conv(em_dtype dt, const int64_t *xs, const int64_t *ws, const em_conv_opts *o, uint64_t seed, const char *what)
+{
+    const double tol = dt == EM_BF16 ? 2e-2 : 4e-3;
+    on(EM_DEVICE_CPU);
+    em_tensor *x = rnd(dt, xs, 4, seed), *w = rnd(dt, ws, 4, seed + 1);
+    assert_int_equal(em_set_requires_grad(x, true), EM_OK);
+    assert_int_equal(em_set_requires_grad(w, true), EM_OK);
+    em_tensor *y[2], *dx[2], *dw[2], *r = NULL;
+    em_grads *g[2];
+    for (int side = 0; side < 2; side++) {
+        on(side ? EM_DEVICE_CUDA : EM_DEVICE_CPU);
+        y[side] = em_conv2d(x, w, NULL, o);
+        assert_non_null(y[side]);
+        assert_int_equal(em_tensor_dtype(y[side]), dt);
+        if (side == 0) r = rnd(dt, em_tensor_shape(y[0]), 4, seed + 2); /* on the CPU */
+        g[side] = em_backward(em_sum_all(em_mul(y[side], r)));
+        assert_non_null(g[side]);
+        dx[side] = em_grad(g[side], x);
+        dw[side] = em_grad(g[side], w);
+        assert_non_null(dx[side]);
+        assert_non_null(dw[side]);
+        assert_int_equal(em_sync(), EM_OK); /* a kernel error (cuDNN's included) shows here */
+    }
+    on(EM_DEVICE_CPU);
+    const char *names[3] = {"conv2d", "conv2d_bwd_data (dx)", "conv2d_bwd_weight (dw)"};
+    em_tensor *cpu[3] = {y[0], dx[0], dw[0]}, *gpu[3] = {y[1], dx[1], dw[1]};
+    for (int i = 0; i < 3; i++) {
+        assert_int_equal(em_tensor_dtype(gpu[i]), dt);
+        const double d = rel_diff(cpu[i], gpu[i]);
+        if (!(d <= tol))
+            fail_msg("%s, %s (%s): max|CPU - CUDA| / max|CPU| = %.3g > %.3g", what, names[i], em_dtype_name(dt), d, tol);
+    }
+    em_grads_free(g[0]);
+    em_grads_free(g[1]);
+}
+
+static void test_conv(void **state)
+{
+    (void)state;
+    if (!g_cuda) skip();
+    const char *cudnn = getenv("EMBER_CUDNN");
+    print_message("conv2d in f16 / bf16: %s\n", cudnn && atoi(cudnn) == 0 ? "direct kernels (EMBER_CUDNN=0)" : "cuDNN (when built with it)");
+    em_scope_begin();
+    for (size_t h = 0; h < 2; h++) {
+        const em_dtype dt = k_half[h];
+        em_conv_opts o = em_conv_opts_default();
+        o.padding[0] = o.padding[1] = 1; /* 3x3, padding 1 */
+        check_conv(dt, (int64_t[]){2, 4, 9, 8}, (int64_t[]){6, 4, 3, 3}, &o, 40, "3x3 padding 1");
+        o = em_conv_opts_default();
+        o.stride[0] = o.stride[1] = 2; /* 5x5, stride 2, no padding */
+        check_conv(dt, (int64_t[]){2, 3, 16, 15}, (int64_t[]){8, 3, 5, 5}, &o, 43, "5x5 stride 2");
+        o = em_conv_opts_default();
+        o.groups = 2, o.stride[0] = 2, o.padding[0] = 1, o.padding[1] = 2, o.dilation[1] = 2; /* groups 2, mixed */
+        check_conv(dt, (int64_t[]){2, 4, 11, 10}, (int64_t[]){6, 2, 3, 3}, &o, 46, "groups 2, stride (2, 1), padding (1, 2), dilation (1, 2)");
+        o = em_conv_opts_default();
+        check_conv(dt, (int64_t[]){3, 8, 7, 7}, (int64_t[]){16, 8, 1, 1}, &o, 49, "1x1");
+        o = em_conv_opts_default();
+        o.stride[0] = o.stride[1] = 2, o.padding[0] = o.padding[1] = 1; /* 1x1 stride 2 with padding: zero border outputs */
+        check_conv(dt, (int64_t[]){2, 8, 6, 6}, (int64_t[]){8, 8, 1, 1}, &o, 52, "1x1 stride 2 padding 1");
+        o = em_conv_opts_default();
+        o.padding[0] = o.padding[1] = 1; /* the MNIST CNN's second conv: tensor-core sizes, long weight-gradient sums */
+        check_conv(dt, (int64_t[]){16, 32, 14, 14}, (int64_t[]){64, 32, 3, 3}, &o, 55, "32 -> 64 channels, 14x14, 3x3 padding 1");
+    }
+    on(EM_DEVICE_CPU);
+    em_scope_end();
+}
+
+/* ---- pooling ------------------------------------------------------------------------ */
+
+/* y = f(x) and, through autograd of sum(y * r), dx, on the CPU (widened) and
+ * on CUDA (native): the same bits (max: a 16-bit input and its index; avg
+ * and its gradient: float sums in the CPU's order, one division, one
+ * rounding; backward of max pooling is scatter_add, widened). */
+typedef em_tensor *(*pool_fn)(const em_tensor *x, em_tensor **idx);
+static em_tensor *max_3s2p1(const em_tensor *x, em_tensor **idx)
+{
+    em_pool_opts o = em_pool_opts_default(3, 3);
+    o.stride[0] = o.stride[1] = 2, o.padding[0] = o.padding[1] = 1;
+    return em_max_pool2d(x, &o, idx);
+}
+static em_tensor *max_2(const em_tensor *x, em_tensor **idx)
+{
+    em_pool_opts o = em_pool_opts_default(2, 2);
+    return em_max_pool2d(x, &o, idx);
+}
+static em_tensor *max_dil(const em_tensor *x, em_tensor **idx)
+{
+    em_pool_opts o = em_pool_opts_default(3, 2);
+    o.stride[0] = o.stride[1] = 1, o.padding[0] = 1, o.dilation[0] = 2, o.dilation[1] = 3;
+    return em_max_pool2d(x, &o, idx);
+}
+static em_tensor *avg_3s2p1(const em_tensor *x, em_tensor **idx)
+{
+    (void)idx;
+    em_pool_opts o = em_pool_opts_default(3, 3);
+    o.stride[0] = o.stride[1] = 2, o.padding[0] = o.padding[1] = 1, o.count_include_pad = false;
+    return em_avg_pool2d(x, &o);
+}
+static em_tensor *avg_ceil_div(const em_tensor *x, em_tensor **idx)
+{
+    (void)idx;
+    em_pool_opts o = em_pool_opts_default(2, 3);
+    o.ceil_mode = true, o.stride[1] = 2, o.padding[1] = 1, o.divisor_override = 5;
+    return em_avg_pool2d(x, &o);
+}
+static em_tensor *adaptive_avg(const em_tensor *x, em_tensor **idx)
+{
+    (void)idx;
+    return em_adaptive_avg_pool2d(x, 4, 3);
+}
+
+static void check_pool(em_dtype dt, pool_fn f, bool max, const int64_t *xs, uint64_t seed, const char *what)
+{
+    on(EM_DEVICE_CPU);
+    em_tensor *x = rnd(dt, xs, 4, seed);
+    if (max) x = em_round(em_mul_scalar(x, 8)); /* ties: integers in [-8, 8] */
+    assert_non_null(x);
+    assert_int_equal(em_set_requires_grad(x, true), EM_OK);
+    em_tensor *y[2], *idx[2] = {NULL, NULL}, *dx[2], *r = NULL;
+    em_grads *g[2];
+    for (int side = 0; side < 2; side++) {
+        on(side ? EM_DEVICE_CUDA : EM_DEVICE_CPU);
+        y[side] = f(x, max ? &idx[side] : NULL);
+        assert_non_null(y[side]);
+        if (side == 0) r = rnd(dt, em_tensor_shape(y[0]), 4, seed + 1);
+        g[side] = em_backward(em_sum_all(em_mul(y[side], r)));
+        assert_non_null(g[side]);
+        dx[side] = em_grad(g[side], x);
+        assert_non_null(dx[side]);
+        assert_int_equal(em_sync(), EM_OK);
+    }
+    on(EM_DEVICE_CPU);
+    char nm[96];
+    snprintf(nm, sizeof nm, "%s", what);
+    assert_same_bits(y[0], y[1], nm);
+    if (max) assert_same_bits(idx[0], idx[1], "max_pool2d indices");
+    snprintf(nm, sizeof nm, "%s gradient", what);
+    assert_same_bits(dx[0], dx[1], nm);
+    em_grads_free(g[0]);
+    em_grads_free(g[1]);
+}
+
+static void test_pool(void **state)
+{
+    (void)state;
+    if (!g_cuda) skip();
+    em_scope_begin();
+    for (size_t h = 0; h < 2; h++) {
+        const em_dtype dt = k_half[h];
+        check_pool(dt, max_3s2p1, true, (int64_t[]){2, 3, 9, 8}, 60, "max_pool2d 3x3 stride 2 padding 1");
+        check_pool(dt, max_2, true, (int64_t[]){4, 8, 14, 14}, 61, "max_pool2d 2x2");
+        check_pool(dt, max_dil, true, (int64_t[]){2, 3, 9, 8}, 62, "max_pool2d dilated");
+        check_pool(dt, avg_3s2p1, false, (int64_t[]){2, 3, 9, 8}, 63, "avg_pool2d 3x3 stride 2 (count_include_pad false)");
+        check_pool(dt, avg_ceil_div, false, (int64_t[]){1, 2, 7, 7}, 64, "avg_pool2d ceil_mode, divisor 5");
+        check_pool(dt, adaptive_avg, false, (int64_t[]){2, 3, 9, 8}, 65, "adaptive_avg_pool2d 4x3");
+    }
+    on(EM_DEVICE_CPU);
+    em_scope_end();
+}
+
 /* ---- the f32 matmul precision setting ------------------------------------------------- */
 
 static void test_precision_setting(void **state)
@@ -440,7 +617,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_precision_setting), cmocka_unit_test(test_cast),   cmocka_unit_test(test_unary),
         cmocka_unit_test(test_binary_where),      cmocka_unit_test(test_fill),   cmocka_unit_test(test_matmul),
-        cmocka_unit_test(test_tf32),
+        cmocka_unit_test(test_tf32),              cmocka_unit_test(test_conv),   cmocka_unit_test(test_pool),
     };
     return cmocka_run_group_tests(tests, setup, em_test_teardown);
 }

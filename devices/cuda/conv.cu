@@ -1,6 +1,12 @@
 /* CUDA kernels of the conv and pool families. The contracts are at the top of
  * tasks/conv.c and tasks/pool.c; the CPU reference is devices/cpu/conv.c.
- * Operands are contiguous NCHW (a descriptor may have an offset), f32 or f64.
+ * Operands are contiguous NCHW (a descriptor may have an offset), f32 or f64;
+ * the conv ops also f16 and bf16 (issue #15: em__cuda_half's conv entry in
+ * devices/cuda/kernels.cu; 16-bit storage, f32 accumulation, the result
+ * rounded once to the 16-bit dtype, as the CPU's widened conv), and so do
+ * the pool ops (em__cuda_half's pool entry: float compute, one rounding;
+ * max pooling's value is one of the 16-bit inputs, a NaN made the quiet NaN
+ * of devices/half.h, as the CPU's widened pooling makes it).
  *
  * ---- em_cuda_conv: CONV2D, CONV2D_BWD_DATA, CONV2D_BWD_WEIGHT ----------------
  *
@@ -21,7 +27,14 @@
  *   em__kernel_error with cuDNN's status string (when the algorithm picked
  *   fails at launch, the next one of the cache entry is tried first, and the
  *   first failure is reported if none runs); the direct kernels never stand
- *   in for a failing cuDNN call.
+ *   in for a failing cuDNN call, with one exception: an f16 / bf16
+ *   convolution that cuDNN does not support at all (no usable algorithm, or
+ *   every algorithm refused at launch with a NOT_SUPPORTED status: cuDNN's
+ *   16-bit support depends on the GPU) runs on the direct kernels, logged
+ *   once per shape (EM_LOG_INFO) and remembered as an empty cache entry.
+ *   The direct kernels in f16 / bf16 load the 16-bit bits exactly into
+ *   float (devices/cuda/half.cuh), accumulate in float, round once at the
+ *   store (the weight gradient's block tree is in float too).
  *
  * Math type (f32): CUDNN_FMA_MATH by default. cuDNN's CUDNN_DEFAULT_MATH lets
  * FP32 convolutions run as TF32 on Ampere and newer (H200 included), which the
@@ -30,7 +43,12 @@
  * convolution, when its kernel runs; EMBER_TF32=1 sets it at em_init) it is
  * CUDNN_TENSOR_OP_MATH (TF32 tensor cores, as CUBLAS_TF32_TENSOR_OP_MATH).
  * CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION is never used (it may convert FP32
- * data down to FP16). f64: CUDNN_DEFAULT_MATH.
+ * data down to FP16). f64: CUDNN_DEFAULT_MATH. f16 / bf16: HALF / BFLOAT16
+ * tensor and filter descriptors, a convolution descriptor of compute type
+ * FLOAT (f32 accumulation, cuDNN's PSEUDO_HALF_CONFIG /
+ * PSEUDO_BFLOAT16_CONFIG, as PyTorch) and CUDNN_TENSOR_OP_MATH (tensor
+ * cores; EM_MATMUL_HIGH is not needed, as cuBLAS's 16-bit GEMMs in
+ * devices/cuda/matmul.cu), alpha and beta as float.
  *
  * Algorithm cache: one entry per (op kind, dtype, device, every size of x, w
  * and y, stride, pad, dilation, groups, math setting, pointer alignment),
@@ -68,6 +86,7 @@
  * output size) and adaptive ones. Every read is inside its operand. */
 #include "devices/cuda/emcuda.h"
 #include "devices/cuda/conv_elem.cuh"
+#include "devices/cuda/half.cuh"
 
 #ifdef EMBER_HAVE_CUDNN
 #include <cudnn.h>
@@ -109,59 +128,73 @@ ConvGeom conv_geometry(const em_kargs *k, const em_tdesc &x, const em_tdesc &w, 
 /* direct convolution kernels (no cuDNN)                                      */
 /* ========================================================================= */
 
-/* One thread per output element (grid-stride); the math is conv_elem.cuh's. */
-template <typename T>
-__global__ void k_conv_fwd(ConvGeom g, const T *__restrict__ x, const T *__restrict__ w, T *__restrict__ y)
+/* The access policy of 16-bit operands (conv_elem.cuh): uint16_t bits of
+ * f16 / bf16 (the dtype picked at run time, H16 of half.cuh, so one
+ * instantiation serves both), loaded exactly into float, products summed in
+ * float, the result rounded once to nearest even (devices/half.h). */
+struct Half16 {
+    typedef float acc;
+    H16 h;
+    __device__ __forceinline__ float ld(uint16_t v) const { return h.ld(v); }
+    __device__ __forceinline__ uint16_t st(float v) const { return h.st(v); }
+};
+
+/* One thread per output element (grid-stride); the math is conv_elem.cuh's.
+ * T: the storage type (float, double, uint16_t), L: its access policy. */
+template <typename T, typename L>
+__global__ void k_conv_fwd(ConvGeom g, const T *__restrict__ x, const T *__restrict__ w, T *__restrict__ y, L ls)
 {
     const long long total = g.N * g.O * g.OH * g.OW;
     for (long long t = blockIdx.x * (long long)blockDim.x + threadIdx.x; t < total; t += (long long)gridDim.x * blockDim.x)
-        y[t] = conv_fwd_at<T>(g, x, w, t);
+        y[t] = ls.st(conv_fwd_at<T, L>(g, x, w, t, ls));
 }
 
-template <typename T>
-__global__ void k_conv_bwd_data(ConvGeom g, const T *__restrict__ dy, const T *__restrict__ w, T *__restrict__ dx)
+template <typename T, typename L>
+__global__ void k_conv_bwd_data(ConvGeom g, const T *__restrict__ dy, const T *__restrict__ w, T *__restrict__ dx, L ls)
 {
     const long long total = g.N * g.C * g.H * g.W;
     for (long long t = blockIdx.x * (long long)blockDim.x + threadIdx.x; t < total; t += (long long)gridDim.x * blockDim.x)
-        dx[t] = conv_bwd_data_at<T>(g, dy, w, t);
+        dx[t] = ls.st(conv_bwd_data_at<T, L>(g, dy, w, t, ls));
 }
 
 /* One block per dw element: thread k sums the terms k, k + kThreads, ...,
- * then a fixed-order tree over the block (deterministic). blockDim.x must be
+ * then a fixed-order tree over the block (deterministic), in the
+ * accumulation type; one rounding to T at the end. blockDim.x must be
  * kThreads (a power of two). */
-template <typename T>
-__global__ void k_conv_bwd_weight(ConvGeom g, const T *__restrict__ x, const T *__restrict__ dy, T *__restrict__ dw)
+template <typename T, typename L>
+__global__ void k_conv_bwd_weight(ConvGeom g, const T *__restrict__ x, const T *__restrict__ dy, T *__restrict__ dw, L ls)
 {
-    __shared__ T part[kThreads];
+    typedef typename L::acc A;
+    __shared__ A part[kThreads];
     const long long nel = g.O * g.Cg * g.KH * g.KW;
     for (long long e = blockIdx.x; e < nel; e += gridDim.x) {
-        part[threadIdx.x] = conv_bwd_weight_part<T>(g, x, dy, e, threadIdx.x, blockDim.x);
+        part[threadIdx.x] = conv_bwd_weight_part<T, L>(g, x, dy, e, threadIdx.x, blockDim.x, ls);
         __syncthreads();
         for (unsigned s = blockDim.x / 2; s > 0; s >>= 1) {
             if (threadIdx.x < s) part[threadIdx.x] += part[threadIdx.x + s];
             __syncthreads();
         }
-        if (threadIdx.x == 0) dw[e] = part[0];
+        if (threadIdx.x == 0) dw[e] = ls.st(part[0]);
         __syncthreads();
     }
 }
 
-template <typename T>
-void direct_conv(const em_kargs *k, void *buffers[], const ConvGeom &g)
+template <typename T, typename L>
+void direct_conv(const em_kargs *k, void *buffers[], const ConvGeom &g, L ls)
 {
     const T *a = (const T *)base(buffers, 0, k->in[0]), *b = (const T *)base(buffers, 1, k->in[1]);
     T *out = (T *)base(buffers, 2, k->out[0]);
     cudaStream_t s = stream();
     if (k->kind == EM_OP_CONV2D) {
-        k_conv_fwd<T><<<grid_for(g.N * g.O * g.OH * g.OW), kThreads, 0, s>>>(g, a, b, out);
+        k_conv_fwd<T, L><<<grid_for(g.N * g.O * g.OH * g.OW), kThreads, 0, s>>>(g, a, b, out, ls);
         check_launch("conv2d (direct kernel)");
     } else if (k->kind == EM_OP_CONV2D_BWD_DATA) {
-        k_conv_bwd_data<T><<<grid_for(g.N * g.C * g.H * g.W), kThreads, 0, s>>>(g, a, b, out);
+        k_conv_bwd_data<T, L><<<grid_for(g.N * g.C * g.H * g.W), kThreads, 0, s>>>(g, a, b, out, ls);
         check_launch("conv2d_bwd_data (direct kernel)");
     } else {
         const long long nel = g.O * g.Cg * g.KH * g.KW, cap = (long long)sm_count() * 64;
         const unsigned blocks = (unsigned)(nel < cap ? (nel > 0 ? nel : 1) : cap);
-        k_conv_bwd_weight<T><<<blocks, kThreads, 0, s>>>(g, a, b, out);
+        k_conv_bwd_weight<T, L><<<blocks, kThreads, 0, s>>>(g, a, b, out, ls);
         check_launch("conv2d_bwd_weight (direct kernel)");
     }
 }
@@ -391,6 +424,9 @@ cudnnStatus_t ws_size(int kind, cudnnHandle_t h, const Descs &d, int algo, size_
     return cudnnGetConvolutionBackwardFilterWorkspaceSize(h, d.x, d.y, d.c, d.w, (cudnnConvolutionBwdFilterAlgo_t)algo, bytes);
 }
 
+/* alpha 1, beta 0: double for f64, float for f32 and for f16 / bf16 (cuDNN's
+ * rule: the scaling factors have the compute type's precision class, float
+ * unless the data is double). */
 cudnnStatus_t run(int kind, int dt, cudnnHandle_t h, const Descs &d, const Ptrs &q, int algo, void *ws, size_t bytes)
 {
     const float f1 = 1.0f, f0 = 0.0f;
@@ -407,16 +443,22 @@ cudnnStatus_t run(int kind, int dt, cudnnHandle_t h, const Descs &d, const Ptrs 
 }
 
 /* The math type asked of cuDNN for dtype @p dt, and whether a perf result's
- * math type is acceptable (and the one the algorithm then runs with). */
+ * math type is acceptable (and the one the algorithm then runs with).
+ * f64: DEFAULT. f32: FMA, or TENSOR_OP (TF32) under t_tf32. f16 / bf16:
+ * TENSOR_OP (16-bit products on tensor cores, accumulated in f32: the
+ * convolution descriptor's compute type is FLOAT, cudnn_conv); a perf result
+ * of any math type but ALLOW_CONVERSION is accepted and runs with its own
+ * (DEFAULT and FMA are not less precise for 16-bit data). */
 cudnnMathType_t requested_math(int dt)
 {
     if (dt == EM_F64) return CUDNN_DEFAULT_MATH;
+    if (is_half_dtype(dt)) return CUDNN_TENSOR_OP_MATH;
     return t_tf32 ? CUDNN_TENSOR_OP_MATH : CUDNN_FMA_MATH;
 }
 
 bool math_ok(int dt, cudnnMathType_t m, cudnnMathType_t *run_with)
 {
-    if (m == CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION) return false;
+    if (m == CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION) return false; /* may convert data down to f16 (bf16 included) */
     if (dt == EM_F32 && !t_tf32) {
         if (m == CUDNN_TENSOR_OP_MATH) return false;
         *run_with = CUDNN_FMA_MATH; /* never TF32 */
@@ -440,9 +482,15 @@ void add_algo(std::vector<Algo> &v, int algo, size_t ws, cudnnMathType_t m)
     v.push_back(Algo{algo, ws, m});
 }
 
-/* Fills @p out with the algorithms of a cache miss (see the file header).
- * Returns false after reporting an error. */
-bool choose(const em_kargs *k, int dt, Worker &w, Descs &d, const Ptrs &q, std::vector<Algo> &out)
+/* What choose() found. */
+enum class Choice {
+    ALGOS,  /* @p out holds the algorithms */
+    FAILED, /* an error was reported */
+    NONE,   /* f16 / bf16 only: cuDNN supports no algorithm for this convolution (not reported: the direct kernels run it) */
+};
+
+/* Fills @p out with the algorithms of a cache miss (see the file header). */
+Choice choose(const em_kargs *k, int dt, Worker &w, Descs &d, const Ptrs &q, std::vector<Algo> &out)
 {
     const int kind = k->kind;
     const Settings &S = settings();
@@ -468,7 +516,7 @@ bool choose(const em_kargs *k, int dt, Worker &w, Descs &d, const Ptrs &q, std::
         cudaError_t ce = cudaStreamSynchronize(stream());
         if (ce != cudaSuccess) {
             check(ce, "conv2d (waiting for the stream before cudnnFind)");
-            return false;
+            return Choice::FAILED;
         }
         Perf found[kMaxAlgos];
         int nf = 0;
@@ -497,6 +545,8 @@ bool choose(const em_kargs *k, int dt, Worker &w, Descs &d, const Ptrs &q, std::
     }
     out.swap(keep);
     if (out.empty()) {
+        if (is_half_dtype(dt) && (st_get == CUDNN_STATUS_SUCCESS || cudnn_em_status(st_get) == EM_ERR_UNSUPPORTED))
+            return Choice::NONE;
         if (st_get != CUDNN_STATUS_SUCCESS)
             cudnn_fail(k, "cudnnGetConvolution*Algorithm_v7", st_get);
         else
@@ -504,9 +554,9 @@ bool choose(const em_kargs *k, int dt, Worker &w, Descs &d, const Ptrs &q, std::
                              "cuDNN %s: no algorithm supports this convolution%s: %s (%d heuristic results, none usable)",
                              kind_name(kind), S.deterministic ? " deterministically (EMBER_CUDNN_DETERMINISTIC=1)" : "",
                              cudnnGetErrorString(CUDNN_STATUS_NOT_SUPPORTED), nh);
-        return false;
+        return Choice::FAILED;
     }
-    return true;
+    return Choice::ALGOS;
 }
 
 bool fits_int(long long v) { return v >= 0 && v <= INT_MAX; }
@@ -552,7 +602,16 @@ bool cudnn_conv(const em_kargs *k, void *buffers[], const ConvGeom &g, int dt)
         return true;
     }
 
-    const cudnnDataType_t cdt = dt == EM_F64 ? CUDNN_DATA_DOUBLE : CUDNN_DATA_FLOAT;
+    /* Storage type of x, w, y and the compute type of the convolution: f64
+     * DOUBLE / DOUBLE, f32 FLOAT / FLOAT, f16 HALF / FLOAT and bf16 BFLOAT16 /
+     * FLOAT (cuDNN's PSEUDO_HALF_CONFIG and PSEUDO_BFLOAT16_CONFIG: f32
+     * accumulation, as PyTorch's 16-bit convolutions). em_cuda_conv let only
+     * these four dtypes through. */
+    const cudnnDataType_t cdt = dt == EM_F64    ? CUDNN_DATA_DOUBLE
+                                : dt == EM_F16  ? CUDNN_DATA_HALF
+                                : dt == EM_BF16 ? CUDNN_DATA_BFLOAT16
+                                                : CUDNN_DATA_FLOAT;
+    const cudnnDataType_t compute = dt == EM_F64 ? CUDNN_DATA_DOUBLE : CUDNN_DATA_FLOAT;
     Descs d;
 #define CK(call)                                                                                                      \
     do {                                                                                                              \
@@ -569,7 +628,7 @@ bool cudnn_conv(const em_kargs *k, void *buffers[], const ConvGeom &g, int dt)
     CK(cudnnSetTensor4dDescriptor(d.y, CUDNN_TENSOR_NCHW, cdt, (int)g.N, (int)g.O, (int)g.OH, (int)g.OW));
     CK(cudnnSetFilter4dDescriptor(d.w, cdt, CUDNN_TENSOR_NCHW, (int)g.O, (int)g.Cg, (int)g.KH, (int)g.KW));
     CK(cudnnSetConvolution2dDescriptor(d.c, (int)g.ph, (int)g.pw, (int)g.sh, (int)g.sw, (int)g.dh, (int)g.dw,
-                                       CUDNN_CROSS_CORRELATION, cdt));
+                                       CUDNN_CROSS_CORRELATION, compute));
     CK(cudnnSetConvolutionGroupCount(d.c, (int)g.G));
     CK(cudnnSetConvolutionMathType(d.c, requested_math(dt)));
     int n_ = 0, c_ = 0, h_ = 0, w_ = 0;
@@ -601,8 +660,17 @@ bool cudnn_conv(const em_kargs *k, void *buffers[], const ConvGeom &g, int dt)
             hit = true;
         }
     }
+    if (hit && algos.empty()) return false; /* a 16-bit shape cuDNN does not support: direct kernels */
     if (!hit) {
-        if (!choose(k, dt, w, d, q, algos)) return true;
+        const Choice c = choose(k, dt, w, d, q, algos);
+        if (c == Choice::FAILED) return true;
+        if (c == Choice::NONE) {
+            em_log_msg(EM_LOG_INFO, "cuDNN %s (%s): no algorithm supports this convolution; using the direct kernels",
+                       kind_name(kind), dt == EM_BF16 ? "bf16" : "f16");
+            std::lock_guard<std::mutex> lk(g_cache_mu);
+            g_cache[key] = std::vector<Algo>(); /* the empty entry: direct kernels */
+            return false;
+        }
         {
             std::lock_guard<std::mutex> lk(g_cache_mu);
             g_cache[key] = algos;
@@ -655,6 +723,17 @@ bool cudnn_conv(const em_kargs *k, void *buffers[], const ConvGeom &g, int dt)
             err_algo = a.algo;
         }
     }
+    if (first_err != CUDNN_STATUS_SUCCESS && is_half_dtype(dt) && refused.size() == algos.size() &&
+        cudnn_em_status(first_err) == EM_ERR_UNSUPPORTED) {
+        /* f16 / bf16: every algorithm refused the convolution as not
+         * supported (cuDNN's 16-bit support depends on the GPU): the direct
+         * kernels run it, from now on too. */
+        em_log_msg(EM_LOG_INFO, "cuDNN %s (%s): algorithm %d failed (%s) and no other ran; using the direct kernels",
+                   kind_name(kind), dt == EM_BF16 ? "bf16" : "f16", err_algo, cudnnGetErrorString(first_err));
+        std::lock_guard<std::mutex> lk(g_cache_mu);
+        g_cache[key] = std::vector<Algo>();
+        return false;
+    }
     if (first_err != CUDNN_STATUS_SUCCESS) {
         char what[96];
         snprintf(what, sizeof what, "cudnnConvolution%s (algorithm %d)",
@@ -680,29 +759,31 @@ bool cudnn_conv(const em_kargs *k, void *buffers[], const ConvGeom &g, int dt)
 /* pooling kernels                                                            */
 /* ========================================================================= */
 
-template <typename T>
-__global__ void k_max_pool(PoolGeom g, const T *__restrict__ x, T *__restrict__ y, int64_t *__restrict__ idx)
+/* T: the storage type (float, double, uint16_t), L: its access policy
+ * (conv_elem.cuh; Half16 for f16 / bf16: float compute, one rounding). */
+template <typename T, typename L>
+__global__ void k_max_pool(PoolGeom g, const T *__restrict__ x, T *__restrict__ y, int64_t *__restrict__ idx, L ls)
 {
     const long long total = g.NC * g.OH * g.OW;
     for (long long t = blockIdx.x * (long long)blockDim.x + threadIdx.x; t < total; t += (long long)gridDim.x * blockDim.x)
-        max_pool_at<T>(g, x, t, &y[t], &idx[t]);
+        max_pool_at<T, L>(g, x, t, &y[t], &idx[t], ls);
 }
 
-template <typename T>
-__global__ void k_avg_pool(PoolGeom g, const T *__restrict__ x, T *__restrict__ y)
+template <typename T, typename L>
+__global__ void k_avg_pool(PoolGeom g, const T *__restrict__ x, T *__restrict__ y, L ls)
 {
     const long long total = g.NC * g.OH * g.OW;
     for (long long t = blockIdx.x * (long long)blockDim.x + threadIdx.x; t < total; t += (long long)gridDim.x * blockDim.x)
-        y[t] = avg_pool_at<T>(g, x, t);
+        y[t] = ls.st(avg_pool_at<T, L>(g, x, t, ls));
 }
 
 /* One thread per dx element, gathering (no atomics). */
-template <typename T>
-__global__ void k_avg_pool_bwd(PoolGeom g, const T *__restrict__ dy, T *__restrict__ dx)
+template <typename T, typename L>
+__global__ void k_avg_pool_bwd(PoolGeom g, const T *__restrict__ dy, T *__restrict__ dx, L ls)
 {
     const long long total = g.NC * g.H * g.W;
     for (long long t = blockIdx.x * (long long)blockDim.x + threadIdx.x; t < total; t += (long long)gridDim.x * blockDim.x)
-        dx[t] = avg_pool_bwd_at<T>(g, dy, t);
+        dx[t] = ls.st(avg_pool_bwd_at<T, L>(g, dy, t, ls));
 }
 
 PoolGeom pool_geometry(const em_kargs *k, const em_tdesc &X, const em_tdesc &Y)
@@ -720,15 +801,16 @@ PoolGeom pool_geometry(const em_kargs *k, const em_tdesc &X, const em_tdesc &Y)
     return g;
 }
 
-template <typename T>
-void pool_typed(const em_kargs *k, void *buffers[])
+template <typename T, typename L>
+void pool_typed(const em_kargs *k, void *buffers[], L ls)
 {
     cudaStream_t s = stream();
     if (k->kind == EM_OP_AVG_POOL2D_BWD) {
         const PoolGeom g = pool_geometry(k, k->out[0], k->in[0]);
         const long long n = g.NC * g.H * g.W;
         if (n == 0) return;
-        k_avg_pool_bwd<T><<<grid_for(n), kThreads, 0, s>>>(g, (const T *)base(buffers, 0, k->in[0]), (T *)base(buffers, 1, k->out[0]));
+        k_avg_pool_bwd<T, L><<<grid_for(n), kThreads, 0, s>>>(g, (const T *)base(buffers, 0, k->in[0]), (T *)base(buffers, 1, k->out[0]),
+                                                              ls);
         check_launch("avg_pool2d_bwd");
         return;
     }
@@ -736,11 +818,11 @@ void pool_typed(const em_kargs *k, void *buffers[])
     const long long n = g.NC * g.OH * g.OW;
     if (n == 0) return;
     if (k->kind == EM_OP_MAX_POOL2D) {
-        k_max_pool<T><<<grid_for(n), kThreads, 0, s>>>(g, (const T *)base(buffers, 0, k->in[0]), (T *)base(buffers, 1, k->out[0]),
-                                                       (int64_t *)base(buffers, 2, k->out[1]));
+        k_max_pool<T, L><<<grid_for(n), kThreads, 0, s>>>(g, (const T *)base(buffers, 0, k->in[0]), (T *)base(buffers, 1, k->out[0]),
+                                                          (int64_t *)base(buffers, 2, k->out[1]), ls);
         check_launch("max_pool2d");
     } else {
-        k_avg_pool<T><<<grid_for(n), kThreads, 0, s>>>(g, (const T *)base(buffers, 0, k->in[0]), (T *)base(buffers, 1, k->out[0]));
+        k_avg_pool<T, L><<<grid_for(n), kThreads, 0, s>>>(g, (const T *)base(buffers, 0, k->in[0]), (T *)base(buffers, 1, k->out[0]), ls);
         check_launch("avg_pool2d");
     }
 }
@@ -778,8 +860,8 @@ void em_cuda_conv(void *buffers[], void *cl_arg)
         return;
     }
     const int dt = k->in[0].dtype;
-    if (!is_fp_dtype(dt) || k->in[1].dtype != dt || k->out[0].dtype != dt) {
-        unsupported("conv (dtype)", dt);
+    if ((!is_fp_dtype(dt) && !is_half_dtype(dt)) || k->in[1].dtype != dt || k->out[0].dtype != dt) {
+        unsupported("conv (dtype)", dt); /* f32, f64, f16, bf16 only, one dtype for all three operands */
         return;
     }
     if (k->in[0].ndim != 4 || k->in[1].ndim != 4 || k->out[0].ndim != 4) {
@@ -809,10 +891,13 @@ void em_cuda_conv(void *buffers[], void *cl_arg)
 #ifdef EMBER_HAVE_CUDNN
     if (settings().use_cudnn && cudnn_conv(k, buffers, g, dt)) return;
 #endif
-    if (dt == EM_F32)
-        direct_conv<float>(k, buffers, g);
-    else
-        direct_conv<double>(k, buffers, g);
+    switch (dt) {
+    case EM_F32: direct_conv<float>(k, buffers, g, Plain<float>()); break;
+    case EM_F64: direct_conv<double>(k, buffers, g, Plain<double>()); break;
+    case EM_F16:
+    case EM_BF16: direct_conv<uint16_t>(k, buffers, g, Half16{h16_of(dt)}); break; /* the dtype picks the converters */
+    default: unsupported("conv (direct kernel dtype)", dt); break; /* excluded by the dtype check above */
+    }
 }
 
 void em_cuda_pool(void *buffers[], void *cl_arg)
@@ -824,8 +909,8 @@ void em_cuda_pool(void *buffers[], void *cl_arg)
         return;
     }
     const int dt = k->in[0].dtype;
-    if (!is_fp_dtype(dt) || k->out[0].dtype != dt) {
-        unsupported("pool (dtype)", dt);
+    if ((!is_fp_dtype(dt) && !is_half_dtype(dt)) || k->out[0].dtype != dt) {
+        unsupported("pool (dtype)", dt); /* f32, f64, f16, bf16 only */
         return;
     }
     const em_tdesc &X = kind == EM_OP_AVG_POOL2D_BWD ? k->out[0] : k->in[0], &Y = kind == EM_OP_AVG_POOL2D_BWD ? k->in[0] : k->out[0];
@@ -834,10 +919,13 @@ void em_cuda_pool(void *buffers[], void *cl_arg)
         em__kernel_error(k, EM_ERR_INVALID, "CUDA pool: inconsistent operands or window parameters");
         return;
     }
-    if (dt == EM_F32)
-        pool_typed<float>(k, buffers);
-    else
-        pool_typed<double>(k, buffers);
+    switch (dt) {
+    case EM_F32: pool_typed<float>(k, buffers, Plain<float>()); break;
+    case EM_F64: pool_typed<double>(k, buffers, Plain<double>()); break;
+    case EM_F16:
+    case EM_BF16: pool_typed<uint16_t>(k, buffers, Half16{h16_of(dt)}); break; /* the dtype picks the converters */
+    default: unsupported("pool (dtype)", dt); break; /* excluded by the dtype check above */
+    }
 }
 
 namespace emc {

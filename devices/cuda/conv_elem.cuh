@@ -3,7 +3,16 @@
  * tasks/pool.c). __host__ __device__ and free of StarPU and of the CUDA
  * runtime, so that a host program can check them against the CPU kernels.
  * Every read stays inside its operand: each index is bounds-checked against
- * the operand's sizes before it is used. */
+ * the operand's sizes before it is used.
+ *
+ * Element access: the conv and pool functions take an access policy L
+ * (template parameter, default Plain<T>) with the storage type T of the
+ * operands, the accumulation type L::acc and L::ld (T -> acc); the kernels
+ * store a result with L::st (acc -> T). Plain<T> is f32 / f64 accumulated in
+ * their own type (the CPU kernels' types); devices/cuda/conv.cu adds the
+ * 16-bit one (uint16_t bits of f16 / bf16, loaded exactly into float,
+ * accumulated in float, rounded once at the store: the values of the CPU's
+ * widened f32 conv, DESIGN.md §7). */
 #ifndef EMBER_CUDA_CONV_ELEM_CUH
 #define EMBER_CUDA_CONV_ELEM_CUH
 
@@ -18,10 +27,19 @@ struct ConvGeom {
     long long sh, sw, ph, pw, dh, dw;
 };
 
+/* The access policy of f32 / f64 operands: accumulated in T itself. */
+template <typename T>
+struct Plain {
+    typedef T acc;
+    __host__ __device__ T ld(T v) const { return v; }
+    __host__ __device__ T st(T v) const { return v; }
+};
+
 /* y[t], t = ((n*O + o)*OH + oh)*OW + ow:
  * sum_{c, i, j} x[n, (o/Og)*Cg + c, h, w] * w[o, c, i, j] over (h, w) inside x */
-template <typename T>
-__host__ __device__ inline T conv_fwd_at(const ConvGeom &g, const T *__restrict__ x, const T *__restrict__ w, long long t)
+template <typename T, typename L = Plain<T>>
+__host__ __device__ inline typename L::acc conv_fwd_at(const ConvGeom &g, const T *__restrict__ x, const T *__restrict__ w, long long t,
+                                                       const L &ls = L())
 {
     long long r = t;
     const long long ow = r % g.OW;
@@ -31,7 +49,7 @@ __host__ __device__ inline T conv_fwd_at(const ConvGeom &g, const T *__restrict_
     const long long o = r % g.O, n = r / g.O;
     const T *xb = x + (n * g.C + (o / g.Og) * g.Cg) * g.H * g.W;
     const T *wb = w + o * g.Cg * g.KH * g.KW;
-    T acc = 0;
+    typename L::acc acc = 0;
     for (long long c = 0; c < g.Cg; c++)
         for (long long i = 0; i < g.KH; i++) {
             const long long h = oh * g.sh - g.ph + i * g.dh;
@@ -40,7 +58,7 @@ __host__ __device__ inline T conv_fwd_at(const ConvGeom &g, const T *__restrict_
             const T *wr = wb + (c * g.KH + i) * g.KW;
             for (long long j = 0; j < g.KW; j++) {
                 const long long wc = ow * g.sw - g.pw + j * g.dw;
-                if (wc >= 0 && wc < g.W) acc += xr[wc] * wr[j];
+                if (wc >= 0 && wc < g.W) acc += ls.ld(xr[wc]) * ls.ld(wr[j]);
             }
         }
     return acc;
@@ -49,8 +67,9 @@ __host__ __device__ inline T conv_fwd_at(const ConvGeom &g, const T *__restrict_
 /* dx[t], t = ((n*C + c)*H + h)*W + w: sum over o of c's group, i, j with
  * oh*sh - ph + i*dh = h, ow*sw - pw + j*dw = w (inside dy) of
  * dy[n,o,oh,ow] * w[o, c % Cg, i, j] */
-template <typename T>
-__host__ __device__ inline T conv_bwd_data_at(const ConvGeom &g, const T *__restrict__ dy, const T *__restrict__ w, long long t)
+template <typename T, typename L = Plain<T>>
+__host__ __device__ inline typename L::acc conv_bwd_data_at(const ConvGeom &g, const T *__restrict__ dy, const T *__restrict__ w,
+                                                            long long t, const L &ls = L())
 {
     long long r = t;
     const long long wc = r % g.W;
@@ -59,7 +78,7 @@ __host__ __device__ inline T conv_bwd_data_at(const ConvGeom &g, const T *__rest
     r /= g.H;
     const long long c = r % g.C, n = r / g.C;
     const long long gr = c / g.Cg, cc = c % g.Cg;
-    T acc = 0;
+    typename L::acc acc = 0;
     for (long long o = gr * g.Og; o < (gr + 1) * g.Og; o++) {
         const T *dyb = dy + (n * g.O + o) * g.OH * g.OW;
         const T *wb = w + (o * g.Cg + cc) * g.KH * g.KW;
@@ -73,7 +92,7 @@ __host__ __device__ inline T conv_bwd_data_at(const ConvGeom &g, const T *__rest
                 if (nw < 0 || nw % g.sw) continue;
                 const long long ow = nw / g.sw;
                 if (ow >= g.OW) continue;
-                acc += dyb[oh * g.OW + ow] * wb[i * g.KW + j];
+                acc += ls.ld(dyb[oh * g.OW + ow]) * ls.ld(wb[i * g.KW + j]);
             }
         }
     }
@@ -83,9 +102,9 @@ __host__ __device__ inline T conv_bwd_data_at(const ConvGeom &g, const T *__rest
 /* Part of dw[e], e = ((o*Cg + c)*KH + i)*KW + j: the terms q = q0, q0 + step,
  * ... < N*OH*OW (q = (n*OH + oh)*OW + ow) of
  * sum_{n, oh, ow} dy[n,o,oh,ow] * x[n, (o/Og)*Cg + c, h, w] over (h, w) inside x */
-template <typename T>
-__host__ __device__ inline T conv_bwd_weight_part(const ConvGeom &g, const T *__restrict__ x, const T *__restrict__ dy, long long e,
-                                                  long long q0, long long step)
+template <typename T, typename L = Plain<T>>
+__host__ __device__ inline typename L::acc conv_bwd_weight_part(const ConvGeom &g, const T *__restrict__ x, const T *__restrict__ dy,
+                                                                long long e, long long q0, long long step, const L &ls = L())
 {
     long long r = e;
     const long long j = r % g.KW;
@@ -95,7 +114,7 @@ __host__ __device__ inline T conv_bwd_weight_part(const ConvGeom &g, const T *__
     const long long c = r % g.Cg, o = r / g.Cg;
     const long long ci = (o / g.Og) * g.Cg + c;
     const long long red = g.N * g.OH * g.OW;
-    T acc = 0;
+    typename L::acc acc = 0;
     for (long long q = q0; q < red; q += step) {
         long long s = q;
         const long long ow = s % g.OW;
@@ -103,7 +122,7 @@ __host__ __device__ inline T conv_bwd_weight_part(const ConvGeom &g, const T *__
         const long long oh = s % g.OH, n = s / g.OH;
         const long long h = oh * g.sh - g.ph + i * g.dh, wc = ow * g.sw - g.pw + j * g.dw;
         if (h < 0 || h >= g.H || wc < 0 || wc >= g.W) continue;
-        acc += dy[((n * g.O + o) * g.OH + oh) * g.OW + ow] * x[((n * g.C + ci) * g.H + h) * g.W + wc];
+        acc += ls.ld(dy[((n * g.O + o) * g.OH + oh) * g.OW + ow]) * ls.ld(x[((n * g.C + ci) * g.H + h) * g.W + wc]);
     }
     return acc;
 }
@@ -128,8 +147,9 @@ __host__ __device__ inline void adaptive_range(long long o, long long in, long l
  * row-major, NaN a maximum (the last NaN wins), else the first of equal
  * maxima; idx = h*W + w. An empty window (excluded by the front end) gives 0
  * and -1. */
-template <typename T>
-__host__ __device__ inline void max_pool_at(const PoolGeom &g, const T *__restrict__ x, long long t, T *best_out, int64_t *idx_out)
+template <typename T, typename L = Plain<T>>
+__host__ __device__ inline void max_pool_at(const PoolGeom &g, const T *__restrict__ x, long long t, T *best_out, int64_t *idx_out,
+                                            const L &ls = L())
 {
     long long r = t;
     const long long ow = r % g.OW;
@@ -151,17 +171,17 @@ __host__ __device__ inline void max_pool_at(const PoolGeom &g, const T *__restri
         if (w1 > g.W) w1 = g.W;
     }
     const T *xp = x + p * g.H * g.W;
-    T best = 0;
+    typename L::acc best = 0;
     long long bi = -1;
     for (long long h = h0; h < h1; h += dh)
         for (long long w = w0; w < w1; w += dw) {
-            const T v = xp[h * g.W + w];
+            const typename L::acc v = ls.ld(xp[h * g.W + w]);
             if (bi < 0 || v > best || v != v) {
                 best = v;
                 bi = h * g.W + w;
             }
         }
-    *best_out = best;
+    *best_out = ls.st(best);
     *idx_out = bi;
 }
 
@@ -190,30 +210,34 @@ __host__ __device__ inline T avg_window(const PoolGeom &g, long long oh, long lo
     return (T)(g.cip ? pool : (he - hs) * (we - ws));
 }
 
-/* y[t], t = (p*OH + oh)*OW + ow: the window's row-major sum / div. */
-template <typename T>
-__host__ __device__ inline T avg_pool_at(const PoolGeom &g, const T *__restrict__ x, long long t)
+/* y[t], t = (p*OH + oh)*OW + ow: the window's row-major sum / div, in
+ * L::acc (stored by the kernel with L::st). */
+template <typename T, typename L = Plain<T>>
+__host__ __device__ inline typename L::acc avg_pool_at(const PoolGeom &g, const T *__restrict__ x, long long t, const L &ls = L())
 {
+    typedef typename L::acc A;
     long long r = t;
     const long long ow = r % g.OW;
     r /= g.OW;
     const long long oh = r % g.OH, p = r / g.OH;
     long long h0, h1, w0, w1;
-    const T div = avg_window<T>(g, oh, ow, h0, h1, w0, w1);
+    const A div = avg_window<A>(g, oh, ow, h0, h1, w0, w1);
     const T *xp = x + p * g.H * g.W;
-    T s = 0;
+    A s = 0;
     for (long long h = h0; h < h1; h++)
-        for (long long w = w0; w < w1; w++) s += xp[h * g.W + w];
+        for (long long w = w0; w < w1; w++) s += ls.ld(xp[h * g.W + w]);
     return s / div;
 }
 
 /* dx[t], t = (p*H + h)*W + w: the sum, in (oh, ow) order (the CPU's order of
  * accumulation), of dy[p, oh, ow] / div(oh, ow) over the windows holding
  * (h, w). Candidate rows come from the window formulas, one more on each
- * side, clipped to [0, OH) x [0, OW); each is checked against its window. */
-template <typename T>
-__host__ __device__ inline T avg_pool_bwd_at(const PoolGeom &g, const T *__restrict__ dy, long long t)
+ * side, clipped to [0, OH) x [0, OW); each is checked against its window.
+ * In L::acc (stored by the kernel with L::st). */
+template <typename T, typename L = Plain<T>>
+__host__ __device__ inline typename L::acc avg_pool_bwd_at(const PoolGeom &g, const T *__restrict__ dy, long long t, const L &ls = L())
 {
+    typedef typename L::acc A;
     long long r = t;
     const long long wc = r % g.W;
     r /= g.W;
@@ -236,12 +260,12 @@ __host__ __device__ inline T avg_pool_bwd_at(const PoolGeom &g, const T *__restr
     oh1 = oh1 + 1 < g.OH - 1 ? oh1 + 1 : g.OH - 1;
     ow1 = ow1 + 1 < g.OW - 1 ? ow1 + 1 : g.OW - 1;
     const T *dyp = dy + p * g.OH * g.OW;
-    T s = 0;
+    A s = 0;
     for (long long oh = oh0; oh <= oh1; oh++)
         for (long long ow = ow0; ow <= ow1; ow++) {
             long long h0, h1, w0, w1;
-            const T div = avg_window<T>(g, oh, ow, h0, h1, w0, w1);
-            if (h >= h0 && h < h1 && wc >= w0 && wc < w1) s += dyp[oh * g.OW + ow] / div;
+            const A div = avg_window<A>(g, oh, ow, h0, h1, w0, w1);
+            if (h >= h0 && h < h1 && wc >= w0 && wc < w1) s += ls.ld(dyp[oh * g.OW + ow]) / div;
         }
     return s;
 }

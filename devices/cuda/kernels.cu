@@ -9,7 +9,9 @@
  *
  * em__cuda_half[kind] (devices/devices.h): the families whose CUDA kernels
  * load and store f16 / bf16 themselves (unary, binary, where, copy, fill,
- * matmul); the door widens the other ops' 16-bit operands to f32.
+ * matmul, conv: cuDNN's 16-bit convolutions or the direct kernels, f32
+ * accumulation, and pool: float compute; devices/cuda/conv.cu); the door
+ * widens the other ops' 16-bit operands to f32.
  *
  * em__cuda_init() (called by the tasks layer's start-up, after the codelets): cuBLAS handles on
  * every CUDA worker (starpu_cublas_init) and a per-worker device workspace
@@ -99,8 +101,8 @@ bool em__cuda_compiled(void) { return true; }
 #define EM_CUDA_HALF_softmax false
 #define EM_CUDA_HALF_index false
 #define EM_CUDA_HALF_optim false
-#define EM_CUDA_HALF_conv false
-#define EM_CUDA_HALF_pool false
+#define EM_CUDA_HALF_conv true /* CONV2D, CONV2D_BWD_DATA, CONV2D_BWD_WEIGHT */
+#define EM_CUDA_HALF_pool true /* MAX_POOL2D, AVG_POOL2D, AVG_POOL2D_BWD */
 #define EM_CUDA_HALF_norm false
 #define EM_CUDA_HALF_collective false
 #define EM_CUDA_HALF_NONE false
