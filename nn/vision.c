@@ -92,6 +92,22 @@ em_tensor *em_batch_norm(const em_tensor *x, em_tensor *running_mean, em_tensor 
     }
     em_dtype dt = em_tensor_dtype(x);
     if (!em_dtype_is_float(dt)) return em__fail(EM_ERR_DTYPE, "em_batch_norm: input must be float, got %s", em_dtype_name(dt));
+    {   /* A 16-bit input with wider affine parameters (an f32 model fed a
+         * bf16 / f16 tensor outside autocast): the result has the promoted
+         * dtype anyway, so normalise in it (a recorded cast of x). The
+         * composed path below would otherwise compute the mean, the variance
+         * and the normalised values in 16 bits (and cast the running
+         * statistics down in eval), off by a large fraction of the output's
+         * scale for an input far from zero. */
+        em_dtype pd = dt;
+        if (weight && em_dtype_is_float(em_tensor_dtype(weight))) pd = em__promote(pd, em_tensor_dtype(weight));
+        if (bias && em_dtype_is_float(em_tensor_dtype(bias))) pd = em__promote(pd, em_tensor_dtype(bias));
+        if (pd != dt && em_dtype_size(dt) == 2) {
+            em_scope_begin();
+            em_tensor *xp = em_cast(x, pd);
+            return nn_return(xp ? em_batch_norm(xp, running_mean, running_var, weight, bias, training, momentum, eps) : NULL);
+        }
+    }
     if (!(eps >= 0)) return em__fail(EM_ERR_INVALID, "em_batch_norm: eps must be >= 0, got %g", eps);
     if (!(momentum >= 0 && momentum <= 1))
         return em__fail(EM_ERR_INVALID, "em_batch_norm: momentum must be in [0, 1], got %g", momentum);
