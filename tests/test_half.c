@@ -407,6 +407,59 @@ static void test_batch_norm_mixed(void **state)
     }
 }
 
+/* The composed norms of a 16-bit input (outside autocast) compute in f32
+ * and round once: with f32 affine parameters the result is the f32 norm of
+ * the widened input; without (or with 16-bit ones) it is that rounded to the
+ * input's dtype. In 16 bits the mean of an input near 100 was rounded to
+ * 0.5, off by the whole output scale. */
+static void test_norms_16bit(void **state)
+{
+    (void)state;
+    const em_dtype dts[2] = {EM_F16, EM_BF16};
+    for (int k = 0; k < 2; k++) {
+        const em_dtype dt = dts[k];
+        em_scope_begin();
+        em_manual_seed(5);
+        int64_t sh[4] = {3, 4, 2, 4};
+        em_tensor *x = em_cast(em_add_scalar(em_rand_normal(sh, 4, EM_F32, 0, 1), 100), dt);
+        em_tensor *xf = em_cast(x, EM_F32);
+        em_tensor *w = em_rand_normal((int64_t[]){4}, 1, EM_F32, 1, 0.1), *b = em_rand_normal((int64_t[]){4}, 1, EM_F32, 0, 0.1);
+        em_tensor *wl = em_cast(w, dt), *bl = em_cast(b, dt);
+        /* f32 affine: f32 result */
+        assert_same_bits(em_layer_norm(x, 1, w, b, 1e-5), em_layer_norm(xf, 1, w, b, 1e-5), "layer_norm, f32 affine");
+        assert_same_bits(em_group_norm(x, 2, w, b, 1e-5), em_group_norm(xf, 2, w, b, 1e-5), "group_norm, f32 affine");
+        assert_same_bits(em_instance_norm(x, w, b, 1e-5), em_instance_norm(xf, w, b, 1e-5), "instance_norm, f32 affine");
+        assert_same_bits(em_rms_norm(x, w, 1e-5), em_rms_norm(xf, w, 1e-5), "rms_norm, f32 affine");
+        /* no affine / 16-bit affine: the f32 result rounded once */
+        assert_same_bits(em_layer_norm(x, 1, NULL, NULL, 1e-5), em_cast(em_layer_norm(xf, 1, NULL, NULL, 1e-5), dt), "layer_norm");
+        assert_same_bits(em_layer_norm(x, 1, wl, bl, 1e-5), em_cast(em_layer_norm(xf, 1, em_cast(wl, EM_F32), em_cast(bl, EM_F32), 1e-5), dt),
+                         "layer_norm, 16-bit affine");
+        assert_same_bits(em_group_norm(x, 2, NULL, NULL, 1e-5), em_cast(em_group_norm(xf, 2, NULL, NULL, 1e-5), dt), "group_norm");
+        assert_same_bits(em_rms_norm(x, NULL, 1e-5), em_cast(em_rms_norm(xf, NULL, 1e-5), dt), "rms_norm");
+        /* batch norm in eval with 16-bit parameters and statistics (a bf16 model) */
+        em_tensor *rm = em_cast(em_full((int64_t[]){4}, 1, EM_F32, 100.25), dt), *rv = em_cast(em_full((int64_t[]){4}, 1, EM_F32, 0.75), dt);
+        assert_same_bits(em_batch_norm(x, rm, rv, wl, bl, false, 0.1, 1e-5),
+                         em_cast(em_batch_norm(xf, em_cast(rm, EM_F32), em_cast(rv, EM_F32), em_cast(wl, EM_F32), em_cast(bl, EM_F32), false,
+                                               0.1, 1e-5),
+                                 dt),
+                         "batch_norm eval, 16-bit model");
+        /* inside autocast the norms stay f32 ops */
+        em_autocast_begin(EM_BF16);
+        assert_int_equal(em_tensor_dtype(em_layer_norm(x, 1, NULL, NULL, 1e-5)), EM_F32);
+        assert_int_equal(em_tensor_dtype(em_group_norm(x, 2, NULL, NULL, 1e-5)), EM_F32);
+        assert_int_equal(em_tensor_dtype(em_rms_norm(x, NULL, 1e-5)), EM_F32);
+        em_autocast_end();
+        /* gradients reach the 16-bit input */
+        em_tensor *xl = em_detach(x);
+        em_set_requires_grad(xl, true);
+        em_grads *g = em_backward(em_sum(em_layer_norm(xl, 1, w, b, 1e-5), NULL, 0, false));
+        assert_non_null(g);
+        assert_int_equal(em_tensor_dtype(em_grad(g, xl)), dt);
+        em_grads_free(g);
+        em_scope_end();
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -415,6 +468,7 @@ int main(void)
         cmocka_unit_test(test_f32_rounded_once),
         cmocka_unit_test(test_inplace_optimizer),
         cmocka_unit_test(test_batch_norm_mixed),
+        cmocka_unit_test(test_norms_16bit),
     };
     return cmocka_run_group_tests(tests, em_test_setup_tmpdir, em_test_teardown_tmpdir);
 }
