@@ -460,6 +460,26 @@ static void test_norms_16bit(void **state)
     }
 }
 
+/* em_full / em_scalar of -0.0 keep the sign bit in every float dtype (as
+ * torch.full; the CPU and CUDA fills memset +0 for f64 / f16 / bf16). */
+static void test_fill_negative_zero(void **state)
+{
+    (void)state;
+    const em_dtype dts[4] = {EM_F32, EM_F64, EM_F16, EM_BF16};
+    for (int k = 0; k < 4; k++) {
+        em_scope_begin();
+        double v[3];
+        assert_int_equal(em_to_host(em_cast(em_full((int64_t[]){3}, 1, dts[k], -0.0), EM_F64), v, sizeof v), EM_OK);
+        for (int i = 0; i < 3; i++) assert_true(v[i] == 0 && signbit(v[i]));
+        double s;
+        assert_int_equal(em_item(em_scalar(-0.0, dts[k]), &s), EM_OK);
+        assert_true(s == 0 && signbit(s));
+        assert_int_equal(em_item(em_scalar(0.0, dts[k]), &s), EM_OK);
+        assert_true(s == 0 && !signbit(s));
+        em_scope_end();
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -469,6 +489,7 @@ int main(void)
         cmocka_unit_test(test_inplace_optimizer),
         cmocka_unit_test(test_batch_norm_mixed),
         cmocka_unit_test(test_norms_16bit),
+        cmocka_unit_test(test_fill_negative_zero),
     };
     return cmocka_run_group_tests(tests, em_test_setup_tmpdir, em_test_teardown_tmpdir);
 }
