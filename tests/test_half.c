@@ -480,6 +480,37 @@ static void test_fill_negative_zero(void **state)
     }
 }
 
+/* mean and std of a 16-bit tensor: the f32 result rounded once (the f16 sum
+ * of four 65504 overflowed, so their mean was inf; std rounded the variance
+ * to 16 bits before its root); f32 inside autocast. */
+static void test_mean_std_rounded_once(void **state)
+{
+    (void)state;
+    const em_dtype dts[2] = {EM_F16, EM_BF16};
+    for (int k = 0; k < 2; k++) {
+        const em_dtype dt = dts[k];
+        em_scope_begin();
+        em_tensor *a = rand_half((int64_t[]){17, 33}, 2, dt, 11), *af = em_cast(a, EM_F32);
+        assert_same_bits(em_mean(a, (int[]){1}, 1, false), em_cast(em_mean(af, (int[]){1}, 1, false), dt), "mean");
+        assert_same_bits(em_mean_all(a), em_cast(em_mean_all(af), dt), "mean_all");
+        assert_same_bits(em_std(a, (int[]){0}, 1, 1.0, true), em_cast(em_std(af, (int[]){0}, 1, 1.0, true), dt), "std");
+        double v;
+        assert_int_equal(em_item(em_mean_all(em_full((int64_t[]){4}, 1, EM_F16, 65504)), &v), EM_OK);
+        assert_true(v == 65504);
+        em_autocast_begin(EM_BF16);
+        assert_int_equal(em_tensor_dtype(em_mean_all(a)), EM_F32);
+        assert_int_equal(em_tensor_dtype(em_std(a, NULL, 0, 1.0, false)), EM_F32);
+        em_autocast_end();
+        em_tensor *al = em_detach(a);
+        em_set_requires_grad(al, true);
+        em_grads *g = em_backward(em_add(em_mean_all(al), em_std(al, NULL, 0, 1.0, false)));
+        assert_non_null(g);
+        assert_int_equal(em_tensor_dtype(em_grad(g, al)), dt);
+        em_grads_free(g);
+        em_scope_end();
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -490,6 +521,7 @@ int main(void)
         cmocka_unit_test(test_batch_norm_mixed),
         cmocka_unit_test(test_norms_16bit),
         cmocka_unit_test(test_fill_negative_zero),
+        cmocka_unit_test(test_mean_std_rounded_once),
     };
     return cmocka_run_group_tests(tests, em_test_setup_tmpdir, em_test_teardown_tmpdir);
 }
