@@ -511,6 +511,36 @@ static void test_mean_std_rounded_once(void **state)
     }
 }
 
+/* em_clip_grad_norm of 16-bit gradients sums their powers in f32: the f16
+ * square of 300 overflowed (norm inf, every gradient zeroed) and that of
+ * 1e-4 flushed to 0 (norm 0). */
+static void test_clip_grad_norm_16bit(void **state)
+{
+    (void)state;
+    const em_dtype dts[2] = {EM_F16, EM_BF16};
+    const double vals[2] = {300, 1e-4};
+    for (int k = 0; k < 2; k++)
+        for (int j = 0; j < 2; j++) {
+            em_scope_begin();
+            em_tensor *p = em_zeros((int64_t[]){3}, 1, dts[k]);
+            assert_int_equal(em_set_requires_grad(p, true), EM_OK);
+            em_tensor *gv = em_full((int64_t[]){3}, 1, dts[k], vals[j]);
+            double gq;
+            assert_int_equal(em_item(em_narrow(gv, 0, 0, 1), &gq), EM_OK);
+            em_grads *g = em_grads_new();
+            assert_int_equal(em_grads_set(g, p, gv), EM_OK);
+            double norm = em_clip_grad_norm(g, &p, 1, 1.0, 2.0);
+            const double want = sqrt(3.0) * gq;
+            if (!(fabs(norm - want) <= 1e-6 * want)) fail_msg("%s grads of %g: norm %g, expected %g", em_dtype_name(dts[k]), vals[j], norm, want);
+            float got[3];
+            assert_int_equal(em_to_host(em_cast(em_grad(g, p), EM_F32), got, sizeof got), EM_OK);
+            const double clipped = norm > 1.0 ? gq / (norm + 1e-6) : gq;
+            for (int i = 0; i < 3; i++) assert_true(fabs(got[i] - clipped) <= 4e-3 * clipped);
+            em_grads_free(g);
+            em_scope_end();
+        }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -522,6 +552,7 @@ int main(void)
         cmocka_unit_test(test_norms_16bit),
         cmocka_unit_test(test_fill_negative_zero),
         cmocka_unit_test(test_mean_std_rounded_once),
+        cmocka_unit_test(test_clip_grad_norm_16bit),
     };
     return cmocka_run_group_tests(tests, em_test_setup_tmpdir, em_test_teardown_tmpdir);
 }
