@@ -541,6 +541,33 @@ static void test_clip_grad_norm_16bit(void **state)
         }
 }
 
+/* The element-wise losses of f16 inputs compute in f32: the f16 square of
+ * a difference of 300 overflowed, so the mean of [300, 0, 0, 0]^2 (22500)
+ * was inf, outside autocast and inside it when both inputs are f16. */
+static void test_losses_16bit(void **state)
+{
+    (void)state;
+    for (int ac = 0; ac < 2; ac++) {
+        em_scope_begin();
+        em_tensor *x = em_from_host((const float[]){300, 0, 0, 0}, (int64_t[]){4}, 1, EM_F32);
+        em_tensor *xh = em_cast(x, EM_F16), *zh = em_zeros((int64_t[]){4}, 1, EM_F16);
+        if (ac) assert_int_equal(em_autocast_begin(EM_F16), EM_OK);
+        em_tensor *mse = em_mse_loss(xh, zh, EM_REDUCTION_MEAN);
+        em_tensor *hub = em_huber_loss(xh, zh, 1.0, EM_REDUCTION_SUM);
+        em_tensor *sl1 = em_smooth_l1_loss(xh, zh, 1.0, EM_REDUCTION_MEAN);
+        if (ac) assert_int_equal(em_autocast_end(), EM_OK);
+        assert_int_equal(em_tensor_dtype(mse), ac ? EM_F32 : EM_F16);
+        double v;
+        assert_int_equal(em_item(mse, &v), EM_OK);
+        assert_true(fabs(v - 22500) <= 16); /* f16 ulp there: 16 */
+        assert_int_equal(em_item(hub, &v), EM_OK);
+        assert_true(v == 299.5);
+        assert_int_equal(em_item(sl1, &v), EM_OK);
+        assert_true(fabs(v - 299.5 / 4) <= 0.05);
+        em_scope_end();
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -553,6 +580,7 @@ int main(void)
         cmocka_unit_test(test_fill_negative_zero),
         cmocka_unit_test(test_mean_std_rounded_once),
         cmocka_unit_test(test_clip_grad_norm_16bit),
+        cmocka_unit_test(test_losses_16bit),
     };
     return cmocka_run_group_tests(tests, em_test_setup_tmpdir, em_test_teardown_tmpdir);
 }
