@@ -91,13 +91,15 @@ em_tensor *em_layer_norm(const em_tensor *x, int ndim, const em_tensor *weight, 
     int dims[EM_MAX_DIMS];
     for (int i = 0; i < ndim; i++) dims[i] = nd - ndim + i;
     em_scope_begin();
-    em_tensor *mean = em_mean(x, dims, ndim, true);
-    em_tensor *xc = em_sub(x, mean);
+    const em_dtype odt = nn_norm_dtype(x, weight, bias);
+    const em_tensor *xf = nn_norm_input(x);
+    em_tensor *mean = em_mean(xf, dims, ndim, true);
+    em_tensor *xc = em_sub(xf, mean);
     em_tensor *var = em_mean(em_square(xc), dims, ndim, true); /* biased, as torch */
     em_tensor *y = em_mul(xc, em_rsqrt(em_add_scalar(var, eps)));
     if (weight) y = em_mul(y, weight);
     if (bias) y = em_add(y, bias);
-    return nn_return(y);
+    return nn_return(nn_norm_output(y, odt));
 }
 
 em_tensor *em_rms_norm(const em_tensor *x, const em_tensor *weight, double eps)
@@ -113,10 +115,12 @@ em_tensor *em_rms_norm(const em_tensor *x, const em_tensor *weight, double eps)
     if (eps < 0) eps = em_tensor_dtype(x) == EM_F64 ? DBL_EPSILON : FLT_EPSILON;
     int last = -1;
     em_scope_begin();
-    em_tensor *ms = em_mean(em_square(x), &last, 1, true);
-    em_tensor *y = em_mul(x, em_rsqrt(em_add_scalar(ms, eps)));
+    const em_dtype odt = nn_norm_dtype(x, weight, NULL);
+    const em_tensor *xf = nn_norm_input(x);
+    em_tensor *ms = em_mean(em_square(xf), &last, 1, true);
+    em_tensor *y = em_mul(xf, em_rsqrt(em_add_scalar(ms, eps)));
     if (weight) y = em_mul(y, weight);
-    return nn_return(y);
+    return nn_return(nn_norm_output(y, odt));
 }
 
 /* ---- Linear ------------------------------------------------------------------- */

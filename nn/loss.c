@@ -139,18 +139,35 @@ static em_status check_pair(const em_tensor *x, const em_tensor *y, em_reduction
     return check_reduction(r, fn);
 }
 
+/* 16-bit inputs of the element-wise losses compute in f32 (PyTorch's
+ * mse / l1 / smooth_l1 / huber / BCE kernels compute in float, and they are
+ * on torch.autocast's f32 list): in f16 the square of a difference above
+ * 256 overflowed to inf, even inside an autocast region when both inputs
+ * were f16. Returns the result's dtype: the inputs' promoted dtype (f32
+ * inside autocast), to which the caller rounds once. Inside the scope. */
+static em_dtype pair_widen(const em_tensor **x, const em_tensor **y)
+{
+    em_dtype odt = em__promote(em_tensor_dtype(*x), em_tensor_dtype(*y));
+    if (em_autocast_dtype() != EM_F32 && em_dtype_size(odt) == 2) odt = EM_F32;
+    if (em_dtype_size(em_tensor_dtype(*x)) == 2) *x = em_cast(*x, EM_F32);
+    if (em_dtype_size(em_tensor_dtype(*y)) == 2) *y = em_cast(*y, EM_F32);
+    return odt;
+}
+
 em_tensor *em_mse_loss(const em_tensor *input, const em_tensor *target, em_reduction reduction)
 {
     if (check_pair(input, target, reduction, "em_mse_loss") != EM_OK) return NULL;
     em_scope_begin();
-    return nn_return(reduce(em_square(em_sub(input, target)), reduction));
+    const em_dtype odt = pair_widen(&input, &target);
+    return nn_return(nn_norm_output(reduce(em_square(em_sub(input, target)), reduction), odt));
 }
 
 em_tensor *em_l1_loss(const em_tensor *input, const em_tensor *target, em_reduction reduction)
 {
     if (check_pair(input, target, reduction, "em_l1_loss") != EM_OK) return NULL;
     em_scope_begin();
-    return nn_return(reduce(em_abs(em_sub(input, target)), reduction));
+    const em_dtype odt = pair_widen(&input, &target);
+    return nn_return(nn_norm_output(reduce(em_abs(em_sub(input, target)), reduction), odt));
 }
 
 em_tensor *em_smooth_l1_loss(const em_tensor *input, const em_tensor *target, double beta, em_reduction reduction)
@@ -158,6 +175,7 @@ em_tensor *em_smooth_l1_loss(const em_tensor *input, const em_tensor *target, do
     if (!(beta >= 0)) return em__fail(EM_ERR_INVALID, "em_smooth_l1_loss: beta must be >= 0, got %g", beta);
     if (check_pair(input, target, reduction, "em_smooth_l1_loss") != EM_OK) return NULL;
     em_scope_begin();
+    const em_dtype odt = pair_widen(&input, &target);
     em_tensor *z = em_abs(em_sub(input, target));
     em_tensor *l;
     if (beta == 0) {
@@ -167,7 +185,7 @@ em_tensor *em_smooth_l1_loss(const em_tensor *input, const em_tensor *target, do
         em_tensor *lin = em_sub_scalar(z, 0.5 * beta);
         l = em_where(em_lt_scalar(z, beta), quad, lin);
     }
-    return nn_return(reduce(l, reduction));
+    return nn_return(nn_norm_output(reduce(l, reduction), odt));
 }
 
 em_tensor *em_huber_loss(const em_tensor *input, const em_tensor *target, double delta, em_reduction reduction)
@@ -175,10 +193,11 @@ em_tensor *em_huber_loss(const em_tensor *input, const em_tensor *target, double
     if (!(delta > 0)) return em__fail(EM_ERR_INVALID, "em_huber_loss: delta must be > 0, got %g", delta);
     if (check_pair(input, target, reduction, "em_huber_loss") != EM_OK) return NULL;
     em_scope_begin();
+    const em_dtype odt = pair_widen(&input, &target);
     em_tensor *z = em_abs(em_sub(input, target));
     em_tensor *quad = em_mul_scalar(em_square(z), 0.5);
     em_tensor *lin = em_mul_scalar(em_sub_scalar(z, 0.5 * delta), delta);
-    return nn_return(reduce(em_where(em_lt_scalar(z, delta), quad, lin), reduction));
+    return nn_return(nn_norm_output(reduce(em_where(em_lt_scalar(z, delta), quad, lin), reduction), odt));
 }
 
 /* Checks that w broadcasts to x's shape (the result keeps x's shape). */
@@ -204,6 +223,9 @@ em_tensor *em_binary_cross_entropy_with_logits(const em_tensor *input, const em_
     if (o.weight && check_broadcasts_to(o.weight, input, "weight", fn) != EM_OK) return NULL;
     if (o.pos_weight && check_broadcasts_to(o.pos_weight, input, "pos_weight", fn) != EM_OK) return NULL;
     em_scope_begin();
+    em_dtype odt = pair_widen(&input, &target);
+    if (o.weight) odt = em__promote(odt, em_tensor_dtype(o.weight));
+    if (o.pos_weight) odt = em__promote(odt, em_tensor_dtype(o.pos_weight));
     /* (1 - y) x + lw softplus(-x) with lw = 1 + (pw - 1) y equals
      * (1 - y) softplus(x) + pw y softplus(-x) (softplus(x) - x = softplus(-x)):
      * no cancellation at large |x|, and the gradient sigmoid(x) (1 - y + pw y)
@@ -212,5 +234,5 @@ em_tensor *em_binary_cross_entropy_with_logits(const em_tensor *input, const em_
     em_tensor *pos = em_mul(o.pos_weight ? em_mul(o.pos_weight, target) : (em_tensor *)target, em_softplus(em_neg(input)));
     em_tensor *l = em_add(neg, pos);
     if (o.weight) l = em_mul(l, o.weight);
-    return nn_return(reduce(l, o.reduction));
+    return nn_return(nn_norm_output(reduce(l, o.reduction), odt));
 }

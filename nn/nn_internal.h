@@ -3,6 +3,7 @@
 #define EMBER_NN_INTERNAL_H
 
 #include "ember/nn.h"
+#include "ember/amp.h"
 #include "tasks/tasks_internal.h"
 
 /* Formats t's shape into a stack buffer (for error messages). */
@@ -16,6 +17,32 @@ static inline em_tensor *nn_return(em_tensor *r)
     if (r) em_keep(r);
     em_scope_end();
     return r;
+}
+
+/* The composed norms (layer, RMS, group, instance, batch norm in eval)
+ * compute a 16-bit input in f32 (a recorded cast), as PyTorch's opmath, and
+ * round the result once to its dtype: x's promoted with the float affine
+ * parameters' (f32 inside an autocast region). In 16 bits the mean, the variance and x - mean would each be
+ * rounded (off by the whole output scale for an input far from zero). */
+static inline em_dtype nn_norm_dtype(const em_tensor *x, const em_tensor *w, const em_tensor *b)
+{
+    em_dtype d = em_tensor_dtype(x);
+    if (w && em_dtype_is_float(em_tensor_dtype(w))) d = em__promote(d, em_tensor_dtype(w));
+    if (b && em_dtype_is_float(em_tensor_dtype(b))) d = em__promote(d, em_tensor_dtype(b));
+    /* inside an autocast region the norms are f32 ops (torch's list; their
+     * reductions are F_AC_F32): the result stays f32 */
+    if (em_autocast_dtype() != EM_F32 && em_dtype_size(d) == 2) d = EM_F32;
+    return d;
+}
+/* x widened to f32 when it is 16-bit (inside the caller's scope), else x. */
+static inline const em_tensor *nn_norm_input(const em_tensor *x)
+{
+    return em_dtype_size(em_tensor_dtype(x)) == 2 ? em_cast(x, EM_F32) : x;
+}
+/* y rounded to dt when they differ (y may be NULL). */
+static inline em_tensor *nn_norm_output(em_tensor *y, em_dtype dt)
+{
+    return y && em_tensor_dtype(y) != dt ? em_cast(y, dt) : y;
 }
 
 /* The vtable a module was made with (nn/module.c). */

@@ -87,6 +87,22 @@ em_tensor *em_batch_norm(const em_tensor *x, em_tensor *running_mean, em_tensor 
     }
     em_dtype dt = em_tensor_dtype(x);
     if (!em_dtype_is_float(dt)) return em__fail(EM_ERR_DTYPE, "em_batch_norm: input must be float, got %s", em_dtype_name(dt));
+    {   /* A 16-bit input with wider affine parameters (an f32 model fed a
+         * bf16 / f16 tensor outside autocast): the result has the promoted
+         * dtype anyway, so normalise in it (a recorded cast of x). The
+         * composed path below would otherwise compute the mean, the variance
+         * and the normalised values in 16 bits (and cast the running
+         * statistics down in eval), off by a large fraction of the output's
+         * scale for an input far from zero. */
+        em_dtype pd = dt;
+        if (weight && em_dtype_is_float(em_tensor_dtype(weight))) pd = em__promote(pd, em_tensor_dtype(weight));
+        if (bias && em_dtype_is_float(em_tensor_dtype(bias))) pd = em__promote(pd, em_tensor_dtype(bias));
+        if (pd != dt && em_dtype_size(dt) == 2) {
+            em_scope_begin();
+            em_tensor *xp = em_cast(x, pd);
+            return nn_return(xp ? em_batch_norm(xp, running_mean, running_var, weight, bias, training, momentum, eps) : NULL);
+        }
+    }
     if (!(eps >= 0)) return em__fail(EM_ERR_INVALID, "em_batch_norm: eps must be >= 0, got %g", eps);
     if (!(momentum >= 0 && momentum <= 1))
         return em__fail(EM_ERR_INVALID, "em_batch_norm: momentum must be in [0, 1], got %g", momentum);
@@ -165,12 +181,14 @@ em_tensor *em_batch_norm(const em_tensor *x, em_tensor *running_mean, em_tensor 
             if (st != EM_OK) y = NULL;
         }
     } else {
-        em_tensor *rm = em_reshape(em_cast(running_mean, dt), cs, nd);
-        em_tensor *rv = em_reshape(em_cast(running_var, dt), cs, nd);
-        y = em_mul(em_sub(x, rm), em_rsqrt(em_add_scalar(rv, eps)));
+        const em_tensor *xf = nn_norm_input(x); /* 16 bits: in f32 (the statistics too), rounded once below */
+        const em_dtype cdt = em_tensor_dtype(xf);
+        em_tensor *rm = em_reshape(em_cast(running_mean, cdt), cs, nd);
+        em_tensor *rv = em_reshape(em_cast(running_var, cdt), cs, nd);
+        y = em_mul(em_sub(xf, rm), em_rsqrt(em_add_scalar(rv, eps)));
     }
     if (y) y = affine(y, weight, bias, c, nd);
-    return nn_return(y);
+    return nn_return(nn_norm_output(y, nn_norm_dtype(x, weight, bias)));
 }
 
 /* ---- group / instance norm -------------------------------------------------------------------- */
@@ -191,15 +209,16 @@ em_tensor *em_group_norm(const em_tensor *x, int64_t num_groups, const em_tensor
                         (long long)c, NN_SHAPE(x, sx), (long long)num_groups);
     if (!check_per_channel(weight, c, x, "weight", fn) || !check_per_channel(bias, c, x, "bias", fn)) return NULL;
     em_scope_begin();
+    const em_dtype odt = nn_norm_dtype(x, weight, bias);
     int64_t gs[3] = {n, num_groups, em_tensor_numel(x) / (n * num_groups > 0 ? n * num_groups : 1)};
     int last = 2;
-    em_tensor *xg = em_reshape(x, gs, 3);
+    em_tensor *xg = em_reshape(nn_norm_input(x), gs, 3);
     em_tensor *mean = em_mean(xg, &last, 1, true);
     em_tensor *xc = em_sub(xg, mean);
     em_tensor *var = em_mean(em_square(xc), &last, 1, true); /* biased, as torch */
     em_tensor *y = em_reshape(em_mul(xc, em_rsqrt(em_add_scalar(var, eps))), em_tensor_shape(x), nd);
     if (y) y = affine(y, weight, bias, c, nd);
-    return nn_return(y);
+    return nn_return(nn_norm_output(y, odt));
 }
 
 em_tensor *em_instance_norm(const em_tensor *x, const em_tensor *weight, const em_tensor *bias, double eps)

@@ -44,6 +44,10 @@ double em_clip_grad_norm(em_grads *grads, em_tensor *const *params, int n, doubl
     for (int i = 0; i < n && st == EM_OK; i++) {
         em_tensor *g = params[i] ? em_grad(grads, params[i]) : NULL;
         if (!g) continue;
+        /* a 16-bit gradient's powers in f32: in f16 the square of 300
+         * overflows (norm inf: every gradient zeroed) and that of 1e-4
+         * flushes to 0 */
+        if (em_dtype_size(em_tensor_dtype(g)) == 2) g = em_cast(g, EM_F32);
         em_tensor *a = em_abs(g);
         em_tensor *r;
         if (inf)

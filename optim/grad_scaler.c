@@ -27,8 +27,10 @@ em_grad_scaler_config em_grad_scaler_config_default(void)
 em_grad_scaler *em_grad_scaler_new(const em_grad_scaler_config *cfg)
 {
     em_grad_scaler_config c = cfg ? *cfg : em_grad_scaler_config_default();
-    if (!(isfinite(c.init_scale) && c.init_scale > 0))
-        return em__fail(EM_ERR_INVALID, "em_grad_scaler_new: init_scale must be finite and > 0, got %g", c.init_scale);
+    /* the scale is a float32 (torch's scale tensor): 1e300 would round to inf
+     * (every step skipped, the back-off never leaving inf), 1e-50 to 0 */
+    if (!(isfinite(c.init_scale) && c.init_scale > 0 && isfinite((float)c.init_scale) && (float)c.init_scale > 0))
+        return em__fail(EM_ERR_INVALID, "em_grad_scaler_new: init_scale must be finite and > 0 in float32, got %g", c.init_scale);
     if (!(isfinite(c.growth_factor) && c.growth_factor > 1))
         return em__fail(EM_ERR_INVALID, "em_grad_scaler_new: growth_factor must be > 1, got %g", c.growth_factor);
     if (!(c.backoff_factor > 0 && c.backoff_factor < 1))
@@ -192,8 +194,8 @@ em_status em_grad_scaler_get_state(const em_grad_scaler *s, em_grad_scaler_state
 em_status em_grad_scaler_set_state(em_grad_scaler *s, const em_grad_scaler_state *st)
 {
     if (!s || !st) return em__set_error(EM_ERR_INVALID, "em_grad_scaler_set_state: %s is NULL", !s ? "scaler" : "state");
-    if (!(isfinite(st->scale) && st->scale > 0))
-        return em__set_error(EM_ERR_INVALID, "em_grad_scaler_set_state: scale must be finite and > 0, got %g", st->scale);
+    if (!(isfinite(st->scale) && st->scale > 0 && isfinite((float)st->scale) && (float)st->scale > 0))
+        return em__set_error(EM_ERR_INVALID, "em_grad_scaler_set_state: scale must be finite and > 0 in float32, got %g", st->scale);
     if (st->growth_tracker < 0 || st->growth_tracker >= s->cfg.growth_interval)
         return em__set_error(EM_ERR_INVALID, "em_grad_scaler_set_state: growth tracker %lld is outside [0, growth_interval = %lld)",
                              (long long)st->growth_tracker, (long long)s->cfg.growth_interval);

@@ -5,6 +5,7 @@
  * come first (in order) and reduced dims last; p.red.nkeep says how many are
  * kept. The output is contiguous over the kept dims. */
 #include "tasks/tasks_internal.h"
+#include "ember/amp.h"
 
 #include <math.h>
 #include <string.h>
@@ -157,8 +158,15 @@ em_tensor *em_mean(const em_tensor *a, const int *dims, int ndims, bool keepdim)
     for (int i = 0; i < a->ndim; i++)
         if (mask[i]) n *= a->shape[i];
     em_scope_begin();
-    em_tensor *s = em_sum(a, dims, ndims, keepdim);
-    em_tensor *r = em_keep(em_mul_scalar(s, n > 0 ? 1.0 / (double)n : NAN));
+    /* 16 bits: the sum and the division in f32, rounded once (the sum
+     * rounded to f16 overflowed: the mean of four 65504 was inf), as
+     * PyTorch's CUDA mean; inside autocast the result stays f32 (sum is an
+     * f32 op there) */
+    const bool low = em_dtype_size(a->dtype) == 2;
+    em_tensor *s = em_sum(low ? em_cast(a, EM_F32) : a, dims, ndims, keepdim);
+    em_tensor *r = em_mul_scalar(s, n > 0 ? 1.0 / (double)n : NAN);
+    if (low && r && em_autocast_dtype() == EM_F32) r = em_cast(r, a->dtype);
+    r = r ? em_keep(r) : NULL;
     em_scope_end();
     return r;
 }
@@ -167,10 +175,15 @@ em_tensor *em_mean_all(const em_tensor *a) { return em_mean(a, NULL, 0, false); 
 em_tensor *em_std(const em_tensor *a, const int *dims, int ndims, double correction, bool keepdim)
 {
     em_scope_begin();
-    em_tensor *v = em_var(a, dims, ndims, correction, keepdim);
+    /* 16 bits: the variance and its root in f32, rounded once (not the
+     * variance rounded, then its root rounded again); f32 inside autocast */
+    const bool low = a && em_dtype_size(a->dtype) == 2;
+    em_tensor *v = em_var(low ? em_cast(a, EM_F32) : a, dims, ndims, correction, keepdim);
     /* keep em_var's error message; the gradient is 0 where std = 0 (a constant
      * input), as PyTorch, not 0 / 0 */
-    em_tensor *r = v ? em_keep(em__sqrt_std(v)) : NULL;
+    em_tensor *r = v ? em__sqrt_std(v) : NULL;
+    if (low && r && em_autocast_dtype() == EM_F32) r = em_cast(r, a->dtype);
+    r = r ? em_keep(r) : NULL;
     em_scope_end();
     return r;
 }

@@ -379,6 +379,11 @@ static void test_grad_scaler_api(void **state)
     assert_null(em_grad_scaler_new(&bad));
     bad = c, bad.init_scale = INFINITY;
     assert_null(em_grad_scaler_new(&bad));
+    bad = c, bad.init_scale = 1e300; /* inf as the float32 scale */
+    assert_null(em_grad_scaler_new(&bad));
+    assert_int_equal(em_last_status(), EM_ERR_INVALID);
+    bad = c, bad.init_scale = 1e-50; /* 0 as the float32 scale */
+    assert_null(em_grad_scaler_new(&bad));
     em_grad_scaler *gs = em_grad_scaler_new(NULL);
     assert_non_null(gs);
     assert_true(em_grad_scaler_get_scale(gs) == 65536.0);
@@ -407,6 +412,10 @@ static void test_grad_scaler_api(void **state)
     assert_int_equal(em_grad_scaler_set_state(gs, &(em_grad_scaler_state){.scale = -1, .growth_tracker = 0}), EM_ERR_INVALID);
     assert_int_equal(em_grad_scaler_set_state(gs, &(em_grad_scaler_state){.scale = 4, .growth_tracker = 2000}), EM_ERR_INVALID);
     assert_int_equal(em_grad_scaler_set_state(gs, &(em_grad_scaler_state){.scale = ldexp(1, 127), .growth_tracker = 1999}), EM_OK);
+    /* finite as a double but not as the float32 scale: refused, the state unchanged */
+    assert_int_equal(em_grad_scaler_set_state(gs, &(em_grad_scaler_state){.scale = 1e300, .growth_tracker = 0}), EM_ERR_INVALID);
+    assert_int_equal(em_grad_scaler_set_state(gs, &(em_grad_scaler_state){.scale = 1e-50, .growth_tracker = 0}), EM_ERR_INVALID);
+    assert_true(em_grad_scaler_get_scale(gs) == ldexp(1, 127));
     g = em_backward(em_grad_scaler_scale(gs, em_sum_all(em_mul_scalar(p, 1e-30))));
     assert_int_equal(em_grad_scaler_step(gs, opt, g, &stepped), EM_OK);
     assert_true(stepped);

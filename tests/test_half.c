@@ -341,6 +341,209 @@ static void test_inplace_optimizer(void **state)
     em_scope_end();
 }
 
+/* A 16-bit input into an f32 batch norm (an f32 model fed a bf16 tensor
+ * outside autocast): the result is f32 and must be the f32 batch norm of
+ * the widened input, running statistics included, not statistics rounded
+ * to 16 bits (an input far from zero was off by ~0.2 in the output). The
+ * gradient reaches the 16-bit input in its own dtype. */
+static void test_batch_norm_mixed(void **state)
+{
+    (void)state;
+    const em_dtype dts[2] = {EM_F16, EM_BF16};
+    for (int k = 0; k < 2; k++) {
+        em_scope_begin();
+        em_manual_seed(3);
+        int64_t sh[4] = {8, 2, 4, 4};
+        em_tensor *x = em_cast(em_add_scalar(em_rand_normal(sh, 4, EM_F32, 0, 1), 100), dts[k]);
+        em_set_requires_grad(x, true);
+        em_module *bn = em_batch_norm2d_new(2, 1e-5, 0.1, true, true), *ref = em_batch_norm2d_new(2, 1e-5, 0.1, true, true);
+        assert_non_null(bn);
+        assert_non_null(ref);
+        for (int train = 1; train >= 0; train--) {
+            em_module_train(bn, train);
+            em_module_train(ref, train);
+            em_tensor *y = em_module_forward(bn, x), *yr = em_module_forward(ref, em_cast(em_detach(x), EM_F32));
+            assert_non_null(y);
+            assert_non_null(yr);
+            assert_int_equal(em_tensor_dtype(y), EM_F32);
+            assert_same_bits(y, yr, train ? "batch norm (training) of a 16-bit input" : "batch norm (eval) of a 16-bit input");
+            assert_same_bits(em_module_get_buffer(bn, "running_mean"), em_module_get_buffer(ref, "running_mean"), "running_mean");
+            assert_same_bits(em_module_get_buffer(bn, "running_var"), em_module_get_buffer(ref, "running_var"), "running_var");
+            if (train) {
+                em_grads *g = em_backward(em_sum(em_mul(y, y), NULL, 0, false));
+                assert_non_null(g);
+                assert_non_null(em_grad(g, x));
+                assert_int_equal(em_tensor_dtype(em_grad(g, x)), dts[k]);
+                em_grads_free(g);
+            }
+        }
+        em_module_free(bn);
+        em_module_free(ref);
+        em_scope_end();
+    }
+}
+
+/* The composed norms of a 16-bit input (outside autocast) compute in f32
+ * and round once: with f32 affine parameters the result is the f32 norm of
+ * the widened input; without (or with 16-bit ones) it is that rounded to the
+ * input's dtype. In 16 bits the mean of an input near 100 was rounded to
+ * 0.5, off by the whole output scale. */
+static void test_norms_16bit(void **state)
+{
+    (void)state;
+    const em_dtype dts[2] = {EM_F16, EM_BF16};
+    for (int k = 0; k < 2; k++) {
+        const em_dtype dt = dts[k];
+        em_scope_begin();
+        em_manual_seed(5);
+        int64_t sh[4] = {3, 4, 2, 4};
+        em_tensor *x = em_cast(em_add_scalar(em_rand_normal(sh, 4, EM_F32, 0, 1), 100), dt);
+        em_tensor *xf = em_cast(x, EM_F32);
+        em_tensor *w = em_rand_normal((int64_t[]){4}, 1, EM_F32, 1, 0.1), *b = em_rand_normal((int64_t[]){4}, 1, EM_F32, 0, 0.1);
+        em_tensor *wl = em_cast(w, dt), *bl = em_cast(b, dt);
+        /* f32 affine: f32 result */
+        assert_same_bits(em_layer_norm(x, 1, w, b, 1e-5), em_layer_norm(xf, 1, w, b, 1e-5), "layer_norm, f32 affine");
+        assert_same_bits(em_group_norm(x, 2, w, b, 1e-5), em_group_norm(xf, 2, w, b, 1e-5), "group_norm, f32 affine");
+        assert_same_bits(em_instance_norm(x, w, b, 1e-5), em_instance_norm(xf, w, b, 1e-5), "instance_norm, f32 affine");
+        assert_same_bits(em_rms_norm(x, w, 1e-5), em_rms_norm(xf, w, 1e-5), "rms_norm, f32 affine");
+        /* no affine / 16-bit affine: the f32 result rounded once */
+        assert_same_bits(em_layer_norm(x, 1, NULL, NULL, 1e-5), em_cast(em_layer_norm(xf, 1, NULL, NULL, 1e-5), dt), "layer_norm");
+        assert_same_bits(em_layer_norm(x, 1, wl, bl, 1e-5), em_cast(em_layer_norm(xf, 1, em_cast(wl, EM_F32), em_cast(bl, EM_F32), 1e-5), dt),
+                         "layer_norm, 16-bit affine");
+        assert_same_bits(em_group_norm(x, 2, NULL, NULL, 1e-5), em_cast(em_group_norm(xf, 2, NULL, NULL, 1e-5), dt), "group_norm");
+        assert_same_bits(em_rms_norm(x, NULL, 1e-5), em_cast(em_rms_norm(xf, NULL, 1e-5), dt), "rms_norm");
+        /* batch norm in eval with 16-bit parameters and statistics (a bf16 model) */
+        em_tensor *rm = em_cast(em_full((int64_t[]){4}, 1, EM_F32, 100.25), dt), *rv = em_cast(em_full((int64_t[]){4}, 1, EM_F32, 0.75), dt);
+        assert_same_bits(em_batch_norm(x, rm, rv, wl, bl, false, 0.1, 1e-5),
+                         em_cast(em_batch_norm(xf, em_cast(rm, EM_F32), em_cast(rv, EM_F32), em_cast(wl, EM_F32), em_cast(bl, EM_F32), false,
+                                               0.1, 1e-5),
+                                 dt),
+                         "batch_norm eval, 16-bit model");
+        /* inside autocast the norms stay f32 ops */
+        em_autocast_begin(EM_BF16);
+        assert_int_equal(em_tensor_dtype(em_layer_norm(x, 1, NULL, NULL, 1e-5)), EM_F32);
+        assert_int_equal(em_tensor_dtype(em_group_norm(x, 2, NULL, NULL, 1e-5)), EM_F32);
+        assert_int_equal(em_tensor_dtype(em_rms_norm(x, NULL, 1e-5)), EM_F32);
+        em_autocast_end();
+        /* gradients reach the 16-bit input */
+        em_tensor *xl = em_detach(x);
+        em_set_requires_grad(xl, true);
+        em_grads *g = em_backward(em_sum(em_layer_norm(xl, 1, w, b, 1e-5), NULL, 0, false));
+        assert_non_null(g);
+        assert_int_equal(em_tensor_dtype(em_grad(g, xl)), dt);
+        em_grads_free(g);
+        em_scope_end();
+    }
+}
+
+/* em_full / em_scalar of -0.0 keep the sign bit in every float dtype (as
+ * torch.full; the CPU and CUDA fills memset +0 for f64 / f16 / bf16). */
+static void test_fill_negative_zero(void **state)
+{
+    (void)state;
+    const em_dtype dts[4] = {EM_F32, EM_F64, EM_F16, EM_BF16};
+    for (int k = 0; k < 4; k++) {
+        em_scope_begin();
+        double v[3];
+        assert_int_equal(em_to_host(em_cast(em_full((int64_t[]){3}, 1, dts[k], -0.0), EM_F64), v, sizeof v), EM_OK);
+        for (int i = 0; i < 3; i++) assert_true(v[i] == 0 && signbit(v[i]));
+        double s;
+        assert_int_equal(em_item(em_scalar(-0.0, dts[k]), &s), EM_OK);
+        assert_true(s == 0 && signbit(s));
+        assert_int_equal(em_item(em_scalar(0.0, dts[k]), &s), EM_OK);
+        assert_true(s == 0 && !signbit(s));
+        em_scope_end();
+    }
+}
+
+/* mean and std of a 16-bit tensor: the f32 result rounded once (the f16 sum
+ * of four 65504 overflowed, so their mean was inf; std rounded the variance
+ * to 16 bits before its root); f32 inside autocast. */
+static void test_mean_std_rounded_once(void **state)
+{
+    (void)state;
+    const em_dtype dts[2] = {EM_F16, EM_BF16};
+    for (int k = 0; k < 2; k++) {
+        const em_dtype dt = dts[k];
+        em_scope_begin();
+        em_tensor *a = rand_half((int64_t[]){17, 33}, 2, dt, 11), *af = em_cast(a, EM_F32);
+        assert_same_bits(em_mean(a, (int[]){1}, 1, false), em_cast(em_mean(af, (int[]){1}, 1, false), dt), "mean");
+        assert_same_bits(em_mean_all(a), em_cast(em_mean_all(af), dt), "mean_all");
+        assert_same_bits(em_std(a, (int[]){0}, 1, 1.0, true), em_cast(em_std(af, (int[]){0}, 1, 1.0, true), dt), "std");
+        double v;
+        assert_int_equal(em_item(em_mean_all(em_full((int64_t[]){4}, 1, EM_F16, 65504)), &v), EM_OK);
+        assert_true(v == 65504);
+        em_autocast_begin(EM_BF16);
+        assert_int_equal(em_tensor_dtype(em_mean_all(a)), EM_F32);
+        assert_int_equal(em_tensor_dtype(em_std(a, NULL, 0, 1.0, false)), EM_F32);
+        em_autocast_end();
+        em_tensor *al = em_detach(a);
+        em_set_requires_grad(al, true);
+        em_grads *g = em_backward(em_add(em_mean_all(al), em_std(al, NULL, 0, 1.0, false)));
+        assert_non_null(g);
+        assert_int_equal(em_tensor_dtype(em_grad(g, al)), dt);
+        em_grads_free(g);
+        em_scope_end();
+    }
+}
+
+/* em_clip_grad_norm of 16-bit gradients sums their powers in f32: the f16
+ * square of 300 overflowed (norm inf, every gradient zeroed) and that of
+ * 1e-4 flushed to 0 (norm 0). */
+static void test_clip_grad_norm_16bit(void **state)
+{
+    (void)state;
+    const em_dtype dts[2] = {EM_F16, EM_BF16};
+    const double vals[2] = {300, 1e-4};
+    for (int k = 0; k < 2; k++)
+        for (int j = 0; j < 2; j++) {
+            em_scope_begin();
+            em_tensor *p = em_zeros((int64_t[]){3}, 1, dts[k]);
+            assert_int_equal(em_set_requires_grad(p, true), EM_OK);
+            em_tensor *gv = em_full((int64_t[]){3}, 1, dts[k], vals[j]);
+            double gq;
+            assert_int_equal(em_item(em_narrow(gv, 0, 0, 1), &gq), EM_OK);
+            em_grads *g = em_grads_new();
+            assert_int_equal(em_grads_set(g, p, gv), EM_OK);
+            double norm = em_clip_grad_norm(g, &p, 1, 1.0, 2.0);
+            const double want = sqrt(3.0) * gq;
+            if (!(fabs(norm - want) <= 1e-6 * want)) fail_msg("%s grads of %g: norm %g, expected %g", em_dtype_name(dts[k]), vals[j], norm, want);
+            float got[3];
+            assert_int_equal(em_to_host(em_cast(em_grad(g, p), EM_F32), got, sizeof got), EM_OK);
+            const double clipped = norm > 1.0 ? gq / (norm + 1e-6) : gq;
+            for (int i = 0; i < 3; i++) assert_true(fabs(got[i] - clipped) <= 4e-3 * clipped);
+            em_grads_free(g);
+            em_scope_end();
+        }
+}
+
+/* The element-wise losses of f16 inputs compute in f32: the f16 square of
+ * a difference of 300 overflowed, so the mean of [300, 0, 0, 0]^2 (22500)
+ * was inf, outside autocast and inside it when both inputs are f16. */
+static void test_losses_16bit(void **state)
+{
+    (void)state;
+    for (int ac = 0; ac < 2; ac++) {
+        em_scope_begin();
+        em_tensor *x = em_from_host((const float[]){300, 0, 0, 0}, (int64_t[]){4}, 1, EM_F32);
+        em_tensor *xh = em_cast(x, EM_F16), *zh = em_zeros((int64_t[]){4}, 1, EM_F16);
+        if (ac) assert_int_equal(em_autocast_begin(EM_F16), EM_OK);
+        em_tensor *mse = em_mse_loss(xh, zh, EM_REDUCTION_MEAN);
+        em_tensor *hub = em_huber_loss(xh, zh, 1.0, EM_REDUCTION_SUM);
+        em_tensor *sl1 = em_smooth_l1_loss(xh, zh, 1.0, EM_REDUCTION_MEAN);
+        if (ac) assert_int_equal(em_autocast_end(), EM_OK);
+        assert_int_equal(em_tensor_dtype(mse), ac ? EM_F32 : EM_F16);
+        double v;
+        assert_int_equal(em_item(mse, &v), EM_OK);
+        assert_true(fabs(v - 22500) <= 16); /* f16 ulp there: 16 */
+        assert_int_equal(em_item(hub, &v), EM_OK);
+        assert_true(v == 299.5);
+        assert_int_equal(em_item(sl1, &v), EM_OK);
+        assert_true(fabs(v - 299.5 / 4) <= 0.05);
+        em_scope_end();
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -348,6 +551,12 @@ int main(void)
         cmocka_unit_test(test_promotion),
         cmocka_unit_test(test_f32_rounded_once),
         cmocka_unit_test(test_inplace_optimizer),
+        cmocka_unit_test(test_batch_norm_mixed),
+        cmocka_unit_test(test_norms_16bit),
+        cmocka_unit_test(test_fill_negative_zero),
+        cmocka_unit_test(test_mean_std_rounded_once),
+        cmocka_unit_test(test_clip_grad_norm_16bit),
+        cmocka_unit_test(test_losses_16bit),
     };
     return cmocka_run_group_tests(tests, em_test_setup_tmpdir, em_test_teardown_tmpdir);
 }

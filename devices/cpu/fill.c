@@ -36,7 +36,7 @@ void em_cpu_fill(void *buffers[], void *cl_arg)
         if (o->dtype == EM_F32) {
             float f = (float)v;
             for (int64_t i = 0; i < n; i++) ((float *)Y)[i] = f;
-        } else if (v == 0) {
+        } else if (v == 0 && !signbit(v)) { /* -0.0 keeps its sign bit (as torch.full and the OpenCL fill) */
             memset(Y, 0, (size_t)n * em_cpu_dtype_size(o->dtype));
         } else {
             for (int64_t i = 0; i < n; i++) store_elem(o->dtype, Y, i, v);

@@ -126,7 +126,7 @@ template <int DT> void fill_t(const em_kargs *k, void *buffers[])
     const H16 h = h16_of(o.dtype);
     switch (k->kind) {
     case EM_OP_FILL:
-        if (k->p.s.a == 0 && (DT != EM_F32 || !std::signbit(k->p.s.a))) { /* as the CPU: memset unless f32 -0.0 */
+        if (k->p.s.a == 0 && !std::signbit(k->p.s.a)) { /* as the CPU: memset unless -0.0 (its sign bit is kept) */
             check(cudaMemsetAsync(y, 0, (size_t)n * sizeof(T), s), "fill (memset)");
             return;
         }

@@ -129,7 +129,7 @@ typedef struct em_grad_scaler_config {
 /** PyTorch's defaults (see the fields). */
 EM_API em_grad_scaler_config em_grad_scaler_config_default(void);
 /** A scaler (@p cfg NULL: the defaults). Errors (EM_ERR_INVALID naming the
- *  field): init_scale not finite and > 0, growth_factor <= 1,
+ *  field): init_scale not finite and > 0 as a float32 (1e300, 1e-50 are refused), growth_factor <= 1,
  *  backoff_factor outside (0, 1), growth_interval <= 0. */
 EM_API em_grad_scaler *em_grad_scaler_new(const em_grad_scaler_config *cfg);
 /** NULL is a no-op. */
@@ -176,7 +176,7 @@ typedef struct em_grad_scaler_state {
     int64_t growth_tracker;
 } em_grad_scaler_state;
 EM_API em_status em_grad_scaler_get_state(const em_grad_scaler *s, em_grad_scaler_state *out);
-/** Restores it (between steps). Errors: scale not finite and > 0, tracker
+/** Restores it (between steps). Errors: scale not finite and > 0 as a float32, tracker
  *  outside [0, growth_interval) -> EM_ERR_INVALID. */
 EM_API em_status em_grad_scaler_set_state(em_grad_scaler *s, const em_grad_scaler_state *st);
 
