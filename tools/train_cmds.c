@@ -1323,7 +1323,7 @@ int em_tool_train(int argc, char **argv)
     em_precision prec = EM_PRECISION_F32;
     em_precision_parse(precision_s, &prec); /* checked above */
     if (lead && prec == EM_PRECISION_TF32)
-        printf("precision: tf32 (float32 matmuls and convolutions may use TF32 tensor cores)\n");
+        printf("precision: tf32 (float32 matmuls and convolutions on CUDA may use TF32 tensor cores)\n");
     else if (lead && prec != EM_PRECISION_F32)
         printf("precision: %s autocast (matmul/conv in %s, the rest f32, f32 weights)%s\n", precision_s, precision_s,
                prec == EM_PRECISION_F16 ? ", loss scaling" : "");

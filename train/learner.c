@@ -296,11 +296,11 @@ static em_status share_forward_backward(em_replicas *rep, int k, void *ctx)
     em_tensor *x = NULL, *y = NULL;
     st = em_batch_to_tensors(&sub, &x, &y);
     /* mixed precision: forward and loss in an autocast region of this thread (a replica's own) */
-    const bool ac = st == EM_OK && j->autocast != EM_F32;
-    if (ac) st = em_autocast_begin(j->autocast);
+    bool opened = false; /* only a region this step opened is closed (not the caller's, if begin failed) */
+    if (st == EM_OK && j->autocast != EM_F32) opened = (st = em_autocast_begin(j->autocast)) == EM_OK;
     em_tensor *logits = st == EM_OK ? em_module_forward(rep ? em_replicas_model(rep, k) : j->model, x) : NULL;
     em_tensor *loss = logits ? em_cross_entropy(logits, y, &j->cfg->loss) : NULL;
-    if (ac) em_autocast_end();
+    if (opened) em_autocast_end();
     if (!loss) st = em_last_status() ? em_last_status() : EM_ERR_RUNTIME;
     if (st == EM_OK && j->train) {
         /* [dist] weight by the share so the replicas' mean is the whole batch's gradient */
