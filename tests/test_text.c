@@ -136,6 +136,37 @@ static void test_byte_alphabet(void **state)
     }
 }
 
+
+/* hand-checked pieces of GPT-2's pattern, independent of the fixture */
+static void test_pretokenize_by_hand(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *s;
+        size_t n, ends[12];
+    } cases[] = {
+        {"Hello  world\n", 4, {5, 6, 12, 13}},         /* "Hello" " " " world" "\n" */
+        {"it's they're 'S", 6, {2, 4, 9, 12, 14, 15}}, /* it 's they 're " '" S */
+        {"a\tb", 3, {1, 2, 3}},                        /* \t alone: \s+ */
+        {"x   ", 2, {1, 4}},                            /* trailing spaces: one piece */
+        {" 123abc!!", 3, {4, 7, 9}},                    /* " 123" "abc" "!!" */
+        {"\xff\xfe a", 2, {2, 4}},                      /* invalid bytes: "other" */
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        size_t ends[12], n = strlen(cases[c].s);
+        size_t k = em_gpt2_pretokenize(cases[c].s, n, ends, 12);
+        if (k != cases[c].n) fail_msg("case %zu: %zu pieces, want %zu", c, k, cases[c].n);
+        for (size_t i = 0; i < k; i++) assert_int_equal(ends[i], cases[c].ends[i]);
+    }
+    /* a small array: the count goes on, only cap ends are written */
+    size_t two[3] = {0, 0, 77};
+    assert_int_equal(em_gpt2_pretokenize("a b c d", 7, two, 2), 4);
+    assert_int_equal(two[0], 1);
+    assert_int_equal(two[1], 3);
+    assert_int_equal(two[2], 77);
+    assert_int_equal(em_gpt2_pretokenize("", 0, two, 2), 0);
+}
+
 /* ---- BPE: training (the count-most-frequent-pair algorithm) ------------------ */
 
 typedef struct {
@@ -733,6 +764,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_byte_tokenizer),         cmocka_unit_test(test_byte_alphabet),
+        cmocka_unit_test(test_pretokenize_by_hand),
         cmocka_unit_test(test_bpe_against_reference),  cmocka_unit_test(test_bpe_round_trip),
         cmocka_unit_test(test_bpe_file_errors),        cmocka_unit_test(test_text_dataset_windows),
         cmocka_unit_test(test_text_dataset_from_text),
