@@ -8,6 +8,7 @@
 #include "ember/nn.h"
 #include "ember/optim.h"
 #include "ember/data.h"
+#include "ember/text.h"
 #include "ember/store.h"
 #include "ember/train.h"
 #include "ember/amp.h"
