@@ -6,7 +6,8 @@
  * (self and cross, batch_first both ways, bool / float key_padding_mask and
  * attn_mask) forward, input and parameter gradients; a 2-layer GPT-2 (vocab
  * 64, block 16, width 32, 4 heads) loaded by key from a SafeTensors file in
- * Hugging Face's layout: logits, loss and every parameter's gradient.
+ * Hugging Face's layout: logits, loss and every parameter's gradient; the
+ * same weights in the hub's layout through em_gpt2_load_hf_safetensors.
  * References are float64 math on float32 inputs; Ember runs in float32.
  * Tolerance: |got - want| <= 1e-5 * |want| + 1e-5 * max|want| per tensor
  * (printed: the measured max errors). Dropout: eval mode is deterministic
@@ -386,6 +387,39 @@ static void test_gpt2_vs_pytorch(void **state)
     em_module_free(m);
 }
 
+/* A file in the hub's layout (no "transformer." prefix, attn.bias / masked_bias
+ * buffers, tied lm_head.weight) gives the same logits; a wrong file names the key. */
+static void test_gpt2_hub_layout(void **state)
+{
+    (void)state;
+    const fx_block *b = find_block("gpt2");
+    em_gpt2_config c = tiny();
+    em_module *m = em_gpt2_new(&c);
+    assert_non_null(m);
+    if (em_gpt2_load_hf_safetensors(m, data_path("gpt2_tiny_hub.safetensors")) != EM_OK) fail_msg("hub load: %s", em_last_error());
+    em_module_train(m, false);
+    em_scope_begin();
+    note(&worst_fwd, check(em_module_forward(m, fx_new(fx_get(b, "idx"), EM_I64)), b, "logits"));
+    em_scope_end();
+    /* the prefixed file loads too */
+    assert_int_equal(em_gpt2_load_hf_safetensors(m, data_path("gpt2_tiny.safetensors")), EM_OK);
+    /* another model's file: the first missing key, both spellings */
+    assert_int_equal(em_gpt2_load_hf_safetensors(m, data_path("vision_cnn.safetensors")), EM_ERR_FORMAT);
+    assert_non_null(strstr(em_last_error(), "missing key 'transformer.wte.weight' (or 'wte.weight')"));
+    /* a model of another width: shape error naming the key, nothing written */
+    em_gpt2_config c2 = tiny();
+    c2.n_embd = 16;
+    em_module *m2 = em_gpt2_new(&c2);
+    assert_non_null(m2);
+    assert_int_equal(em_gpt2_load_hf_safetensors(m2, data_path("gpt2_tiny_hub.safetensors")), EM_ERR_SHAPE);
+    assert_non_null(strstr(em_last_error(), "lm_head.weight"));
+    em_module *mha = em_multihead_attention_new(8, 2, 0, true, true);
+    assert_int_equal(em_gpt2_load_hf_safetensors(mha, data_path("gpt2_tiny.safetensors")), EM_ERR_INVALID);
+    em_module_free(mha);
+    em_module_free(m2);
+    em_module_free(m);
+}
+
 static void test_gpt2_errors(void **state)
 {
     (void)state;
@@ -428,6 +462,7 @@ int main(void)
         cmocka_unit_test(test_mha_errors),
         cmocka_unit_test(test_gpt2_keys_and_init),
         cmocka_unit_test(test_gpt2_vs_pytorch),
+        cmocka_unit_test(test_gpt2_hub_layout),
         cmocka_unit_test(test_gpt2_errors),
         cmocka_unit_test(test_report),
     };
