@@ -467,6 +467,19 @@ static void test_gpt2_learns_without_leaks(void **state)
     if (s1.live_tensors != s0.live_tensors || s1.handles != s0.handles)
         fail_msg("leak: live tensors %lld -> %lld, handles %lld -> %lld", (long long)s0.live_tensors, (long long)s1.live_tensors,
                  (long long)s0.handles, (long long)s1.handles);
+    /* dropout 0.1: eval forwards are identical, training forwards differ */
+    em_scope_begin();
+    double d_eval = 0, d_train = 0;
+    for (int mode = 0; mode < 2; mode++) {
+        em_module_train(m, mode == 1);
+        double *a = em_test_values(em_module_forward(m, x)), *b2 = em_test_values(em_module_forward(m, x));
+        for (int64_t i = 0; i < 2 * 12 * 64; i++) *(mode ? &d_train : &d_eval) += fabs(a[i] - b2[i]);
+        free(a);
+        free(b2);
+    }
+    em_scope_end();
+    assert_true(d_eval == 0);
+    assert_true(d_train > 0);
     printf("tiny GPT-2, one batch, %d AdamW steps: loss %.4f -> %.4f\n", steps, first, last);
     if (!(first > 3.5 && last < 0.5 * first)) fail_msg("the tiny GPT-2 did not learn: loss %g -> %g", first, last);
     em_tensor_release(x);
