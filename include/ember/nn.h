@@ -260,6 +260,100 @@ EM_API em_module *em_dropout2d_new(double p);
  *  align_corners with NEAREST is EM_ERR_INVALID (PyTorch raises too). */
 EM_API em_module *em_upsample_new(int64_t oh, int64_t ow, em_interp_mode mode, bool align_corners);
 
+/* ---- attention and transformers (issue #16) ---------------------------------
+ * Composed from existing ops (matmul, masked_fill, softmax, dropout, layout
+ * views): the "math path" a fused attention op is to be checked against.
+ * Float32 (any float dtype the ops take); differentiable by autodiff. */
+
+/** torch.nn.functional.scaled_dot_product_attention (PyTorch 2.x documented
+ *  reference implementation):
+ *    S = q @ k^T * scale                      [..., Tq, Tk]
+ *    is_causal: S[i, j] = -inf where j > i     (tril(ones(Tq, Tk)), top-left
+ *               aligned also when Tq != Tk, as torch)
+ *    mask bool (EM_BOOL): S = -inf where mask is false (true = take part)
+ *    mask float: S = S + mask                  (additive)
+ *    P = softmax(S, -1); P = dropout(P, dropout_p) when @p training
+ *    out = P @ v                               [..., Tq, Dv]
+ *  q [..., Tq, D], k [..., Tk, D], v [..., Tk, Dv] of one rank >= 2 with
+ *  equal leading dims (typically [B, H, T, D]); mask broadcastable to
+ *  [..., Tq, Tk] (rank <= q's). scale <= 0 or NaN means torch's default
+ *  1 / sqrt(D). A row every key of which is masked gives NaN, as torch's math
+ *  path. torch applies dropout whenever dropout_p > 0; here only when
+ *  @p training is true too (modules pass their mode), 0 <= dropout_p <= 1.
+ *  Returns a new reference (tensor.h rules). Errors: NULL q/k/v
+ *  (EM_ERR_INVALID); rank < 2, unequal ranks or leading dims, D or Tk
+ *  mismatch, a mask that does not broadcast (EM_ERR_SHAPE naming the
+ *  shapes); mask together with is_causal (EM_ERR_INVALID, as torch);
+ *  non-float q/k/v or an integer mask (EM_ERR_DTYPE). */
+EM_API em_tensor *em_scaled_dot_product_attention(const em_tensor *q, const em_tensor *k, const em_tensor *v, const em_tensor *mask,
+                                                  bool is_causal, double dropout_p, double scale, bool training);
+
+/** torch.nn.MultiheadAttention(embed_dim, num_heads, dropout, bias,
+ *  batch_first) with kdim = vdim = embed_dim. Keys and shapes as PyTorch:
+ *  "in_proj_weight" [3E, E] ~ xavier_uniform, "in_proj_bias" [3E] = 0 (with
+ *  bias), "out_proj.weight" [E, E] (Linear's init), "out_proj.bias" [E] = 0.
+ *  embed_dim divisible by num_heads (EM_ERR_INVALID otherwise), 0 <= dropout
+ *  <= 1 (on the attention weights, training mode only). Type "MultiheadAttention".
+ *  em_module_forward(m, x) is self-attention with no masks. */
+EM_API em_module *em_multihead_attention_new(int64_t embed_dim, int64_t num_heads, double dropout, bool bias, bool batch_first);
+/** MultiheadAttention.forward(query, key, value, key_padding_mask,
+ *  need_weights=False, attn_mask): returns the output only (a new
+ *  reference), [B, L, E] with batch_first, else [L, B, E]; query [B, L, E],
+ *  key/value [B, S, E] (or [L, B, E] / [S, B, E]). Batched inputs only
+ *  (rank 3). key/value NULL mean the query (self-attention).
+ *  key_padding_mask [B, S]: EM_BOOL (true = IGNORE that key, torch's MHA
+ *  convention, opposite to em_scaled_dot_product_attention) or float
+ *  (added). attn_mask [L, S] or [B * num_heads, L, S], bool (true = not
+ *  allowed) or float (added). Scores scaled by 1 / sqrt(E / num_heads).
+ *  Errors: EM_ERR_SHAPE naming the shapes (rank, E, batch or length
+ *  mismatch, bad mask shapes), EM_ERR_DTYPE (integer masks), EM_ERR_INVALID
+ *  (not a MultiheadAttention module). */
+EM_API em_tensor *em_multihead_attention_forward(em_module *m, const em_tensor *query, const em_tensor *key, const em_tensor *value,
+                                                 const em_tensor *key_padding_mask, const em_tensor *attn_mask);
+
+/** Hugging Face's GPT2Config subset (names as HF's). */
+typedef struct em_gpt2_config {
+    int64_t vocab_size;        /**< 50257 for GPT-2 */
+    int64_t n_positions;       /**< block size, 1024 */
+    int64_t n_embd;            /**< 768 */
+    int64_t n_layer;           /**< 12 */
+    int64_t n_head;            /**< 12; divides n_embd */
+    double dropout;            /**< embd_pdrop = attn_pdrop = resid_pdrop (HF 0.1) */
+    double layer_norm_epsilon; /**< 1e-5 */
+} em_gpt2_config;
+/** The GPT-2 124M configuration (50257, 1024, 768, 12, 12, 0.1, 1e-5). */
+EM_API em_gpt2_config em_gpt2_config_default(void);
+
+/** HF Conv1D(nf, nx): y = x @ weight + bias, x [..., nx] -> [..., nf];
+ *  keys "weight" [nx, nf] ~ N(0, 0.02^2) (HF _init_weights), "bias" [nf] = 0.
+ *  Type "Conv1D". Errors: negative sizes (EM_ERR_INVALID). */
+EM_API em_module *em_gpt2_conv1d_new(int64_t nx, int64_t nf);
+/** HF GPT2Block (pre-norm): x = x + drop(c_proj(attn(ln_1(x)))) with causal
+ *  attention; x = x + drop(mlp.c_proj(gelu_tanh(mlp.c_fc(ln_2(x))))).
+ *  Keys "ln_1.*", "attn.c_attn.*" ([E, 3E], [3E]), "attn.c_proj.*"
+ *  ([E, E]), "ln_2.*", "mlp.c_fc.*" ([E, 4E]), "mlp.c_proj.*" ([4E, E]).
+ *  Forward x [B, T, E] -> [B, T, E]. Initialised as the whole model's blocks
+ *  (see em_gpt2_new). Errors: a bad config (EM_ERR_INVALID naming it). */
+EM_API em_module *em_gpt2_block_new(const em_gpt2_config *cfg);
+/** HF GPT2LMHeadModel: forward(idx [B, T] int64/int32 token ids, T <=
+ *  n_positions) -> logits [B, T, vocab_size]:
+ *    h = drop(wte[idx] + wpe[0..T-1]); h = block_i(h) ...; h = ln_f(h);
+ *    logits = h @ wte^T  (lm_head tied to wte: ONE tensor).
+ *  Parameter keys, in HF's order: "transformer.wte.weight" [V, E],
+ *  "transformer.wpe.weight" [P, E], "transformer.h.{i}.<block keys>",
+ *  "transformer.ln_f.{weight,bias}". "lm_head.weight" is not a separate
+ *  parameter (as HF's named_parameters(), which skips the tied tensor): a
+ *  state dict / SafeTensors file saved from this model has no lm_head key,
+ *  and loading a file that has one (HF's state_dict() lists it as the same
+ *  tensor) is done with strict = false, or by dropping that key.
+ *  Initialisation as HF / the anchor (nanoGPT): every matrix and embedding
+ *  ~ N(0, 0.02^2), the c_proj weights (attention and MLP) ~ N(0, (0.02 /
+ *  sqrt(2 n_layer))^2), biases 0, LayerNorm weight 1 / bias 0. Type
+ *  "GPT2LMHeadModel". Errors: NULL or bad config (EM_ERR_INVALID); forward:
+ *  non-integer ids (EM_ERR_DTYPE), rank != 2 or T > n_positions
+ *  (EM_ERR_SHAPE naming them). */
+EM_API em_module *em_gpt2_new(const em_gpt2_config *cfg);
+
 /* ---- functional forms ----------------------------------------------------- */
 
 /** y = x W^T + b; x [..., in], weight [out, in], bias [out] or NULL. */

@@ -18,6 +18,7 @@
 #ifndef EMBER_STORE_H
 #define EMBER_STORE_H
 
+#include "ember/nn.h"
 #include "ember/tensor.h"
 
 #ifdef __cplusplus
@@ -126,6 +127,23 @@ EM_API em_status em_safetensors_load_into(const char *path, const char *const na
 /** Same from an open file (messages name the path it was opened from). */
 EM_API em_status em_safetensors_load_from(const em_st_file *f, const char *const names[],
                                           em_tensor *const targets[], size_t n, bool strict);
+
+/** Loads a Hugging Face GPT-2 SafeTensors file into @p m, a model made by
+ *  em_gpt2_new (all parameters, in place as em_safetensors_load_from).
+ *  Each parameter key "transformer.X" is looked up as written, else as "X":
+ *  HF's base-model files (the hub's gpt2/model.safetensors) store "wte.weight",
+ *  "h.0.attn.c_attn.weight", ... without the prefix; fine-tuned
+ *  GPT2LMHeadModel files keep it. Other tensors HF writes are accepted and
+ *  not loaded: "lm_head.weight" (tied to wte; its shape must be wte's, its
+ *  values are not read: the model's one tensor comes from wte, as HF ties
+ *  on load) and the causal-mask buffers "*.attn.bias" / "*.attn.masked_bias"
+ *  of older files. Any other extra key, or a missing one, is an error, and
+ *  nothing is written then. Conv1D weights are taken as stored ([in, out],
+ *  no transpose). Errors: EM_ERR_INVALID (not a GPT2LMHeadModel, NULL path),
+ *  EM_ERR_FORMAT naming the path and the missing ('transformer.X' or 'X') or
+ *  unexpected key, EM_ERR_SHAPE / EM_ERR_DTYPE as em_safetensors_load_from,
+ *  and em_safetensors_open's errors. */
+EM_API em_status em_gpt2_load_hf_safetensors(em_module *m, const char *path);
 
 /** SafeTensors dtype string of an Ember dtype ("F32", "BOOL", ...), NULL if invalid. */
 EM_API const char *em_safetensors_dtype_str(em_dtype dt);
