@@ -725,11 +725,7 @@ static void test_no_leak_1000_steps(void **state)
                     (long long)s.live_storages, (long long)s.handles, (long long)s.pooled);
         }
     }
-    em_sync();
-    em_stats s1 = em_get_stats();
-    if (s1.live_tensors != s0.live_tensors || s1.handles != s0.handles)
-        fail_msg("leak: live tensors %lld -> %lld, handles %lld -> %lld", (long long)s0.live_tensors, (long long)s1.live_tensors,
-                 (long long)s0.handles, (long long)s1.handles);
+    em_test_assert_no_leak(&s0);
     em_tensor_release(x);
     em_tensor_release(y);
     em_lr_scheduler_free(sched);

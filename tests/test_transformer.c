@@ -462,11 +462,7 @@ static void test_gpt2_learns_without_leaks(void **state)
             s0 = em_get_stats();
         }
     }
-    em_sync();
-    em_stats s1 = em_get_stats();
-    if (s1.live_tensors != s0.live_tensors || s1.handles != s0.handles)
-        fail_msg("leak: live tensors %lld -> %lld, handles %lld -> %lld", (long long)s0.live_tensors, (long long)s1.live_tensors,
-                 (long long)s0.handles, (long long)s1.handles);
+    em_test_assert_no_leak(&s0);
     /* dropout 0.1: eval forwards are identical, training forwards differ */
     em_scope_begin();
     double d_eval = 0, d_train = 0;

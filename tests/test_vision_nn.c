@@ -677,11 +677,7 @@ static void test_cnn_trains_without_leaks(void **state)
             s0 = em_get_stats();
         }
     }
-    em_sync();
-    em_stats s1 = em_get_stats();
-    if (s1.live_tensors != s0.live_tensors || s1.handles != s0.handles)
-        fail_msg("leak: live tensors %lld -> %lld, handles %lld -> %lld", (long long)s0.live_tensors, (long long)s1.live_tensors,
-                 (long long)s0.handles, (long long)s1.handles);
+    em_test_assert_no_leak(&s0);
     if (!(last < 0.5 * first)) fail_msg("the CNN did not learn 6 samples: loss %g -> %g", first, last);
     double nbt;
     assert_int_equal(em_item(em_module_get_buffer(m, "features.1.num_batches_tracked"), &nbt), EM_OK);

@@ -227,3 +227,12 @@ int em_test_list_devices(em_test_dev *devs, int max)
     em_set_device(em_device_cpu());
     return n;
 }
+
+void em_test_assert_no_leak(const em_stats *before)
+{
+    em_sync();
+    em_stats now = em_get_stats();
+    if (now.live_tensors != before->live_tensors || now.handles != before->handles)
+        fail_msg("leak: live tensors %lld -> %lld, handles %lld -> %lld", (long long)before->live_tensors,
+                 (long long)now.live_tensors, (long long)before->handles, (long long)now.handles);
+}

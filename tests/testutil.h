@@ -20,6 +20,10 @@ typedef struct em_test_dev {
 } em_test_dev;
 int em_test_list_devices(em_test_dev *devs, int max);
 
+/* Waits for the tasks (em_sync) and fails the test when the live tensors or
+ * StarPU handles differ from @p before (an em_get_stats() taken earlier). */
+void em_test_assert_no_leak(const em_stats *before);
+
 int em_test_setup(void **state);
 int em_test_teardown(void **state);
 
