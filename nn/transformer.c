@@ -475,3 +475,219 @@ em_module *em_gpt2_new(const em_gpt2_config *cfg)
     }
     return m;
 }
+
+/* ---- TransformerEncoderLayer / TransformerEncoder (torch.nn, PyTorch 1.13) ------------------ */
+
+em_transformer_encoder_layer_config em_transformer_encoder_layer_config_default(int64_t d_model, int64_t nhead)
+{
+    em_transformer_encoder_layer_config c = {d_model, nhead, 2048, 0.1, "relu", 1e-5, false, false};
+    return c;
+}
+
+typedef struct enc_layer_impl {
+    em_transformer_encoder_layer_config cfg;
+    bool gelu; /* activation: false relu, true exact-erf gelu */
+} enc_layer_impl;
+
+static em_status enc_check(const em_transformer_encoder_layer_config *c, const char *fn, bool *gelu)
+{
+    if (!c) return em__set_error(EM_ERR_INVALID, "%s: config is NULL", fn);
+    if (c->d_model <= 0 || c->nhead <= 0 || c->d_model % c->nhead)
+        return em__set_error(EM_ERR_INVALID, "%s: d_model (%lld) must be a positive multiple of nhead (%lld)", fn, (long long)c->d_model,
+                             (long long)c->nhead);
+    if (c->dim_feedforward <= 0)
+        return em__set_error(EM_ERR_INVALID, "%s: dim_feedforward must be > 0, got %lld", fn, (long long)c->dim_feedforward);
+    if (!(c->dropout >= 0 && c->dropout <= 1) || !(c->layer_norm_eps >= 0))
+        return em__set_error(EM_ERR_INVALID, "%s: dropout (%g) must be in [0, 1] and layer_norm_eps (%g) >= 0", fn, c->dropout,
+                             c->layer_norm_eps);
+    const char *a = c->activation ? c->activation : "relu";
+    if (!strcmp(a, "relu"))
+        *gelu = false;
+    else if (!strcmp(a, "gelu"))
+        *gelu = true;
+    else
+        return em__set_error(EM_ERR_INVALID, "%s: activation should be relu/gelu, not %s", fn, a); /* torch's words */
+    return EM_OK;
+}
+
+static em_tensor *enc_layer_forward_plain(em_module *m, const em_tensor *x)
+{
+    return em_transformer_encoder_layer_forward(m, x, NULL, NULL, false);
+}
+
+static const em_module_vtable ENC_LAYER_VT = {"TransformerEncoderLayer", enc_layer_forward_plain, free};
+
+em_module *em_transformer_encoder_layer_new(const em_transformer_encoder_layer_config *cfg)
+{
+    bool gelu = false;
+    if (enc_check(cfg, "em_transformer_encoder_layer_new", &gelu) != EM_OK) return NULL;
+    enc_layer_impl *li = calloc(1, sizeof *li);
+    if (!li) return em__fail(EM_ERR_NOMEM, "em_transformer_encoder_layer_new: out of memory");
+    li->cfg = *cfg;
+    li->cfg.activation = gelu ? "gelu" : "relu"; /* static strings: the caller's may not live */
+    li->gelu = gelu;
+    em_module *m = em_module_new(&ENC_LAYER_VT, li);
+    if (!m) {
+        free(li);
+        return NULL;
+    }
+    const int64_t d = cfg->d_model, f = cfg->dim_feedforward;
+    /* torch's __init__ order (= state_dict order) */
+    em_status st = em_module_add_child(m, "self_attn", em_multihead_attention_new(d, cfg->nhead, cfg->dropout, true, cfg->batch_first));
+    if (st == EM_OK) st = em_module_add_child(m, "linear1", em_linear_new(d, f, true));
+    if (st == EM_OK) st = em_module_add_child(m, "linear2", em_linear_new(f, d, true));
+    if (st == EM_OK) st = em_module_add_child(m, "norm1", em_layer_norm_new(&d, 1, cfg->layer_norm_eps, true));
+    if (st == EM_OK) st = em_module_add_child(m, "norm2", em_layer_norm_new(&d, 1, cfg->layer_norm_eps, true));
+    if (st != EM_OK) {
+        em_module_free(m);
+        return NULL;
+    }
+    return m;
+}
+
+/* A float [T, T] causal mask (0 on and below the diagonal, -inf above), as
+ * torch's Transformer.generate_square_subsequent_mask (inside a scope). */
+static em_tensor *enc_causal_mask(int64_t T)
+{
+    int64_t col[2] = {1, T}, row[2] = {T, 1}, sq[2] = {T, T};
+    em_tensor *j = em_reshape(em_arange(0, (double)T, 1, EM_I64), col, 2);
+    em_tensor *i = em_reshape(em_arange(0, (double)T, 1, EM_I64), row, 2);
+    return em_masked_fill(em_zeros(sq, 2, EM_F32), em_gt(j, i), -INFINITY);
+}
+
+em_tensor *em_transformer_encoder_layer_forward(em_module *m, const em_tensor *src, const em_tensor *src_mask,
+                                                const em_tensor *src_key_padding_mask, bool is_causal)
+{
+    static const char *fn = "TransformerEncoderLayer";
+    if (!m || em__module_vtable(m) != &ENC_LAYER_VT)
+        return em__fail(EM_ERR_INVALID, "em_transformer_encoder_layer_forward: module is %s, not a TransformerEncoderLayer",
+                        m ? em_module_type_name(m) : "NULL");
+    if (!src) return em__fail(EM_ERR_INVALID, "%s: src is NULL", fn);
+    enc_layer_impl *li = em_module_impl(m);
+    char sx[160];
+    if (em_tensor_ndim(src) != 3 || em_tensor_dim(src, 2) != li->cfg.d_model)
+        return em__fail(EM_ERR_SHAPE, "%s: src of shape %s, expected %s with d_model = %lld", fn, NN_SHAPE(src, sx),
+                        li->cfg.batch_first ? "[B, T, d_model]" : "[T, B, d_model]", (long long)li->cfg.d_model);
+    const bool tr = em_module_is_training(m);
+    const double p = li->cfg.dropout;
+    em_module *sa = CHILD(m, "self_attn"), *l1 = CHILD(m, "linear1"), *l2 = CHILD(m, "linear2");
+    em_module *n1 = CHILD(m, "norm1"), *n2 = CHILD(m, "norm2");
+    em_scope_begin();
+    /* is_causal is torch 2.x's hint that src_mask is the causal mask; without a
+     * src_mask the causal mask is built here */
+    const em_tensor *am = src_mask;
+    if (is_causal && !am) am = enc_causal_mask(em_tensor_dim(src, li->cfg.batch_first ? 1 : 0));
+    em_tensor *x = (em_tensor *)src, *y;
+    /* _sa_block(y) = dropout1(self_attn(y, y, y, attn_mask, key_padding_mask)),
+     * _ff_block(y) = dropout2(linear2(dropout(activation(linear1(y))))); every
+     * step's failure is returned as it is (its message names the cause) */
+    for (int blk = 0; blk < 2; blk++) {
+        em_module *norm = blk == 0 ? n1 : n2;
+        y = li->cfg.norm_first ? em_module_forward(norm, x) : x;
+        if (!y) return nn_return(NULL);
+        if (blk == 0) {
+            y = em_multihead_attention_forward(sa, y, NULL, NULL, src_key_padding_mask, am);
+        } else {
+            y = em_module_forward(l1, y);
+            if (y) y = li->gelu ? em_gelu(y) : em_relu(y);
+            if (y) y = em_module_forward(l2, em_dropout(y, p, tr));
+        }
+        if (!y) return nn_return(NULL);
+        x = em_add(x, em_dropout(y, p, tr));
+        if (x && !li->cfg.norm_first) x = em_module_forward(norm, x);
+        if (!x) return nn_return(NULL);
+    }
+    return nn_return(x);
+}
+
+typedef struct enc_impl {
+    bool final_norm;
+} enc_impl;
+
+static em_tensor *enc_forward_plain(em_module *m, const em_tensor *x) { return em_transformer_encoder_forward(m, x, NULL, NULL, false); }
+
+static const em_module_vtable ENC_VT = {"TransformerEncoder", enc_forward_plain, free};
+
+em_module *em_transformer_encoder_new(const em_transformer_encoder_layer_config *cfg, int64_t num_layers, bool final_norm)
+{
+    bool gelu = false;
+    if (enc_check(cfg, "em_transformer_encoder_new", &gelu) != EM_OK) return NULL;
+    if (num_layers < 1 || num_layers > 100000)
+        return em__fail(EM_ERR_INVALID, "em_transformer_encoder_new: num_layers must be in [1, 100000], got %lld", (long long)num_layers);
+    enc_impl *ei = calloc(1, sizeof *ei);
+    if (!ei) return em__fail(EM_ERR_NOMEM, "em_transformer_encoder_new: out of memory");
+    ei->final_norm = final_norm;
+    em_module *m = em_module_new(&ENC_VT, ei);
+    if (!m) {
+        free(ei);
+        return NULL;
+    }
+    em_module *layers = em_module_new(&MODULE_LIST_VT, NULL);
+    em_status st = layers ? EM_OK : em_last_status();
+    for (int64_t i = 0; i < num_layers && st == EM_OK; i++) {
+        char name[24];
+        snprintf(name, sizeof name, "%lld", (long long)i);
+        st = em_module_add_child(layers, name, em_transformer_encoder_layer_new(cfg));
+    }
+    /* torch's _get_clones deep-copies one layer: every layer starts equal */
+    em_tensor *p0[32], *pi[32];
+    const int np = layers && st == EM_OK ? em_module_parameters(em_module_child_at(layers, 0, NULL), p0, 32) : 0;
+    for (int64_t i = 1; i < num_layers && st == EM_OK; i++) {
+        if (em_module_parameters(em_module_child_at(layers, (int)i, NULL), pi, 32) != np) {
+            st = em__set_error(EM_ERR_RUNTIME, "em_transformer_encoder_new: layers differ in parameter count");
+            break;
+        }
+        for (int j = 0; j < np && st == EM_OK; j++) st = em_copy_(pi[j], p0[j]);
+    }
+    if (st == EM_OK) st = em_module_add_child(m, "layers", layers);
+    else if (layers) em_module_free(layers);
+    if (st == EM_OK && final_norm) st = em_module_add_child(m, "norm", em_layer_norm_new(&cfg->d_model, 1, cfg->layer_norm_eps, true));
+    if (st != EM_OK) {
+        em_module_free(m);
+        return NULL;
+    }
+    return m;
+}
+
+em_tensor *em_transformer_encoder_forward(em_module *m, const em_tensor *src, const em_tensor *mask,
+                                          const em_tensor *src_key_padding_mask, bool is_causal)
+{
+    if (!m || em__module_vtable(m) != &ENC_VT)
+        return em__fail(EM_ERR_INVALID, "em_transformer_encoder_forward: module is %s, not a TransformerEncoder",
+                        m ? em_module_type_name(m) : "NULL");
+    enc_impl *ei = em_module_impl(m);
+    em_module *layers = CHILD(m, "layers");
+    em_scope_begin();
+    em_tensor *x = (em_tensor *)src;
+    for (int i = 0; i < em_module_num_children(layers) && x; i++)
+        x = em_transformer_encoder_layer_forward(em_module_child_at(layers, i, NULL), x, mask, src_key_padding_mask, is_causal);
+    if (x && ei->final_norm) x = em_module_forward(CHILD(m, "norm"), x);
+    return nn_return(x);
+}
+
+/* ---- sinusoidal positional encoding ------------------------------------------------------ */
+
+em_tensor *em_sinusoidal_positional_encoding(int64_t T, int64_t d)
+{
+    if (T <= 0 || d <= 0 || d % 2 || T > ((int64_t)1 << 24) || d > ((int64_t)1 << 20) || T * d > ((int64_t)1 << 31))
+        return em__fail(EM_ERR_INVALID,
+                        "em_sinusoidal_positional_encoding: T (%lld) and d (%lld) must be positive, d even, T <= 2^24, d <= 2^20, "
+                        "T * d <= 2^31",
+                        (long long)T, (long long)d);
+    float *v = malloc(sizeof(float) * (size_t)(T * d));
+    if (!v) return em__fail(EM_ERR_NOMEM, "em_sinusoidal_positional_encoding: out of memory");
+    /* Vaswani et al. 2017, "Attention Is All You Need", section 3.5:
+     * PE(pos, 2i) = sin(pos / 10000^(2i/d)), PE(pos, 2i+1) = cos(pos / 10000^(2i/d)),
+     * in double, rounded to float32 once */
+    for (int64_t i = 0; i < d / 2; i++) {
+        const double inv = pow(10000.0, -(double)(2 * i) / (double)d);
+        for (int64_t pos = 0; pos < T; pos++) {
+            v[pos * d + 2 * i] = (float)sin((double)pos * inv);
+            v[pos * d + 2 * i + 1] = (float)cos((double)pos * inv);
+        }
+    }
+    int64_t s[2] = {T, d};
+    em_tensor *t = em_from_host(v, s, 2, EM_F32);
+    free(v);
+    return t;
+}

@@ -13,7 +13,7 @@
 
 #include "testutil.h"
 
-#define FX_MAX_T 20
+#define FX_MAX_T 64 /* a 2-layer TransformerEncoder block: 58 */
 
 typedef struct fx_tensor {
     char name[32];

@@ -14,7 +14,11 @@
  * and equals the dropout-free forward; training-mode attention dropout keeps
  * the mean of the weights (loose statistics). Errors name the shapes. A tiny
  * GPT-2 with dropout 0.1 memorises one batch in 40 AdamW steps (loss must
- * halve from ~ln 64) and its training steps leak no tensor or handle. */
+ * halve from ~ln 64) and its training steps leak no tensor or handle.
+ * TransformerEncoderLayer (post-norm relu, pre-norm gelu, batch_first both
+ * ways, key padding and causal masks, eval) and a 2-layer TransformerEncoder
+ * with final norm: forward, input and parameter gradients against torch.nn;
+ * the sinusoidal positional-encoding table against numpy / torch. */
 #include "fixture.h"
 #include "testutil.h"
 
@@ -29,7 +33,7 @@ static int NBS;
 static void load_fixtures(void)
 {
     if (!BS) NBS = fx_load("transformer_fixtures.txt", &BS);
-    assert_true(NBS >= 13);
+    assert_true(NBS >= 19);
 }
 
 static const fx_block *find_block(const char *name)
@@ -69,7 +73,7 @@ static double check_vals(const em_tensor *t, const fx_tensor *want, const char *
 
 static double check(const em_tensor *t, const fx_block *b, const char *name)
 {
-    char what[128];
+    char what[192];
     snprintf(what, sizeof what, "%s: %s", b->config, name);
     return check_vals(t, fx_get(b, name), what);
 }
@@ -502,6 +506,169 @@ static void test_gpt2_errors(void **state)
     em_module_free(m);
 }
 
+/* ---- TransformerEncoderLayer / TransformerEncoder -------------------------------------------- */
+
+/* The fixture name of a parameter key: "layers." shortened to "L" (names < 32 characters). */
+static const char *enc_name(const char *key, const char *prefix, char *out, size_t n)
+{
+    if (!strncmp(key, "layers.", 7))
+        snprintf(out, n, "%sL%s", prefix, key + 7);
+    else
+        snprintf(out, n, "%s%s", prefix, key);
+    return out;
+}
+
+static em_transformer_encoder_layer_config enc_cfg(const fx_block *b)
+{
+    const int64_t d = (int64_t)fx_kw(b, "d", 0), h = (int64_t)fx_kw(b, "H", 0);
+    em_transformer_encoder_layer_config c = em_transformer_encoder_layer_config_default(d, h);
+    c.dim_feedforward = (int64_t)fx_kw(b, "F", 0);
+    c.dropout = 0.1; /* as the fixtures: off in eval mode */
+    c.activation = fx_kw(b, "gelu", 0) != 0 ? "gelu" : "relu";
+    c.batch_first = fx_kw(b, "batch_first", 0) != 0;
+    c.norm_first = fx_kw(b, "norm_first", 0) != 0;
+    return c;
+}
+
+static em_tensor *enc_fwd(em_module *m, bool layer, const em_tensor *x, const em_tensor *am, const em_tensor *kpm, bool causal)
+{
+    return layer ? em_transformer_encoder_layer_forward(m, x, am, kpm, causal) : em_transformer_encoder_forward(m, x, am, kpm, causal);
+}
+
+static void test_encoder_vs_pytorch(void **state)
+{
+    (void)state;
+    load_fixtures();
+    int n = 0;
+    double ef = 0, eg = 0; /* this test's worst errors (also folded into the totals) */
+    for (int i = 0; i < NBS; i++) {
+        const fx_block *b = &BS[i];
+        if (strncmp(b->config, "enc", 3)) continue;
+        n++;
+        const int layers = (int)fx_kw(b, "layers", 0);
+        const bool layer = layers == 1;
+        em_transformer_encoder_layer_config c = enc_cfg(b);
+        em_module *m = layer ? em_transformer_encoder_layer_new(&c) : em_transformer_encoder_new(&c, layers, true);
+        if (!m) fail_msg("%s: %s", b->config, em_last_error());
+        assert_string_equal(em_module_type_name(m), layer ? "TransformerEncoderLayer" : "TransformerEncoder");
+        keylist l = {0};
+        assert_int_equal(em_module_visit_params(m, collect, &l), EM_OK);
+        assert_int_equal(l.n, (int)fx_kw(b, "params", 0));
+        /* torch's named_parameters order */
+        assert_string_equal(l.k[0], layer ? "self_attn.in_proj_weight" : "layers.0.self_attn.in_proj_weight");
+        assert_string_equal(l.k[3], layer ? "self_attn.out_proj.bias" : "layers.0.self_attn.out_proj.bias");
+        assert_string_equal(l.k[4], layer ? "linear1.weight" : "layers.0.linear1.weight");
+        assert_string_equal(l.k[11], layer ? "norm2.bias" : "layers.0.norm2.bias");
+        if (!layer) {
+            assert_string_equal(l.k[12], "layers.1.self_attn.in_proj_weight");
+            assert_string_equal(l.k[l.n - 1], "norm.bias");
+            /* torch's _get_clones: the layers start equal */
+            double *a0 = em_test_values(l.t[4]), *a1 = em_test_values(l.t[16]);
+            for (int64_t j = 0; j < em_tensor_numel(l.t[4]); j++) assert_true(a0[j] == a1[j]);
+            free(a0);
+            free(a1);
+        }
+        char nm[96];
+        for (int j = 0; j < l.n; j++) set_param(m, l.k[j], b, enc_name(l.k[j], "", nm, sizeof nm));
+        em_module_train(m, false);
+        em_scope_begin();
+        em_tensor *x = leaf(b, "x", true), *kpm = mask_of(b, "kpm", "bool"), *am = fx_new(fx_get(b, "am"), EM_F32);
+        em_tensor *out = enc_fwd(m, layer, x, am, kpm, false);
+        note(&ef, check(out, b, "out"));
+        /* is_causal without a mask builds the same causal mask; a bool kpm equals its float form */
+        note(&ef, check(enc_fwd(m, layer, x, NULL, kpm, true), b, "out"));
+        int64_t kshape[2] = {em_tensor_dim(kpm, 0), em_tensor_dim(kpm, 1)};
+        em_tensor *kadd = em_masked_fill(em_zeros(kshape, 2, EM_F32), kpm, -INFINITY);
+        note(&ef, check(enc_fwd(m, layer, x, am, kadd, false), b, "out"));
+        em_grads *g = backward_weighted(out, b);
+        note(&eg, check(em_grad(g, x), b, "gx"));
+        for (int j = 0; j < l.n; j++) note(&eg, check(em_grad(g, l.t[j]), b, enc_name(l.k[j], "g", nm, sizeof nm)));
+        em_grads_free(g);
+        /* training: dropout 0.1 changes the output, and two training forwards differ */
+        em_module_train(m, true);
+        em_manual_seed(5);
+        double *t1 = em_test_values(enc_fwd(m, layer, x, am, kpm, false)), *t2 = em_test_values(enc_fwd(m, layer, x, am, kpm, false));
+        double *e1 = em_test_values(out), d12 = 0, d1e = 0;
+        for (int64_t j = 0; j < em_tensor_numel(out); j++) {
+            d12 += fabs(t1[j] - t2[j]);
+            d1e += fabs(t1[j] - e1[j]);
+        }
+        free(t1);
+        free(t2);
+        free(e1);
+        if (!(d12 > 0 && d1e > 0)) fail_msg("%s: training-mode dropout had no effect (%g, %g)", b->config, d12, d1e);
+        em_scope_end();
+        em_module_free(m);
+    }
+    assert_int_equal(n, 5);
+    printf("TransformerEncoderLayer x4 / TransformerEncoder: max error / max|want| forward %.3g, gradients %.3g\n", ef, eg);
+    note(&worst_fwd, ef);
+    note(&worst_grad, eg);
+}
+
+static void test_sinusoidal_pe(void **state)
+{
+    (void)state;
+    const fx_block *b = find_block("sinusoidal_pe");
+    em_scope_begin();
+    em_tensor *pe = em_sinusoidal_positional_encoding((int64_t)fx_kw(b, "T", 0), (int64_t)fx_kw(b, "d", 0));
+    assert_non_null(pe);
+    assert_int_equal(em_tensor_dtype(pe), EM_F32);
+    double e = check(pe, b, "pe");
+    note(&worst_fwd, e);
+    printf("sinusoidal table [12, 16]: max error / max|want| %.3g\n", e);
+    em_test_assert_error(em_sinusoidal_positional_encoding(4, 7), "d (7)", "d even", NULL);
+    em_test_assert_error(em_sinusoidal_positional_encoding(0, 8), "T (0)", NULL);
+    em_scope_end();
+}
+
+static void test_encoder_errors(void **state)
+{
+    (void)state;
+    em_transformer_encoder_layer_config c = em_transformer_encoder_layer_config_default(30, 4);
+    assert_null(em_transformer_encoder_layer_new(&c));
+    assert_non_null(strstr(em_last_error(), "d_model (30) must be a positive multiple of nhead (4)"));
+    assert_null(em_transformer_encoder_new(&c, 2, true));
+    assert_non_null(strstr(em_last_error(), "d_model (30)"));
+    c = em_transformer_encoder_layer_config_default(8, 2);
+    c.activation = "tanh";
+    assert_null(em_transformer_encoder_layer_new(&c));
+    assert_non_null(strstr(em_last_error(), "activation should be relu/gelu, not tanh"));
+    c.activation = NULL; /* relu */
+    c.dim_feedforward = 0;
+    assert_null(em_transformer_encoder_layer_new(&c));
+    assert_non_null(strstr(em_last_error(), "dim_feedforward"));
+    c.dim_feedforward = 16;
+    assert_null(em_transformer_encoder_new(&c, 0, false));
+    assert_non_null(strstr(em_last_error(), "num_layers"));
+    c.batch_first = true;
+    em_module *m = em_transformer_encoder_layer_new(&c), *e = em_transformer_encoder_new(&c, 2, false);
+    assert_non_null(m);
+    assert_non_null(e);
+    assert_null(em_module_get_param(e, "norm.weight")); /* no final norm */
+    em_scope_begin();
+    int64_t x3[3] = {2, 5, 8}, bad[3] = {2, 5, 6}, x2[2] = {5, 8}, kp[2] = {2, 4}, am[2] = {4, 4};
+    em_tensor *x = em_zeros(x3, 3, EM_F32);
+    em_test_assert_error(em_transformer_encoder_layer_forward(m, em_zeros(bad, 3, EM_F32), NULL, NULL, false), "[2, 5, 6]",
+                         "d_model = 8", NULL);
+    em_test_assert_error(em_transformer_encoder_layer_forward(m, em_zeros(x2, 2, EM_F32), NULL, NULL, false), "[5, 8]",
+                         "[B, T, d_model]", NULL);
+    em_test_assert_error(em_transformer_encoder_layer_forward(m, x, NULL, em_zeros(kp, 2, EM_BOOL), false), "key_padding_mask",
+                         "[2, 4]", "[2, 5]", NULL);
+    em_test_assert_error(em_transformer_encoder_layer_forward(m, x, em_zeros(am, 2, EM_F32), NULL, false), "attn_mask", "[4, 4]",
+                         "[5, 5]", NULL);
+    em_test_assert_error(em_transformer_encoder_forward(e, em_zeros(bad, 3, EM_F32), NULL, NULL, true), "[2, 5, 6]", NULL);
+    em_test_assert_error(em_transformer_encoder_layer_forward(e, x, NULL, NULL, false), "not a TransformerEncoderLayer", NULL);
+    em_test_assert_error(em_transformer_encoder_forward(m, x, NULL, NULL, false), "not a TransformerEncoder", NULL);
+    /* the module call is the forward without masks */
+    em_tensor *y = em_module_forward(e, x);
+    assert_non_null(y);
+    em_test_assert_shape(y, 3, x3);
+    em_scope_end();
+    em_module_free(e);
+    em_module_free(m);
+}
+
 static void test_report(void **state)
 {
     (void)state;
@@ -529,6 +696,9 @@ int main(void)
         cmocka_unit_test(test_gpt2_hub_layout),
         cmocka_unit_test(test_gpt2_learns_without_leaks),
         cmocka_unit_test(test_gpt2_errors),
+        cmocka_unit_test(test_encoder_vs_pytorch),
+        cmocka_unit_test(test_sinusoidal_pe),
+        cmocka_unit_test(test_encoder_errors),
         cmocka_unit_test(test_report),
     };
     return cmocka_run_group_tests(tests, em_test_setup, teardown);

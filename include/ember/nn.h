@@ -311,6 +311,77 @@ EM_API em_module *em_multihead_attention_new(int64_t embed_dim, int64_t num_head
 EM_API em_tensor *em_multihead_attention_forward(em_module *m, const em_tensor *query, const em_tensor *key, const em_tensor *value,
                                                  const em_tensor *key_padding_mask, const em_tensor *attn_mask);
 
+/** torch.nn.TransformerEncoderLayer's arguments (names as PyTorch's). */
+typedef struct em_transformer_encoder_layer_config {
+    int64_t d_model;         /**< model width; divisible by nhead */
+    int64_t nhead;           /**< attention heads */
+    int64_t dim_feedforward; /**< 2048 */
+    double dropout;          /**< 0.1: attention weights, dropout, dropout1, dropout2 (training only) */
+    const char *activation;  /**< "relu" (default; NULL = "relu") or "gelu" (exact erf form, torch's "gelu") */
+    double layer_norm_eps;   /**< 1e-5 */
+    bool batch_first;        /**< false: src [T, B, d_model]; true: [B, T, d_model] */
+    bool norm_first;         /**< false: post-norm (torch's default); true: pre-norm */
+} em_transformer_encoder_layer_config;
+/** PyTorch's defaults for d_model and nhead: (d_model, nhead, 2048, 0.1,
+ *  "relu", 1e-5, false, false). */
+EM_API em_transformer_encoder_layer_config em_transformer_encoder_layer_config_default(int64_t d_model, int64_t nhead);
+/** torch.nn.TransformerEncoderLayer (PyTorch 1.13 semantics). Children and
+ *  keys in torch's state_dict order: "self_attn.in_proj_weight" [3d, d],
+ *  "self_attn.in_proj_bias" [3d], "self_attn.out_proj.weight" [d, d],
+ *  "self_attn.out_proj.bias" [d] (em_multihead_attention_new's init),
+ *  "linear1.weight" [f, d], "linear1.bias" [f], "linear2.weight" [d, f],
+ *  "linear2.bias" [d] (Linear's init), "norm1.weight/bias", "norm2.weight/bias"
+ *  [d] (ones / zeros). The config is copied (activation too). Type
+ *  "TransformerEncoderLayer"; em_module_forward(m, src) is the forward with
+ *  no masks. Errors: NULL config, d_model not a positive multiple of nhead
+ *  ("d_model (30) must be a positive multiple of nhead (4)"),
+ *  dim_feedforward <= 0, dropout outside [0, 1], layer_norm_eps < 0, an
+ *  activation other than relu / gelu (all EM_ERR_INVALID naming the value). */
+EM_API em_module *em_transformer_encoder_layer_new(const em_transformer_encoder_layer_config *cfg);
+/** TransformerEncoderLayer.forward(src, src_mask, src_key_padding_mask),
+ *  torch's non-fast path, with sa(x) = dropout1(self_attn(x, x, x,
+ *  src_mask, src_key_padding_mask)) and ff(x) = dropout2(linear2(dropout(
+ *  activation(linear1(x))))):
+ *    norm_first:  x = x + sa(norm1(x)); x = x + ff(norm2(x))
+ *    post-norm:   x = norm1(x + sa(x)); x = norm2(x + ff(x))
+ *  src [B, T, d] (batch_first) or [T, B, d], float; returns a new reference
+ *  of src's shape. src_mask and src_key_padding_mask as
+ *  em_multihead_attention_forward's attn_mask ([T, T] or [B * nhead, T, T])
+ *  and key_padding_mask ([B, T]): bool (true = masked) or float (added).
+ *  is_causal (torch 2.x's hint): with src_mask NULL, the causal float mask
+ *  (-inf above the diagonal, torch's generate_square_subsequent_mask) is used;
+ *  with a src_mask, that mask is used as given (torch: the hint says it is
+ *  causal). Dropout only in training mode. Errors: not a
+ *  TransformerEncoderLayer or NULL src (EM_ERR_INVALID); rank != 3 or last
+ *  dim != d_model (EM_ERR_SHAPE naming the shape); mask errors as
+ *  em_multihead_attention_forward. */
+EM_API em_tensor *em_transformer_encoder_layer_forward(em_module *m, const em_tensor *src, const em_tensor *src_mask,
+                                                       const em_tensor *src_key_padding_mask, bool is_causal);
+/** torch.nn.TransformerEncoder(encoder_layer, num_layers, norm): num_layers
+ *  layers built from @p cfg under "layers.{i}.<layer keys>" (type
+ *  "ModuleList"), every layer starting with layer 0's values (torch's
+ *  _get_clones deep-copies one layer), and with @p final_norm a
+ *  LayerNorm(d_model, layer_norm_eps) under "norm.weight/bias". Type
+ *  "TransformerEncoder"; em_module_forward(m, src) has no masks. Errors:
+ *  as em_transformer_encoder_layer_new, and num_layers outside [1, 100000]
+ *  (EM_ERR_INVALID). */
+EM_API em_module *em_transformer_encoder_new(const em_transformer_encoder_layer_config *cfg, int64_t num_layers, bool final_norm);
+/** TransformerEncoder.forward(src, mask, src_key_padding_mask): every layer
+ *  with the same masks and is_causal, then the final norm if any. Shapes,
+ *  ownership and errors as em_transformer_encoder_layer_forward (not a
+ *  TransformerEncoder: EM_ERR_INVALID). */
+EM_API em_tensor *em_transformer_encoder_forward(em_module *m, const em_tensor *src, const em_tensor *mask,
+                                                 const em_tensor *src_key_padding_mask, bool is_causal);
+/** The sinusoidal positional-encoding table of Vaswani et al. 2017,
+ *  "Attention Is All You Need", section 3.5, as a new float32 tensor [T, d]:
+ *    PE[pos, 2i]     = sin(pos / 10000^(2i / d))
+ *    PE[pos, 2i + 1] = cos(pos / 10000^(2i / d))
+ *  computed in double and rounded once. Add it to [B, T, d] embeddings (it
+ *  broadcasts) or narrow it for shorter sequences. No gradient (a constant).
+ *  Errors: T or d <= 0, odd d, T > 2^24, d > 2^20 or T * d > 2^31
+ *  (EM_ERR_INVALID naming them). */
+EM_API em_tensor *em_sinusoidal_positional_encoding(int64_t T, int64_t d);
+
 /** Hugging Face's GPT2Config subset (names as HF's). */
 typedef struct em_gpt2_config {
     int64_t vocab_size;        /**< 50257 for GPT-2 */
