@@ -5,7 +5,9 @@
  * covers it; this is the math path a fused attention op is checked against. */
 #include "nn/nn_internal.h"
 
+#include <errno.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -291,6 +293,64 @@ em_gpt2_config em_gpt2_config_default(void)
 {
     em_gpt2_config c = {50257, 1024, 768, 12, 12, 0.1, 1e-5};
     return c;
+}
+
+em_status em_gpt2_config_format(const em_gpt2_config *cfg, char *buf, size_t n)
+{
+    if (!cfg || !buf) return em__set_error(EM_ERR_INVALID, "em_gpt2_config_format: %s is NULL", !cfg ? "config" : "buffer");
+    const int w = snprintf(buf, n, "gpt:vocab_size=%lld,n_positions=%lld,n_embd=%lld,n_layer=%lld,n_head=%lld,dropout=%.17g,"
+                           "layer_norm_epsilon=%.17g", (long long)cfg->vocab_size, (long long)cfg->n_positions,
+                           (long long)cfg->n_embd, (long long)cfg->n_layer, (long long)cfg->n_head, cfg->dropout,
+                           cfg->layer_norm_epsilon);
+    if (w < 0 || (size_t)w >= n) {
+        if (n) buf[0] = 0;
+        return em__set_error(EM_ERR_INVALID, "em_gpt2_config_format: buffer of %zu bytes is too small (%d needed)", n, w + 1);
+    }
+    return EM_OK;
+}
+
+em_status em_gpt2_config_parse(const char *s, em_gpt2_config *out)
+{
+    static const char *fn = "em_gpt2_config_parse";
+    if (!s || !out) return em__set_error(EM_ERR_INVALID, "%s: %s is NULL", fn, !s ? "text" : "config");
+    if (strncmp(s, "gpt:", 4) != 0) return em__set_error(EM_ERR_INVALID, "%s: '%.40s' does not start with 'gpt:'", fn, s);
+    static const char *const keys[] = {"vocab_size", "n_positions", "n_embd", "n_layer", "n_head", "dropout", "layer_norm_epsilon"};
+    em_gpt2_config c = em_gpt2_config_default();
+    int64_t *ints[] = {&c.vocab_size, &c.n_positions, &c.n_embd, &c.n_layer, &c.n_head};
+    double *dbls[] = {&c.dropout, &c.layer_norm_epsilon};
+    unsigned seen = 0;
+    const char *p = s + 4;
+    while (*p) {
+        const char *eq = strchr(p, '='), *end = strchr(p, ',');
+        if (!end) end = p + strlen(p);
+        if (!eq || eq > end) return em__set_error(EM_ERR_INVALID, "%s: '%.*s' is not key=value", fn, (int)(end - p), p);
+        int ki = -1;
+        for (int i = 0; i < 7; i++)
+            if ((size_t)(eq - p) == strlen(keys[i]) && !strncmp(p, keys[i], (size_t)(eq - p))) ki = i;
+        if (ki < 0) return em__set_error(EM_ERR_INVALID, "%s: unknown key '%.*s'", fn, (int)(eq - p), p);
+        if (seen & (1u << ki)) return em__set_error(EM_ERR_INVALID, "%s: key '%s' given twice", fn, keys[ki]);
+        seen |= 1u << ki;
+        char num[64];
+        const size_t len = (size_t)(end - eq - 1);
+        if (len == 0 || len >= sizeof num) return em__set_error(EM_ERR_INVALID, "%s: bad value for '%s'", fn, keys[ki]);
+        memcpy(num, eq + 1, len);
+        num[len] = 0;
+        char *stop = NULL;
+        errno = 0;
+        if (ki < 5) {
+            const long long v = strtoll(num, &stop, 10);
+            if (*stop || errno || v < 0 || v > ((int64_t)1 << 40))
+                return em__set_error(EM_ERR_INVALID, "%s: bad integer '%s' for '%s'", fn, num, keys[ki]);
+            *ints[ki] = v;
+        } else {
+            const double v = strtod(num, &stop);
+            if (*stop || errno || !isfinite(v)) return em__set_error(EM_ERR_INVALID, "%s: bad number '%s' for '%s'", fn, num, keys[ki]);
+            *dbls[ki - 5] = v;
+        }
+        p = *end ? end + 1 : end;
+    }
+    *out = c;
+    return EM_OK;
 }
 
 static em_status gpt2_check(const em_gpt2_config *c, const char *fn)

@@ -506,6 +506,37 @@ static void test_gpt2_errors(void **state)
     em_module_free(m);
 }
 
+/* The checkpoint text of a config: round trip to the bit, defaults for
+ * missing keys, and every malformed form rejected with out untouched. */
+static void test_gpt2_config_text(void **state)
+{
+    (void)state;
+    em_gpt2_config c = tiny(), back;
+    c.dropout = 0.1 + 1e-17; /* needs 17 digits */
+    char buf[256];
+    assert_int_equal(em_gpt2_config_format(&c, buf, sizeof buf), EM_OK);
+    assert_non_null(strstr(buf, "gpt:vocab_size="));
+    memset(&back, 0, sizeof back);
+    assert_int_equal(em_gpt2_config_parse(buf, &back), EM_OK);
+    assert_memory_equal(&c, &back, sizeof c);
+    assert_int_equal(em_gpt2_config_parse("gpt:n_layer=3", &back), EM_OK);
+    em_gpt2_config d = em_gpt2_config_default();
+    d.n_layer = 3;
+    assert_memory_equal(&d, &back, sizeof d);
+    assert_int_equal(em_gpt2_config_format(&c, buf, 20), EM_ERR_INVALID);
+    assert_string_equal(buf, "");
+    static const char *const bad[][2] = {{"mlp:784-10", "gpt:"},          {"gpt:n_layer", "key=value"},
+                                         {"gpt:n_layers=2", "n_layers"},  {"gpt:n_head=x", "'x'"},
+                                         {"gpt:n_head=-1", "n_head"},     {"gpt:dropout=nan", "dropout"},
+                                         {"gpt:n_head=2,n_head=2", "twice"}, {"gpt:n_embd=", "n_embd"}};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        back = d;
+        assert_int_equal(em_gpt2_config_parse(bad[i][0], &back), EM_ERR_INVALID);
+        assert_non_null(strstr(em_last_error(), bad[i][1]));
+        assert_memory_equal(&d, &back, sizeof d);
+    }
+}
+
 /* ---- TransformerEncoderLayer / TransformerEncoder -------------------------------------------- */
 
 /* The fixture name of a parameter key: "layers." shortened to "L" (names < 32 characters). */
@@ -696,6 +727,7 @@ int main(void)
         cmocka_unit_test(test_gpt2_hub_layout),
         cmocka_unit_test(test_gpt2_learns_without_leaks),
         cmocka_unit_test(test_gpt2_errors),
+        cmocka_unit_test(test_gpt2_config_text),
         cmocka_unit_test(test_encoder_vs_pytorch),
         cmocka_unit_test(test_sinusoidal_pe),
         cmocka_unit_test(test_encoder_errors),

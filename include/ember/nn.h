@@ -395,6 +395,21 @@ typedef struct em_gpt2_config {
 /** The GPT-2 124M configuration (50257, 1024, 768, 12, 12, 0.1, 1e-5). */
 EM_API em_gpt2_config em_gpt2_config_default(void);
 
+/** The configuration as the text a checkpoint carries (metadata
+ *  "ember.model", written by `ember train --model gpt`, read by `ember
+ *  generate`): "gpt:vocab_size=V,n_positions=P,n_embd=E,n_layer=L,n_head=H,
+ *  dropout=D,layer_norm_epsilon=EPS" (doubles in %.17g, so a parse gives
+ *  the same bits). Writes at most @p n bytes with the NUL. Errors: NULL
+ *  arguments, or @p n too small (EM_ERR_INVALID; @p buf then holds "").
+ *  The config is not checked (em_gpt2_new checks it). */
+EM_API em_status em_gpt2_config_format(const em_gpt2_config *cfg, char *buf, size_t n);
+/** Parses em_gpt2_config_format's text into @p out. Keys may come in any
+ *  order; a missing key keeps em_gpt2_config_default's value. Errors:
+ *  a text not starting with "gpt:", an unknown key, a malformed or
+ *  out-of-range number, a repeated key (EM_ERR_INVALID naming it); @p out
+ *  is left unchanged then. */
+EM_API em_status em_gpt2_config_parse(const char *s, em_gpt2_config *out);
+
 /** HF Conv1D(nf, nx): y = x @ weight + bias, x [..., nx] -> [..., nf];
  *  keys "weight" [nx, nf] ~ N(0, 0.02^2) (HF _init_weights), "bias" [nf] = 0.
  *  Type "Conv1D". Errors: negative sizes (EM_ERR_INVALID). */
