@@ -26,12 +26,73 @@ em_status em_clip_grad_value(em_grads *grads, em_tensor *const *params, int n, d
     return st;
 }
 
-double em_clip_grad_norm(em_grads *grads, em_tensor *const *params, int n, double max_norm, double norm_type)
+/* ||g||_p^p of one gradient as a 0-d tensor (max |g| for p = inf), queued,
+ * not read. A 16-bit gradient's powers are taken in f32: in f16 the square
+ * of 300 overflows (norm inf: every gradient zeroed) and that of 1e-4
+ * flushes to 0. */
+static em_tensor *grad_norm_part(em_tensor *g, double norm_type)
 {
-    const char *fn = "em_clip_grad_norm";
+    if (em_dtype_size(em_tensor_dtype(g)) == 2) g = em_cast(g, EM_F32);
+    if (isinf(norm_type)) return em_max(em_abs(g), NULL, 0, false);
+    if (norm_type == 2.0) return em_sum_all(em_square(g));
+    if (norm_type == 1.0) return em_sum_all(em_abs(g));
+    return em_sum_all(em_pow_scalar(em_abs(g), norm_type));
+}
+
+static em_status clip_args(const char *fn, em_grads *grads, em_tensor *const *params, int n, double max_norm, double norm_type)
+{
     if (!grads || (n > 0 && !params)) return em__set_error(EM_ERR_INVALID, "%s: %s is NULL", fn, !grads ? "grads" : "params");
     if (!(max_norm >= 0)) return em__set_error(EM_ERR_INVALID, "%s: max_norm must be >= 0, got %g", fn, max_norm);
     if (!(norm_type > 0)) return em__set_error(EM_ERR_INVALID, "%s: norm_type must be > 0 (or INFINITY), got %g", fn, norm_type);
+    return EM_OK;
+}
+
+em_tensor *em_clip_grad_norm_tensor(em_grads *grads, em_tensor *const *params, int n, double max_norm, double norm_type)
+{
+    const char *fn = "em_clip_grad_norm_tensor";
+    if (clip_args(fn, grads, params, n, max_norm, norm_type) != EM_OK) return NULL;
+    const bool inf = isinf(norm_type);
+    em_status st = EM_OK;
+    em_tensor *total = NULL;
+    em_no_grad_begin();
+    em_scope_begin();
+    em_tensor *acc = NULL;
+    for (int i = 0; i < n && st == EM_OK; i++) {
+        em_tensor *g = params[i] ? em_grad(grads, params[i]) : NULL;
+        if (!g) continue;
+        em_tensor *r = grad_norm_part(g, norm_type);
+        /* the max of a NaN part is NaN: maximum propagates it, as torch */
+        if (r && acc) r = inf ? em_maximum(acc, r) : em_add(acc, r);
+        if (!r) st = em_last_status();
+        acc = r;
+    }
+    if (st == EM_OK && !acc) acc = em_scalar(0, EM_F32);
+    if (st == EM_OK && !inf && norm_type != 1.0)
+        acc = norm_type == 2.0 ? em_sqrt(acc) : em_pow_scalar(acc, 1.0 / norm_type);
+    /* torch: grads *= clamp(max_norm / (total + 1e-6), max=1), always (a
+     * multiplication by 1 changes no value; a NaN or inf norm propagates) */
+    em_tensor *coef = acc ? em_clamp(em_mul_scalar(em_reciprocal(em_add_scalar(acc, 1e-6)), max_norm), -INFINITY, 1.0) : NULL;
+    if (st == EM_OK && !coef) st = em_last_status();
+    for (int i = 0; i < n && st == EM_OK; i++) {
+        em_tensor *g = params[i] ? em_grad(grads, params[i]) : NULL;
+        if (!g) continue;
+        const em_dtype dt = em_tensor_dtype(g);
+        em_tensor *c = em_mul(g, dt == em_tensor_dtype(coef) ? coef : em_cast(coef, dt));
+        st = c ? em_grads_set(grads, params[i], c) : em_last_status();
+    }
+    if (st == EM_OK) {
+        em_keep(acc);
+        total = acc;
+    }
+    em_scope_end();
+    em_no_grad_end();
+    return total;
+}
+
+double em_clip_grad_norm(em_grads *grads, em_tensor *const *params, int n, double max_norm, double norm_type)
+{
+    const char *fn = "em_clip_grad_norm";
+    if (clip_args(fn, grads, params, n, max_norm, norm_type) != EM_OK) return (double)em_last_status();
     em_tensor **parts = calloc((size_t)(n > 0 ? n : 1), sizeof *parts);
     if (!parts) return em__set_error(EM_ERR_NOMEM, "%s: out of memory", fn);
     const bool inf = isinf(norm_type);
@@ -44,20 +105,7 @@ double em_clip_grad_norm(em_grads *grads, em_tensor *const *params, int n, doubl
     for (int i = 0; i < n && st == EM_OK; i++) {
         em_tensor *g = params[i] ? em_grad(grads, params[i]) : NULL;
         if (!g) continue;
-        /* a 16-bit gradient's powers in f32: in f16 the square of 300
-         * overflows (norm inf: every gradient zeroed) and that of 1e-4
-         * flushes to 0 */
-        if (em_dtype_size(em_tensor_dtype(g)) == 2) g = em_cast(g, EM_F32);
-        em_tensor *a = em_abs(g);
-        em_tensor *r;
-        if (inf)
-            r = em_max(a, NULL, 0, false);
-        else if (norm_type == 2.0)
-            r = em_sum_all(em_square(g));
-        else if (norm_type == 1.0)
-            r = em_sum_all(a);
-        else
-            r = em_sum_all(em_pow_scalar(a, norm_type));
+        em_tensor *r = grad_norm_part(g, norm_type);
         if (!r) st = em_last_status();
         parts[i] = r;
         count++;

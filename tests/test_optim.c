@@ -460,6 +460,73 @@ static void test_clip_grad_norm(void **state)
     em_tensor_release(c);
 }
 
+/* The no-wait form gives the sync form's totals and gradients (2, 1 and inf
+ * norms, clipping and not), a NaN total propagates, and bad arguments fail. */
+static void test_clip_grad_norm_tensor(void **state)
+{
+    (void)state;
+    em_tensor *a = F32((2), 0, 0), *b = F32((1), 0), *c = F32((1), 0);
+    em_set_requires_grad(a, true);
+    em_set_requires_grad(b, true);
+    em_set_requires_grad(c, true);
+    em_tensor *ps[3] = {a, b, c};
+    static const double cases[][2] = {{26.0, 2.0}, {6.5, 2.0}, {1.0, INFINITY}, {100.0, 1.0}, {3.0, 1.0}, {2.0, 3.0}};
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        em_scope_begin();
+        em_grads *g1 = em_backward(em_add(em_sum_all(a), em_sum_all(b)));
+        em_grads *g2 = em_backward(em_add(em_sum_all(a), em_sum_all(b)));
+        assert_non_null(g1);
+        assert_non_null(g2);
+        em_grads_set(g1, a, F32((2), 3, -4));
+        em_grads_set(g1, b, F32((1), 12));
+        em_grads_set(g2, a, F32((2), 3, -4));
+        em_grads_set(g2, b, F32((1), 12));
+        const double want = em_clip_grad_norm(g1, ps, 3, cases[k][0], cases[k][1]);
+        em_tensor *tot = em_clip_grad_norm_tensor(g2, ps, 3, cases[k][0], cases[k][1]);
+        assert_non_null(tot);
+        assert_int_equal(em_tensor_ndim(tot), 0);
+        double got;
+        assert_int_equal(em_item(tot, &got), EM_OK);
+        assert_true(fabs(got - want) <= 1e-6 * want);
+        for (int t = 0; t < 2; t++) {
+            double d;
+            em_tensor *p = t ? b : a;
+            assert_int_equal(em_item(em_max(em_abs(em_sub(em_grad(g2, p), em_grad(g1, p))), NULL, 0, false), &d), EM_OK);
+            assert_true(d <= 1e-6);
+        }
+        assert_null(em_grad(g2, c));
+        em_tensor_release(tot);
+        /* a NaN gradient: NaN total, NaN everywhere (torch's behaviour) */
+        em_grads_set(g2, b, F32((1), NAN));
+        tot = em_clip_grad_norm_tensor(g2, ps, 3, cases[k][0], cases[k][1]);
+        assert_int_equal(em_item(tot, &got), EM_OK);
+        assert_true(isnan(got));
+        double ga;
+        assert_int_equal(em_item(em_sum_all(em_grad(g2, a)), &ga), EM_OK);
+        assert_true(isnan(ga));
+        em_tensor_release(tot);
+        em_grads_free(g1);
+        em_grads_free(g2);
+        em_scope_end();
+    }
+    em_scope_begin();
+    em_grads *g = em_backward(em_sum_all(a));
+    assert_null(em_clip_grad_norm_tensor(g, ps, 3, -1.0, 2.0));
+    assert_non_null(strstr(em_last_error(), "max_norm"));
+    assert_null(em_clip_grad_norm_tensor(g, ps, 3, 1.0, 0.0));
+    assert_null(em_clip_grad_norm_tensor(NULL, ps, 3, 1.0, 2.0));
+    em_tensor *none = em_clip_grad_norm_tensor(g, &c, 1, 1.0, 2.0); /* no gradient: total 0 */
+    double z = -1;
+    assert_int_equal(em_item(none, &z), EM_OK);
+    assert_true(z == 0);
+    em_tensor_release(none);
+    em_grads_free(g);
+    em_scope_end();
+    em_tensor_release(a);
+    em_tensor_release(b);
+    em_tensor_release(c);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -471,6 +538,7 @@ int main(void)
         cmocka_unit_test(test_optim_state_roundtrip),
         cmocka_unit_test(test_schedulers),
         cmocka_unit_test(test_clip_grad_norm),
+        cmocka_unit_test(test_clip_grad_norm_tensor),
     };
     return cmocka_run_group_tests(tests, em_test_setup, em_test_teardown);
 }

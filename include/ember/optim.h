@@ -214,6 +214,17 @@ EM_API em_status em_clip_grad_value(em_grads *grads, em_tensor *const *params, i
  *  by coef. Returns total (this waits for the norm), or a negative em_status
  *  (as double) on error with em_last_error() set. No gradients: returns 0. */
 EM_API double em_clip_grad_norm(em_grads *grads, em_tensor *const *params, int n, double max_norm, double norm_type);
+/** clip_grad_norm_ without waiting, as torch's (which never reads the norm
+ *  on the host): the same total, computed on the device as a 0-d float32
+ *  tensor, and every gradient multiplied by clamp(max_norm / (total + 1e-6),
+ *  max = 1) in its own dtype — a multiplication by 1 when no clipping is
+ *  needed, so the values equal em_clip_grad_norm's; a NaN or inf total
+ *  propagates into the gradients, as torch. Only tasks are queued: a training
+ *  loop that clips every step keeps the device busy while the host submits
+ *  the next step. Returns the total (a new reference, tensor.h rules; read
+ *  it with em_item when needed), or NULL on error (arguments as
+ *  em_clip_grad_norm: EM_ERR_INVALID naming them). No gradients: a 0 total. */
+EM_API em_tensor *em_clip_grad_norm_tensor(em_grads *grads, em_tensor *const *params, int n, double max_norm, double norm_type);
 
 #ifdef __cplusplus
 }
