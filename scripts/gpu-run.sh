@@ -19,6 +19,9 @@
 #                PRECISION_PAIRS (default 3) alternating rounds of the MLP (bench_cuda
 #                mlp vs mlp_torch_gpu.py) and CNN (bench_cnn vs cnn_torch.py) in f32
 #                and bf16 autocast, then `ember train --precision f32/bf16` on cuda:0
+#   gpt          issue #16 side by side (not in the default list): the char-level
+#                GPT and GPT-2 124M training steps, bench_gpt vs bench/gpt_torch.py
+#                (eager f32/TF32/bf16, compiled bf16)
 #   sanitizer    test_consistency under compute-sanitizer memcheck (out-of-bounds
 #                accesses in CUDA kernels), when compute-sanitizer exists
 # Time: the whole run stays within GPU_RUN_BUDGET_S seconds (default 560, the
@@ -241,6 +244,34 @@ run_precision() {
   status precision 0
 }
 
+# Issue #16 side by side: GPT_PAIRS (default 2) alternating rounds of the
+# char-level GPT training step (bench_gpt vs bench/gpt_torch.py eager, f32 and
+# bf16), then torch.compile bf16 once, then GPT-2 124M (B=16, T=1024) in f32,
+# TF32 and bf16 on both sides (compiled bf16 once).
+run_gpt() {
+  mkdir -p "$OUT/bench"
+  local i p have_torch=0 log="$OUT/bench/gpt.log"
+  python3 -c 'import torch' 2>/dev/null && have_torch=1
+  for i in $(seq 1 "${GPT_PAIRS:-2}"); do
+    for p in f32 bf16; do
+      timeout "$(tlimit 90)" "$BUILD/bench/bench_gpt" --device cuda:0 --config char --steps 30 --precision $p >>"$log" 2>&1
+      [ $have_torch = 1 ] && timeout "$(tlimit 90)" python3 "$ROOT/bench/gpt_torch.py" --config char --steps 30 \
+          --precision "${p/f32/fp32}" >>"$log" 2>&1
+    done
+  done
+  [ $have_torch = 1 ] && timeout "$(tlimit 150)" python3 "$ROOT/bench/gpt_torch.py" --config char --mode compile --steps 50 \
+      --warmup 5 --precision bf16 >>"$log" 2>&1
+  for p in f32 tf32 bf16; do
+    timeout "$(tlimit 120)" "$BUILD/bench/bench_gpt" --device cuda:0 --config 124m --steps 10 --precision $p >>"$log" 2>&1
+    [ $have_torch = 1 ] && timeout "$(tlimit 120)" python3 "$ROOT/bench/gpt_torch.py" --config 124m --steps 10 \
+        --precision "${p/f32/fp32}" >>"$log" 2>&1
+  done
+  [ $have_torch = 1 ] && timeout "$(tlimit 150)" python3 "$ROOT/bench/gpt_torch.py" --config 124m --mode compile --steps 10 \
+      --warmup 5 --precision bf16 >>"$log" 2>&1
+  grep -E "tokens/s|Error|error" "$log" >>"$SUMMARY"
+  status gpt 0
+}
+
 run_train() {
   local data="$DEPS/fashion-mnist"
   if [ ! -f "$data/train-images-idx3-ubyte.gz" ]; then
@@ -281,6 +312,7 @@ for s in $STEPS; do
     gpubench) run_gpubench ;;
     vision) run_vision ;;
     precision) run_precision ;;
+    gpt) run_gpt ;;
     cnnprofile) run_cnnprofile ;;
     train) run_train ;;
     sanitizer) run_sanitizer ;;
