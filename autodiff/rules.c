@@ -77,7 +77,21 @@ static em_status bw_matmul(const em_node *n, em_tensor *g, em_tensor **gin)
     bool b_first = !(parameter_view(a) && !parameter_view(b));
     for (int pass = 0; pass < 2; pass++) {
         bool do_b = (pass == 0) == b_first;
-        if (do_b && b->requires_grad) {
+        if (do_b && b->requires_grad && b2->ndim == 2 && a2->ndim > 2) {
+            /* x [..., M, K] @ W [K, N] (W broadcast over the batch, as every
+             * Linear / Conv1D on [B, T, C]): the batch folds into the rows, so
+             * dW = x_flat^T @ g_flat is ONE GEMM with K = B*T*M, instead of a
+             * batched product [..., K, N] summed over the batch (which wrote
+             * and re-read batch x K x N values). */
+            const int64_t K = a2->shape[a2->ndim - 1], N = b2->shape[1];
+            const int64_t rows = K > 0 ? em_tensor_numel(a2) / K : 0;
+            const int64_t as[2] = {rows, K}, gs[2] = {rows, N};
+            em_tensor *af = em_reshape(a2, as, 2), *gf = em_reshape(g2, gs, 2);
+            em_tensor *gb = b2 == b && stored_transposed(b) ? em_transpose(em_matmul(em_transpose(gf, -1, -2), af), 0, 1)
+                                                            : em_matmul(em_transpose(af, -1, -2), gf);
+            gin[1] = em_reshape(gb, b->shape, b->ndim);
+            if (!gin[1]) return em_last_status();
+        } else if (do_b && b->requires_grad) {
             em_tensor *gb = plain2d && b2 == b && stored_transposed(b)
                                 ? em_transpose(em_matmul(em_transpose(g2, -1, -2), a2), 0, 1) /* (g^T a)^T = a^T g */
                                 : em_matmul(em_transpose(a2, -1, -2), g2);

@@ -166,6 +166,8 @@ U(f_softmax, em_softmax(x[0], 1))
 U(f_logsoftmax, em_log_softmax(x[0], 0))
 U(f_mm, em_matmul(x[0], x[1]))
 U(f_mm_tt, em_matmul(em_transpose(x[0], 0, 1), em_transpose(x[1], 0, 1))) /* both operands stored transposed */
+U(f_mm_bt, em_matmul(x[0], em_transpose(x[1], 0, 1))) /* x [.., M, K] @ W^T: Linear on a batch (folded dW, transposed) */
+U(f_mm_pt, em_matmul(em_permute(x[0], (int[]){1, 0, 2}, 3), x[1])) /* a batch that is not contiguous */
 U(f_reshape, em_reshape(x[0], SHAPE(3, 2), 2))
 U(f_transpose, em_mul(em_transpose(x[0], 0, 1), em_arange(1, 3, 1, EM_F64)))
 U(f_permute, em_contiguous(em_permute(x[0], (const int[]){2, 0, 1}, 3)))
@@ -305,6 +307,9 @@ static const gcase cases[] = {
     {"matmul_2d", "matmul", f_mm, .nin = 2, .ndim = {2, 2}, .shape = {{2, 3}, {3, 4}}, R(-2, 2)},
     {"matmul_transposed_operands", NULL, f_mm_tt, .nin = 2, .ndim = {2, 2}, .shape = {{3, 2}, {4, 3}}, R(-2, 2)},
     {"matmul_batched", NULL, f_mm, .nin = 2, .ndim = {3, 2}, .shape = {{2, 2, 3}, {3, 2}}, R(-2, 2)},
+    {"matmul_batched_wT", NULL, f_mm_bt, .nin = 2, .ndim = {3, 2}, .shape = {{2, 3, 4}, {2, 4}}, R(-2, 2)},
+    {"matmul_batched_perm", NULL, f_mm_pt, .nin = 2, .ndim = {3, 2}, .shape = {{3, 2, 4}, {4, 2}}, R(-2, 2)},
+    {"matmul_batched_vec", NULL, f_mm, .nin = 2, .ndim = {3, 1}, .shape = {{2, 2, 3}, {3}}, R(-2, 2)},
     {"matmul_bcast", NULL, f_mm, .nin = 2, .ndim = {4, 3}, .shape = {{2, 1, 2, 3}, {2, 3, 2}}, R(-2, 2)},
     {"matmul_vec_mat", NULL, f_mm, .nin = 2, .ndim = {1, 2}, .shape = {{3}, {3, 2}}, R(-2, 2)},
     {"matmul_mat_vec", NULL, f_mm, .nin = 2, .ndim = {2, 1}, .shape = {{2, 3}, {3}}, R(-2, 2)},
