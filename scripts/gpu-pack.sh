@@ -138,6 +138,11 @@ PY
     cp -u /usr/share/datasets/fashion-mnist/*.gz "$DEPS/fashion-mnist/"
   fi
 fi
+# The Shakespeare corpus (5 MB) for the language-model run (gpu-run.sh step gpttrain).
+if [ -f "$PREFIX/share/ember/shakespeare.txt" ]; then
+  mkdir -p "$DEPS/share/ember"
+  cp -u "$PREFIX/share/ember/shakespeare.txt" "$DEPS/share/ember/"
+fi
 mib() { du -sm "$@" 2>/dev/null | awk '{s += $1} END {print s + 0}'; }
 # working tree that travels: tracked + untracked-not-ignored files
 TREE_KIB=$(git -C "$ROOT" ls-files -co --exclude-standard -z | xargs -0 du -skL 2>/dev/null | awk '{s += $1} END {print s + 0}')

@@ -248,6 +248,7 @@ run_precision() {
 # char-level GPT training step (bench_gpt vs bench/gpt_torch.py eager, f32 and
 # bf16), then torch.compile bf16 once, then GPT-2 124M (B=16, T=1024) in f32,
 # TF32 and bf16 on both sides (compiled bf16 once).
+tp() { [ "$1" = f32 ] && echo fp32 || echo "$1"; } # Ember's precision name -> gpt_torch.py's
 run_gpt() {
   mkdir -p "$OUT/bench"
   local i p have_torch=0 log="$OUT/bench/gpt.log"
@@ -256,7 +257,7 @@ run_gpt() {
     for p in f32 bf16; do
       timeout "$(tlimit 90)" "$BUILD/bench/bench_gpt" --device cuda:0 --config char --steps 30 --precision $p >>"$log" 2>&1
       [ $have_torch = 1 ] && timeout "$(tlimit 90)" python3 "$ROOT/bench/gpt_torch.py" --config char --steps 30 \
-          --precision "${p/f32/fp32}" >>"$log" 2>&1
+          --precision "$(tp "$p")" >>"$log" 2>&1
     done
   done
   [ $have_torch = 1 ] && timeout "$(tlimit 150)" python3 "$ROOT/bench/gpt_torch.py" --config char --mode compile --steps 50 \
@@ -264,12 +265,22 @@ run_gpt() {
   for p in f32 tf32 bf16; do
     timeout "$(tlimit 120)" "$BUILD/bench/bench_gpt" --device cuda:0 --config 124m --steps 10 --precision $p >>"$log" 2>&1
     [ $have_torch = 1 ] && timeout "$(tlimit 120)" python3 "$ROOT/bench/gpt_torch.py" --config 124m --steps 10 \
-        --precision "${p/f32/fp32}" >>"$log" 2>&1
+        --precision "$(tp "$p")" >>"$log" 2>&1
   done
   [ $have_torch = 1 ] && timeout "$(tlimit 150)" python3 "$ROOT/bench/gpt_torch.py" --config 124m --mode compile --steps 10 \
       --warmup 5 --precision bf16 >>"$log" 2>&1
   grep -E "tokens/s|Error|error" "$log" >>"$SUMMARY"
   status gpt 0
+}
+
+# Where a GPT step's time goes: an EMBER_TRACE timeline of bench_gpt (char,
+# f32, cuda:0), summarised per worker and codelet (scripts/trace-summary.py).
+run_gptprofile() {
+  EMBER_TRACE="$WORK/gpt.json" timeout "$(tlimit 120)" "$BUILD/bench/bench_gpt" --device cuda:0 --config char --steps 6 --warmup 3 \
+    >"$OUT/gptprofile.log" 2>&1
+  python3 "$ROOT/scripts/trace-summary.py" "$WORK/gpt.json" --skip 0.4 --top 40 >>"$OUT/gptprofile.log" 2>&1
+  cat "$OUT/gptprofile.log" >>"$SUMMARY"
+  status gptprofile 0
 }
 
 run_train() {
@@ -313,6 +324,7 @@ for s in $STEPS; do
     vision) run_vision ;;
     precision) run_precision ;;
     gpt) run_gpt ;;
+    gptprofile) run_gptprofile ;;
     cnnprofile) run_cnnprofile ;;
     train) run_train ;;
     sanitizer) run_sanitizer ;;

@@ -334,8 +334,11 @@ static em_status share_step(em_replicas *rep, int k, void *ctx)
     em_scope_begin();
     /* f16: the gradients are unscaled before clipping (PyTorch's recipe: scaler.unscale_, clip, scaler.step) */
     if (j->scaler && j->cfg->clip_grad_norm > 0) st = em_grad_scaler_unscale(j->scaler, o, j->g[k]);
-    if (st == EM_OK && j->cfg->clip_grad_norm > 0)
-        em_clip_grad_norm(j->g[k], j->params + (size_t)k * (size_t)j->np, j->np, j->cfg->clip_grad_norm, 2.0);
+    /* clipping on the device: the host queues the optimizer step without
+     * waiting for the norm (the scope owns the total) */
+    if (st == EM_OK && j->cfg->clip_grad_norm > 0 &&
+        !em_clip_grad_norm_tensor(j->g[k], j->params + (size_t)k * (size_t)j->np, j->np, j->cfg->clip_grad_norm, 2.0))
+        st = em_last_status();
     if (st == EM_OK && k > 0) st = em_optim_set_lr(o, em_optim_get_lr(j->opt)); /* the scheduler drives replica 0 */
     if (st == EM_OK && j->scaler) {
         /* one host read of the non-finite count; a step with inf/NaN gradients is skipped */
