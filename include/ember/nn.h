@@ -466,7 +466,11 @@ EM_API em_mha_forward_opts em_mha_forward_opts_default(void);
  *               apply, as torch); key_padding_mask [S]; attn_mask [L, S] or
  *               [num_heads, L, S]; output [L, E].
  *  key / value NULL mean the query. Masks: bool (true = masked) or float
- *  (added), as em_multihead_attention_forward. @p opts NULL means
+ *  (added), as em_multihead_attention_forward; the two masks are each made
+ *  additive and summed, in any combination of kinds (torch 2.x does the same;
+ *  1.13 merges a float key_padding_mask into a bool attn_mask with
+ *  logical_or, i.e. "non-zero = masked", and cannot combine it with a float
+ *  attn_mask at all). @p opts NULL means
  *  em_mha_forward_opts_default().
  *  With need_weights the attention weights P = softmax(q k^T / sqrt(E / H) +
  *  masks) [B, H, L, S] — after dropout in training mode, as torch returns
