@@ -13,7 +13,8 @@
  *    uses both; need_weights=false equals em_multihead_attention_forward;
  *  - RoPE (offset, large offset, [B, T] and [T] positions, partial rotary,
  *    base 500000): values and gradient against the float64 formula; q . k
- *    after rotating q by m and k by n depends on m - n only; norms kept.
+ *    after rotating q by m and k by n depends on m - n only; norms kept;
+ *  - training steps through all three leak no tensor or handle.
  * References are float64 math on float32 inputs; Ember runs in float32.
  * Tolerance: |got - want| <= 1e-5 * |want| + 1e-5 * max|want| per tensor. */
 #include "fixture.h"
@@ -566,6 +567,54 @@ static void test_rope_errors(void **state)
     em_scope_end();
 }
 
+/* Training steps through the decoder, the weights path and RoPE leak no tensor
+ * or handle, inside a scope and outside any (the caller then owns the output
+ * and the weights). */
+static void test_no_leaks(void **state)
+{
+    (void)state;
+    em_manual_seed(21);
+    em_transformer_decoder_layer_config c = em_transformer_decoder_layer_config_default(8, 2);
+    c.dim_feedforward = 16;
+    c.batch_first = true;
+    c.norm_first = true;
+    em_module *d = em_transformer_decoder_new(&c, 2, true), *a = em_multihead_attention_new(8, 2, 0.1, true, true);
+    assert_non_null(d);
+    assert_non_null(a);
+    int64_t ts[3] = {2, 5, 8}, ms[3] = {2, 6, 8}, ps = 5;
+    em_tensor *tgt = em_rand_normal(ts, 3, EM_F32, 0, 1), *mem = em_rand_normal(ms, 3, EM_F32, 0, 1);
+    int64_t pv[5] = {4, 3, 2, 1, 0};
+    em_tensor *pos = em_from_host(pv, &ps, 1, EM_I64);
+    em_stats s0 = {0};
+    for (int it = 0; it < 6; it++) {
+        em_scope_begin();
+        em_tensor *y = em_transformer_decoder_forward(d, em_rotary_embedding(tgt, pos, it, 10000, 0), mem, NULL, NULL, NULL, NULL, true);
+        em_mha_forward_opts o = em_mha_forward_opts_default();
+        em_tensor *w = NULL, *z = em_multihead_attention_forward_ex(a, y, mem, mem, &o, &w);
+        assert_non_null(z);
+        em_grads *g = em_backward(em_add(em_sum_all(z), em_sum_all(em_mul(w, w))));
+        assert_non_null(g);
+        assert_int_equal(em_grads_count(g), 38 + 4);
+        em_grads_free(g);
+        em_scope_end();
+        em_tensor *w2 = NULL, *z2 = em_multihead_attention_forward_ex(a, tgt, NULL, NULL, NULL, &w2); /* outside any scope */
+        assert_non_null(z2);
+        assert_non_null(w2);
+        em_tensor_release(z2);
+        em_tensor_release(w2);
+        if (it == 1) {
+            em_sync();
+            s0 = em_get_stats();
+        }
+    }
+    em_test_assert_no_leak(&s0);
+    em_tensor_release(tgt);
+    em_tensor_release(mem);
+    em_tensor_release(pos);
+    em_module_free(d);
+    em_module_free(a);
+}
+
 static void test_report(void **state)
 {
     (void)state;
@@ -585,7 +634,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_decoder_vs_pytorch), cmocka_unit_test(test_decoder_errors), cmocka_unit_test(test_mha_weights),
         cmocka_unit_test(test_mha_ex_errors),      cmocka_unit_test(test_rope_vs_reference), cmocka_unit_test(test_rope_relative),
-        cmocka_unit_test(test_rope_errors),        cmocka_unit_test(test_report),
+        cmocka_unit_test(test_rope_errors),        cmocka_unit_test(test_no_leaks),          cmocka_unit_test(test_report),
     };
     return cmocka_run_group_tests(tests, em_test_setup, teardown);
 }
