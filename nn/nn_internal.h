@@ -48,6 +48,10 @@ static inline em_tensor *nn_norm_output(em_tensor *y, em_dtype dt)
 /* The vtable a module was made with (nn/module.c). */
 const em_module_vtable *em__module_vtable(const em_module *m);
 
+/* A MultiheadAttention's settings (nn/transformer.c), for the forms built on
+ * it in nn/transformer_decoder.c; false (nothing written) when m is not one. */
+bool em__mha_settings(const em_module *m, int64_t *embed_dim, int64_t *num_heads, double *dropout, bool *batch_first);
+
 /* ---- private data of the vision modules (nn/vision.c): the settings each
  * was built with, so a model can be described (type name + these). The
  * tensor pointers are borrowed from the module's parameter / buffer lists

@@ -246,6 +246,17 @@ em_tensor *em_multihead_attention_forward(em_module *m, const em_tensor *query, 
     return nn_return(o);
 }
 
+bool em__mha_settings(const em_module *m, int64_t *embed_dim, int64_t *num_heads, double *dropout, bool *batch_first)
+{
+    if (!m || em__module_vtable(m) != &MHA_VT) return false;
+    const mha_impl *a = em_module_impl(m);
+    *embed_dim = a->embed_dim;
+    *num_heads = a->num_heads;
+    *dropout = a->dropout;
+    *batch_first = a->batch_first;
+    return true;
+}
+
 /* ---- GPT-2 (Hugging Face layouts) ---------------------------------------------------- */
 
 typedef struct conv1d_impl {

@@ -440,6 +440,166 @@ EM_API em_module *em_gpt2_block_new(const em_gpt2_config *cfg);
  *  (EM_ERR_SHAPE naming them). */
 EM_API em_module *em_gpt2_new(const em_gpt2_config *cfg);
 
+/* ---- decoder, rotary embeddings, MultiheadAttention extras (issue #16, item 2;
+ * nn/transformer_decoder.c, nn/rotary.c) ----------------------------------------
+ * Composed from the functions above and ordinary ops, so autodiff gives every
+ * backward. Semantics are PyTorch 1.13's (the fixtures' version); where torch
+ * 2.x differs it is said. */
+
+/** Options of em_multihead_attention_forward_ex (the keyword arguments of
+ *  torch.nn.MultiheadAttention.forward other than query / key / value). */
+typedef struct em_mha_forward_opts {
+    const em_tensor *key_padding_mask; /**< NULL, or as em_multihead_attention_forward ([S] for unbatched input) */
+    const em_tensor *attn_mask;        /**< NULL, [L, S] or [B * num_heads, L, S] ([num_heads, L, S] unbatched) */
+    bool need_weights;                 /**< torch's default true: also return the attention weights */
+    bool average_attn_weights;         /**< torch's default true: weights averaged over heads */
+} em_mha_forward_opts;
+/** torch's defaults: no masks, need_weights = true, average_attn_weights = true. */
+EM_API em_mha_forward_opts em_mha_forward_opts_default(void);
+/** MultiheadAttention.forward(query, key, value, key_padding_mask,
+ *  need_weights, attn_mask, average_attn_weights) of torch 1.13, batched or
+ *  unbatched:
+ *    batched:   query [B, L, E] (batch_first) or [L, B, E], key / value
+ *               [B, S, E] or [S, B, E]; key_padding_mask [B, S]; attn_mask
+ *               [L, S] or [B * num_heads, L, S]; output as query.
+ *    unbatched: query [L, E], key / value [S, E] (batch_first does not
+ *               apply, as torch); key_padding_mask [S]; attn_mask [L, S] or
+ *               [num_heads, L, S]; output [L, E].
+ *  key / value NULL mean the query. Masks: bool (true = masked) or float
+ *  (added), as em_multihead_attention_forward; the two masks are each made
+ *  additive and summed, in any combination of kinds (torch 2.x does the same;
+ *  1.13 merges a float key_padding_mask into a bool attn_mask with
+ *  logical_or, i.e. "non-zero = masked", and cannot combine it with a float
+ *  attn_mask at all). @p opts NULL means
+ *  em_mha_forward_opts_default().
+ *  With need_weights the attention weights P = softmax(q k^T / sqrt(E / H) +
+ *  masks) [B, H, L, S] — after dropout in training mode, as torch returns
+ *  them — are written to *attn_weights as a new reference (tensor.h rules,
+ *  like the output): averaged over heads ([B, L, S]: torch's sum(dim=1) /
+ *  num_heads) with average_attn_weights, else per head ([B, H, L, S]);
+ *  unbatched without the batch dim ([L, S] / [H, L, S]). Whatever
+ *  batch_first, the weights are batch-major, as torch's. Without
+ *  need_weights *attn_weights (when @p attn_weights is non-NULL) is set to
+ *  NULL and a batched call is exactly em_multihead_attention_forward (the
+ *  path a fused attention kernel takes); with need_weights the weights are
+ *  computed by the composed math path (torch computes them that way too).
+ *  Returns the output (a new reference) or NULL. Errors: not a
+ *  MultiheadAttention, NULL query, need_weights with a NULL @p attn_weights
+ *  (EM_ERR_INVALID); key / value rank differing from the query's, rank not 2
+ *  or 3, and the shape errors of em_multihead_attention_forward, stated for
+ *  the unbatched shapes when the input is unbatched (EM_ERR_SHAPE); integer
+ *  masks (EM_ERR_DTYPE). On an error *attn_weights is NULL. */
+EM_API em_tensor *em_multihead_attention_forward_ex(em_module *m, const em_tensor *query, const em_tensor *key, const em_tensor *value,
+                                                    const em_mha_forward_opts *opts, em_tensor **attn_weights);
+
+/** torch.nn.TransformerDecoderLayer's arguments (names as PyTorch's; the same
+ *  fields as em_transformer_encoder_layer_config). */
+typedef struct em_transformer_decoder_layer_config {
+    int64_t d_model;         /**< model width; divisible by nhead */
+    int64_t nhead;           /**< attention heads (self and cross attention) */
+    int64_t dim_feedforward; /**< 2048 */
+    double dropout;          /**< 0.1: both attentions' weights, dropout, dropout1/2/3 (training only) */
+    const char *activation;  /**< "relu" (default; NULL = "relu") or "gelu" (exact erf form, torch's "gelu") */
+    double layer_norm_eps;   /**< 1e-5 */
+    bool batch_first;        /**< false: tgt [T, B, d_model], memory [S, B, d_model]; true: [B, T, d] / [B, S, d] */
+    bool norm_first;         /**< false: post-norm (torch's default); true: pre-norm */
+} em_transformer_decoder_layer_config;
+/** PyTorch's defaults for d_model and nhead: (d_model, nhead, 2048, 0.1,
+ *  "relu", 1e-5, false, false). */
+EM_API em_transformer_decoder_layer_config em_transformer_decoder_layer_config_default(int64_t d_model, int64_t nhead);
+/** torch.nn.TransformerDecoderLayer (PyTorch 1.13). Children and keys in
+ *  torch's state_dict order: "self_attn.{in_proj_weight [3d, d],
+ *  in_proj_bias [3d], out_proj.weight [d, d], out_proj.bias [d]}",
+ *  "multihead_attn.{...}" (the same four), "linear1.weight" [f, d],
+ *  "linear1.bias" [f], "linear2.weight" [d, f], "linear2.bias" [d],
+ *  "norm1/2/3.{weight,bias}" [d]; initialised as torch's (MultiheadAttention's
+ *  xavier_uniform in_proj and zero biases, Linear's init, LayerNorm ones /
+ *  zeros; not nn.Transformer's xavier re-initialisation). The config is
+ *  copied (activation too). Type "TransformerDecoderLayer";
+ *  em_module_forward(m, tgt) is self-decoding: memory = tgt, no masks.
+ *  Errors: NULL config, d_model not a positive multiple of nhead,
+ *  dim_feedforward <= 0, dropout outside [0, 1], layer_norm_eps < 0 or NaN,
+ *  an activation other than relu / gelu (EM_ERR_INVALID naming the value). */
+EM_API em_module *em_transformer_decoder_layer_new(const em_transformer_decoder_layer_config *cfg);
+/** TransformerDecoderLayer.forward(tgt, memory, tgt_mask, memory_mask,
+ *  tgt_key_padding_mask, memory_key_padding_mask, tgt_is_causal), torch
+ *  1.13's code with
+ *    sa(x)  = dropout1(self_attn(x, x, x, tgt_mask, tgt_key_padding_mask))
+ *    mha(x) = dropout2(multihead_attn(x, memory, memory, memory_mask,
+ *                                     memory_key_padding_mask))
+ *    ff(x)  = dropout3(linear2(dropout(activation(linear1(x)))))
+ *    norm_first:  x = x + sa(norm1(x)); x = x + mha(norm2(x)); x = x + ff(norm3(x))
+ *    post-norm:   x = norm1(x + sa(x)); x = norm2(x + mha(x)); x = norm3(x + ff(x))
+ *  (the memory is not normalised by the layer). tgt [B, T, d] (batch_first)
+ *  or [T, B, d], memory [B, S, d] or [S, B, d]; unbatched tgt [T, d] with
+ *  memory [S, d] works too (torch 1.13 takes it: MultiheadAttention's
+ *  unbatched form, masks without the batch dim). Float; returns a new
+ *  reference of tgt's shape. Masks as em_multihead_attention_forward:
+ *  tgt_mask [T, T] or [B * nhead, T, T], memory_mask [T, S] or
+ *  [B * nhead, T, S], tgt_key_padding_mask [B, T], memory_key_padding_mask
+ *  [B, S]; bool (true = masked) or float (added). tgt_is_causal (torch 2.x's
+ *  hint; 1.13 has no such argument): with tgt_mask NULL the causal float
+ *  mask (-inf above the diagonal, generate_square_subsequent_mask) is used —
+ *  torch 2.x raises "Need attn_mask if specifying the is_causal hint" there;
+ *  with a tgt_mask, the mask is used as given (the hint says it is causal).
+ *  Dropout only in training mode. Errors: not a TransformerDecoderLayer, NULL
+ *  tgt or memory (EM_ERR_INVALID); a rank other than 3 (or 2, unbatched), tgt
+ *  and memory of different ranks, batch or width mismatch (EM_ERR_SHAPE
+ *  naming the shapes); mask errors as em_multihead_attention_forward. */
+EM_API em_tensor *em_transformer_decoder_layer_forward(em_module *m, const em_tensor *tgt, const em_tensor *memory,
+                                                       const em_tensor *tgt_mask, const em_tensor *memory_mask,
+                                                       const em_tensor *tgt_key_padding_mask, const em_tensor *memory_key_padding_mask,
+                                                       bool tgt_is_causal);
+/** torch.nn.TransformerDecoder(decoder_layer, num_layers, norm): num_layers
+ *  layers built from @p cfg under "layers.{i}.<layer keys>" (type
+ *  "ModuleList"), every layer starting with layer 0's values (torch's
+ *  _get_clones deep-copies one layer), and with @p final_norm a
+ *  LayerNorm(d_model, layer_norm_eps) under "norm.weight/bias" (nn.Transformer
+ *  gives its decoder one). Type "TransformerDecoder"; em_module_forward(m,
+ *  tgt) is self-decoding without masks. Errors: as
+ *  em_transformer_decoder_layer_new, and num_layers outside [1, 100000]
+ *  (EM_ERR_INVALID). */
+EM_API em_module *em_transformer_decoder_new(const em_transformer_decoder_layer_config *cfg, int64_t num_layers, bool final_norm);
+/** TransformerDecoder.forward(tgt, memory, tgt_mask, memory_mask,
+ *  tgt_key_padding_mask, memory_key_padding_mask, tgt_is_causal): every
+ *  layer with the same memory, masks and hint, then the final norm if any.
+ *  Shapes, ownership and errors as em_transformer_decoder_layer_forward (not
+ *  a TransformerDecoder: EM_ERR_INVALID). */
+EM_API em_tensor *em_transformer_decoder_forward(em_module *m, const em_tensor *tgt, const em_tensor *memory, const em_tensor *tgt_mask,
+                                                 const em_tensor *memory_mask, const em_tensor *tgt_key_padding_mask,
+                                                 const em_tensor *memory_key_padding_mask, bool tgt_is_causal);
+
+/** Rotary positional embedding (RoPE; Su et al. 2021, "RoFormer: Enhanced
+ *  Transformer with Rotary Position Embedding", eq. 34) in the rotate-half
+ *  convention of GPT-NeoX and Hugging Face's LLaMA (apply_rotary_pos_emb):
+ *  with r = rotary_dim (0 means D), i in [0, r/2) and position p,
+ *    theta_i = base^(-2i / r),  a = p * theta_i,
+ *    y[i]       = x[i] cos a - x[i + r/2] sin a
+ *    y[i + r/2] = x[i + r/2] cos a + x[i] sin a
+ *    y[j]       = x[j] for j >= r        (GPT-NeoX's partial rotary, rotary_pct)
+ *  i.e. y = x * cos + rotate_half(x) * sin with rotate_half(x) = cat(-x2, x1)
+ *  and the table cat(a, a). Eq. 34 rotates the adjacent pairs (x_{2i},
+ *  x_{2i+1}); rotate-half rotates (x_i, x_{i+r/2}): the same rotation of a
+ *  permuted feature order (GPT-J / Mesh-TF's interleaved form is not
+ *  offered). Rotating q by position m and k by n makes q . k depend on
+ *  m - n only (RoFormer section 3.4.2).
+ *  x [..., T, D], any float dtype, T the second-to-last dim (e.g. [B, H, T,
+ *  head_dim] or [B, T, D]); r even, 0 < r <= D. Positions: @p positions NULL
+ *  means p_t = offset + t; else an int64 / int32 tensor [T] (shared by every
+ *  row), or [B, T] for x [B, T, D] or [B, H, T, D] (per batch row, broadcast
+ *  over heads, HF's position_ids), to which @p offset is added. The angles,
+ *  cos and sin are computed in double on the host (the positions tensor is
+ *  read back: a wait) and rounded once to x's dtype (HF computes inv_freq
+ *  and p * inv_freq in float32, whose angles are off by up to 7e-5 rad at
+ *  p = 3000..3004 for r = 32, measured with torch 1.13). base > 0 and finite (10000 in RoFormer, GPT-NeoX, LLaMA 1/2;
+ *  500000 in LLaMA 3). Differentiable in x (the tables are constants; the
+ *  backward is autodiff's of the narrows, cat, multiplies and add). Returns
+ *  a new reference of x's shape and dtype. Errors: NULL x (EM_ERR_INVALID);
+ *  non-float x or non-integer positions (EM_ERR_DTYPE); rank < 2, r odd,
+ *  r > D or r < 0, positions of another shape (EM_ERR_SHAPE naming them);
+ *  base <= 0 or not finite (EM_ERR_INVALID). */
+EM_API em_tensor *em_rotary_embedding(const em_tensor *x, const em_tensor *positions, int64_t offset, double base, int64_t rotary_dim);
+
 /* ---- functional forms ----------------------------------------------------- */
 
 /** y = x W^T + b; x [..., in], weight [out, in], bias [out] or NULL. */
