@@ -57,6 +57,23 @@ static int print_piece(int64_t id, const char *text, size_t n, void *ud)
     return 0;
 }
 
+/* @p s for a message: backslash escapes for \n, \t, \\, ' and other bytes outside printable ASCII (\xNN) */
+static const char *escaped(const char *s, char *buf, size_t n)
+{
+    size_t k = 0;
+    for (; *s && k + 5 < n; s++) {
+        const unsigned char ch = (unsigned char)*s;
+        if (ch == '\n') k += (size_t)snprintf(buf + k, n - k, "\\n");
+        else if (ch == '\t') k += (size_t)snprintf(buf + k, n - k, "\\t");
+        else if (ch == '\\' || ch == '\'') k += (size_t)snprintf(buf + k, n - k, "\\%c", ch);
+        else if (ch < 0x20 || ch >= 0x7f) k += (size_t)snprintf(buf + k, n - k, "\\x%02x", ch);
+        else buf[k++] = (char)ch;
+    }
+    if (*s && k + 4 < n) k += (size_t)snprintf(buf + k, n - k, "...");
+    buf[k < n ? k : n - 1] = 0;
+    return buf;
+}
+
 static const char *tok_bytes(int64_t id, size_t *len, void *ud) { return em_tokenizer_token((const em_tokenizer *)ud, id, len); }
 
 int em_tool_generate(int argc, char **argv)
@@ -195,12 +212,12 @@ int em_tool_generate(int argc, char **argv)
         goto out_model;
     }
     em_module_train(m, false);
-    char dn[32];
+    char dn[32], sq[256];
     em_device_str(em_get_device(), dn, sizeof dn);
     fprintf(stderr,
             "ember generate: model %s (%lld parameters), tokenizer %s, device %s; temperature %g, top-k %lld, top-p %g, seed %lld%s%s%s\n",
             spec, (long long)em_module_num_params(m), tokname, dn, temperature, (long long)top_k, top_p, (long long)seed,
-            stop ? ", stop '" : "", stop ? stop : "", stop ? "'" : "");
+            stop ? ", stop '" : "", stop ? escaped(stop, sq, sizeof sq) : "", stop ? "'" : "");
     em_generate_opts o = em_generate_opts_default();
     o.max_new_tokens = max_new;
     o.sampling.temperature = temperature;
