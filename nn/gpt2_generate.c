@@ -124,7 +124,10 @@ static em_tensor *block_cached(em_module *blk, em_gpt2_cache *c, int64_t li, con
     return f ? em_add(h, f) : NULL;
 }
 
-em_tensor *em_gpt2_forward_cached(em_module *gpt, em_gpt2_cache *c, const em_tensor *idx)
+/* em_gpt2_forward_cached; with @p last_only the logits of the last new
+ * position only ([B, 1, V]: the lm_head product of one row, what sampling
+ * needs after a prefill). */
+static em_tensor *forward_cached(em_module *gpt, em_gpt2_cache *c, const em_tensor *idx, bool last_only)
 {
     static const char *fn = "em_gpt2_forward_cached";
     char si[160];
@@ -157,12 +160,18 @@ em_tensor *em_gpt2_forward_cached(em_module *gpt, em_gpt2_cache *c, const em_ten
         if (!mask) h = NULL;
     }
     for (int64_t i = 0; h && i < c->n_layer; i++) h = block_cached(em_module_child_at(blocks, (int)i, NULL), c, i, h, mask, L, T);
+    if (h && last_only && T > 1) h = em_narrow(h, 1, T - 1, 1);
     if (h) h = em_module_forward(CHILD(tf, "ln_f"), h);
     em_tensor *logits = h ? em_matmul(h, em_transpose(wte, 0, 1)) : NULL; /* lm_head tied to wte */
     em_tensor *r = nn_return(logits);
     em_no_grad_end();
     if (r) c->len = L + T;
     return r;
+}
+
+em_tensor *em_gpt2_forward_cached(em_module *gpt, em_gpt2_cache *c, const em_tensor *idx)
+{
+    return forward_cached(gpt, c, idx, false);
 }
 
 /* ---- sampling ------------------------------------------------------------------------------- */
@@ -373,8 +382,8 @@ em_status em_gpt2_generate(em_module *gpt, const int64_t *prompt, int64_t n_prom
         /* one forward: the prompt first (prefill), then the last token drawn */
         em_scope_begin();
         const int64_t T = n == 0 ? n_prompt : 1, shape[2] = {1, T};
-        em_tensor *logits = em_gpt2_forward_cached(gpt, c, em_from_host(n == 0 ? prompt : &id, shape, 2, EM_I64));
-        st = logits ? em_to_host(em_narrow(logits, 1, T - 1, 1), row, sizeof(float) * (size_t)V) : em_last_status();
+        em_tensor *logits = forward_cached(gpt, c, em_from_host(n == 0 ? prompt : &id, shape, 2, EM_I64), true); /* [1, 1, V] */
+        st = logits ? em_to_host(logits, row, sizeof(float) * (size_t)V) : em_last_status();
         em_scope_end();
         if (st == EM_OK) st = em_sample_logits(row, 1, Vs, &o->sampling, &rng, &id);
         if (st != EM_OK) break;
