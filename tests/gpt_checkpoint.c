@@ -7,8 +7,9 @@
  *   gpt_checkpoint OUT.safetensors KIND
  *
  * KIND: ok | no-model | no-tokenizer | tokenizer-bpe | mlp | bad-config |
- *       mismatch | small-vocab | no-format
- * The model: vocab 256 (100 for small-vocab), n_positions 64, n_embd 32,
+ *       mismatch | small-vocab | padded-vocab | no-format
+ * The model: vocab 256 (100 for small-vocab, 320 for padded-vocab: ids the
+ * byte tokenizer does not have), n_positions 64, n_embd 32,
  * 2 layers, 4 heads, seed 3, the weights N(0, 0.3^2) (larger than GPT-2's
  * init, so the text depends on the prompt and the seed). */
 #include "ember/ember.h"
@@ -28,7 +29,7 @@ int main(int argc, char **argv)
         return 1;
     }
     em_gpt2_config c = em_gpt2_config_default();
-    c.vocab_size = strcmp(kind, "small-vocab") ? 256 : 100;
+    c.vocab_size = !strcmp(kind, "small-vocab") ? 100 : !strcmp(kind, "padded-vocab") ? 320 : 256;
     c.n_positions = 64;
     c.n_embd = 32;
     c.n_layer = 2;

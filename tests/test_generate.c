@@ -219,6 +219,12 @@ static void test_cache_errors(void **state)
     assert_int_equal(em_gpt2_cache_length(c), 3);
     em_test_assert_error(em_gpt2_forward_cached(m, c, em_zeros(s26, 2, EM_I64)), "holds 3 of max_len = 8", "6 more do not fit", NULL);
     assert_int_equal(em_gpt2_cache_length(c), 3);
+    /* an id outside the vocabulary: the Embedding's kernel error, reported when the logits are read */
+    const int64_t bad[6] = {1, 2, 3, 4, 64, 5};
+    double tmp[2 * 3 * 64];
+    em_tensor *rb = em_gpt2_forward_cached(m, c, em_from_host(bad, s23, 2, EM_I64));
+    if (rb) assert_int_not_equal(em_to_host(rb, tmp, sizeof tmp), EM_OK);
+    em_clear_error();
     em_scope_end();
     em_gpt2_cache_free(c);
     em_module_free(lin);
