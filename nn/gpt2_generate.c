@@ -361,6 +361,12 @@ em_status em_gpt2_generate(em_module *gpt, const int64_t *prompt, int64_t n_prom
     if (o->vocab_limit < 0 || o->vocab_limit > cfg.vocab_size)
         return em__set_error(EM_ERR_INVALID, "%s: vocab_limit must be in [0, vocab_size = %lld], got %lld", fn, (long long)cfg.vocab_size,
                              (long long)o->vocab_limit);
+    { /* the sampling options, checked before anything runs (one dummy row: no draw is kept) */
+        const float zero = 0.0f;
+        uint64_t scratch = 0;
+        int64_t dummy;
+        if (em_sample_logits(&zero, 1, 1, &o->sampling, &scratch, &dummy) != EM_OK) return em_last_status();
+    }
     const size_t sl = o->stop ? strlen(o->stop) : 0;
     if (sl && !o->token_bytes) return em__set_error(EM_ERR_INVALID, "%s: a stop string needs a token_bytes function", fn);
     const int64_t V = cfg.vocab_size, Vs = o->vocab_limit ? o->vocab_limit : V, max_new = o->max_new_tokens;

@@ -603,8 +603,9 @@ typedef struct em_generate_result {
  *  ... exceeds n_positions ..."; a KV cache holds n_positions positions, and
  *  this function does not crop the context as nanoGPT's generate does), a
  *  prompt id outside [0, vocab_size), vocab_limit < 0 or > vocab_size, a
- *  stop string without token_bytes (all EM_ERR_INVALID, nothing run), and
- *  then the errors of the forward, of em_sample_logits and of token_bytes
+ *  stop string without token_bytes, bad sampling options (as
+ *  em_sample_logits) (all EM_ERR_INVALID, nothing run), and then the
+ *  errors of the forward, of em_sample_logits and of token_bytes
  *  (out[] then holds the ids drawn so far, res->new_tokens their count). */
 EM_API em_status em_gpt2_generate(em_module *gpt, const int64_t *prompt, int64_t n_prompt, const em_generate_opts *opts,
                                   int64_t *out, em_generate_result *res);
