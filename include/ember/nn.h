@@ -480,8 +480,10 @@ EM_API em_gpt2_cache *em_gpt2_cache_new(const em_module *gpt, int64_t batch, int
  *  another model (EM_ERR_INVALID), non-integer ids (EM_ERR_DTYPE), rank != 2,
  *  T_new < 1, a batch other than the cache's, or L + T_new above the cache's
  *  max_len (EM_ERR_SHAPE naming the lengths; max_len <= n_positions, so
- *  n_positions is never exceeded); ids out of range are reported as the
- *  Embedding reports them (the sticky kernel error on the CPU, tensor.h). */
+ *  n_positions is never exceeded). Ids out of range are reported as the
+ *  Embedding reports them (the sticky kernel error on the CPU, when the
+ *  logits are read: tensor.h); the length has advanced then, and the
+ *  cache must be reset. */
 EM_API em_tensor *em_gpt2_forward_cached(em_module *gpt, em_gpt2_cache *cache, const em_tensor *idx);
 /** Tokens the cache holds (0 after em_gpt2_cache_new / reset; -1 for NULL). */
 EM_API int64_t em_gpt2_cache_length(const em_gpt2_cache *cache);
@@ -572,7 +574,8 @@ typedef struct em_generate_result {
     int64_t prompt_tokens;    /**< n_prompt */
     int64_t new_tokens;       /**< ids written to out */
     double prefill_s;         /**< seconds: the prompt's forward and the first draw (time to first token) */
-    double decode_s;          /**< seconds: the new_tokens - 1 one-token forwards and draws after it */
+    double decode_s;          /**< seconds from then to the end: the new_tokens - 1 one-token forwards and
+                                   draws (and the on_token calls) */
     em_generate_stop stopped;
 } em_generate_result;
 
