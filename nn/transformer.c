@@ -762,3 +762,14 @@ em_tensor *em_sinusoidal_positional_encoding(int64_t T, int64_t d)
     free(v);
     return t;
 }
+
+/* ---- the configuration of a GPT2LMHeadModel (for nn/gpt2_generate.c and callers) ---- */
+
+em_status em_gpt2_get_config(const em_module *gpt, em_gpt2_config *out)
+{
+    if (!gpt || !out) return em__set_error(EM_ERR_INVALID, "em_gpt2_get_config: %s is NULL", !gpt ? "model" : "config");
+    if (em__module_vtable(gpt) != &GPT2_VT)
+        return em__set_error(EM_ERR_INVALID, "em_gpt2_get_config: module is %s, not a GPT2LMHeadModel", em_module_type_name(gpt));
+    *out = ((const gpt2_impl *)em_module_impl(gpt))->cfg;
+    return EM_OK;
+}

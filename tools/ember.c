@@ -13,6 +13,7 @@ static void usage(FILE *f)
             "  train       train a classifier on Fashion-MNIST (the main job)\n"
             "  eval        evaluate a checkpoint: loss, accuracy, confusion matrix\n"
             "  predict     predicted classes with probabilities for chosen test images\n"
+            "  generate    generate text with a GPT checkpoint (KV cache, temperature, top-k, top-p)\n"
             "  plot        draw (or overlay) runs' loss and accuracy curves from their metrics.csv\n"
             "  devices     list workers, devices, memory nodes and the hwloc topology\n"
             "  version     print the version\n\n"
@@ -75,6 +76,7 @@ int main(int argc, char **argv)
     if (!strcmp(cmd, "train")) return em_tool_train(argc - 1, argv + 1);
     if (!strcmp(cmd, "eval")) return em_tool_eval(argc - 1, argv + 1);
     if (!strcmp(cmd, "predict")) return em_tool_predict(argc - 1, argv + 1);
+    if (!strcmp(cmd, "generate")) return em_tool_generate(argc - 1, argv + 1);
     if (!strcmp(cmd, "plot")) return em_tool_plot(argc - 1, argv + 1);
     if (!strcmp(cmd, "version") || !strcmp(cmd, "--version")) return cmd_version(argc - 1, argv + 1);
     fprintf(stderr, "ember: unknown command '%s'\n\n", cmd);

@@ -599,6 +599,178 @@ EM_API em_tensor *em_transformer_decoder_forward(em_module *m, const em_tensor *
  *  r > D or r < 0, positions of another shape (EM_ERR_SHAPE naming them);
  *  base <= 0 or not finite (EM_ERR_INVALID). */
 EM_API em_tensor *em_rotary_embedding(const em_tensor *x, const em_tensor *positions, int64_t offset, double base, int64_t rotary_dim);
+/* ---- GPT-2 generation: KV cache, sampling, the decoding loop (issue #16,
+ * item 5; nn/gpt2_generate.c) ------------------------------------------------ */
+
+/** Copies the configuration @p gpt was built with into @p out. Errors: NULL
+ *  arguments, or @p gpt not a GPT2LMHeadModel (EM_ERR_INVALID naming its
+ *  type). */
+EM_API em_status em_gpt2_get_config(const em_module *gpt, em_gpt2_config *out);
+
+/** The keys and values of every layer of one GPT2LMHeadModel for a batch of
+ *  sequences, so that decoding one more token costs one token's forward. */
+typedef struct em_gpt2_cache em_gpt2_cache;
+
+/** A cache for @p gpt (borrowed: it must outlive the cache, and the cache
+ *  serves that model only), @p batch sequences of up to @p max_len tokens.
+ *  It preallocates, per layer, a key and a value tensor [batch, n_head,
+ *  max_len, n_embd / n_head] of wte's dtype (float32 for em_gpt2_new's
+ *  models), zero-filled: 2 * n_layer * batch * max_len * n_embd elements.
+ *  Its length starts at 0. The cache owns these tensors whatever scope is
+ *  open. Errors: NULL or not a GPT2LMHeadModel (EM_ERR_INVALID naming the
+ *  type), batch < 1, max_len < 1 or max_len > n_positions (EM_ERR_INVALID
+ *  naming the values), EM_ERR_NOMEM. Free with em_gpt2_cache_free. */
+EM_API em_gpt2_cache *em_gpt2_cache_new(const em_module *gpt, int64_t batch, int64_t max_len);
+/** The forward of @p gpt on T_new new tokens @p idx [batch, T_new] (int64 or
+ *  int32 ids in [0, vocab_size)) that continue the L = em_gpt2_cache_length
+ *  tokens the cache holds: positions L .. L + T_new - 1 (wpe rows), every
+ *  new query attends to the L cached keys and to the new keys up to its own
+ *  position (causal, the mask aligned to the bottom right: query i sees keys
+ *  j <= L + i; an explicit boolean mask when L > 0 and T_new > 1, is_causal
+ *  when L = 0). Returns the logits of the new positions, a new reference
+ *  [batch, T_new, vocab_size] (wte's dtype), equal to the matching rows of
+ *  em_module_forward(gpt, all L + T_new tokens) up to rounding, and appends
+ *  the new keys and values (written into the preallocated buffers through
+ *  views, em_copy_; attention reads the first L + T_new keys through views,
+ *  via em_scaled_dot_product_attention). The cache length becomes L + T_new.
+ *  Inference only: dropout is off whatever the module's training mode, and
+ *  nothing is recorded for autodiff (the result does not require grad).
+ *  Errors, with the cache left unchanged: NULL arguments or a cache made for
+ *  another model (EM_ERR_INVALID), non-integer ids (EM_ERR_DTYPE), rank != 2,
+ *  T_new < 1, a batch other than the cache's, or L + T_new above the cache's
+ *  max_len (EM_ERR_SHAPE naming the lengths; max_len <= n_positions, so
+ *  n_positions is never exceeded). Ids out of range are reported as the
+ *  Embedding reports them (the sticky kernel error on the CPU, when the
+ *  logits are read: tensor.h); the length has advanced then, and the
+ *  cache must be reset. */
+EM_API em_tensor *em_gpt2_forward_cached(em_module *gpt, em_gpt2_cache *cache, const em_tensor *idx);
+/** Tokens the cache holds (0 after em_gpt2_cache_new / reset; -1 for NULL). */
+EM_API int64_t em_gpt2_cache_length(const em_gpt2_cache *cache);
+/** The max_len the cache was made with (-1 for NULL). */
+EM_API int64_t em_gpt2_cache_max_len(const em_gpt2_cache *cache);
+/** Empties the cache (length 0) for a new sequence; the buffers are kept
+ *  (not cleared: positions past the length are never read). NULL: no-op. */
+EM_API void em_gpt2_cache_reset(em_gpt2_cache *cache);
+/** Frees the cache and releases its tensors (NULL: no-op). */
+EM_API void em_gpt2_cache_free(em_gpt2_cache *cache);
+
+/** How the next token is drawn from logits (names as Hugging Face's
+ *  GenerationConfig). */
+typedef struct em_sampling {
+    double temperature; /**< 1.0; 0 = greedy (argmax); > 0 divides the logits */
+    int64_t top_k;      /**< 0 = off; else keep the top_k most likely (ties with the k-th kept) */
+    double top_p;       /**< 1.0 = off; in (0, 1]: nucleus sampling */
+} em_sampling;
+/** {temperature 1, top_k 0, top_p 1}: sampling from softmax(logits). */
+EM_API em_sampling em_sampling_default(void);
+
+/** Draws one token id per row of @p logits, host float32 [batch, vocab] row
+ *  major (e.g. the last position's logits, copied with em_to_host), into
+ *  @p out [batch]. With temperature 0: the argmax (the first on ties), no
+ *  draw. Else, per row, as Hugging Face's sampling (transformers'
+ *  TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper, applied in
+ *  that order, then softmax and a multinomial draw), in double precision:
+ *    1. s_i = logit_i / temperature;
+ *    2. top_k > 0: tokens with s_i below the top_k-th largest s are removed
+ *       (s_i = -inf; ties with it stay: more than top_k tokens may remain);
+ *    3. top_p < 1: with p_i = softmax(s)_i and the tokens sorted by p
+ *       descending (ties: lower id first), token number r (0-based) is kept
+ *       iff the tokens before it sum to less than top_p: the smallest set of
+ *       most likely tokens whose cumulative probability reaches top_p, at
+ *       least one token (HF removes cumsum of the ascending order <= 1 -
+ *       top_p: the same set, up to rounding at the boundary, HF's in float32);
+ *    4. one uniform u in [0, 1) from @p rng, and the first id (in id order)
+ *       whose cumulative weight exp(s_i - max s) exceeds u times their sum.
+ *  The generator: splitmix64 on the 64-bit state *@p rng (Steele, Lea &
+ *  Flood 2014; em_splitmix64's constants), u = (next >> 11) * 2^-53, one
+ *  draw per row, rows in order, *rng advanced. So the same state and the
+ *  same logits give the same ids on every run and machine (sampling is host
+ *  arithmetic; logits computed on different devices may differ in the last
+ *  bits, which can change a draw that falls at a boundary). Not torch's
+ *  stream: the same seed does not give PyTorch's tokens. -inf logits are
+ *  never drawn. Errors (EM_ERR_INVALID, nothing written): NULL arguments,
+ *  batch or vocab < 1, temperature < 0 or not finite, top_k < 0, top_p not
+ *  in (0, 1], a NaN or +inf logit, or a row whose logits are all -inf (each
+ *  naming the row and id). */
+EM_API em_status em_sample_logits(const float *logits, int64_t batch, int64_t vocab, const em_sampling *s, uint64_t *rng,
+                                  int64_t *out);
+
+/** The bytes of token @p id (not NUL-terminated, valid until the next call)
+ *  and their count in *@p len, or NULL (an error recorded) when @p id has no
+ *  bytes; e.g. a wrapper of em_tokenizer_token (ember/text.h). */
+typedef const char *(*em_token_bytes_fn)(int64_t id, size_t *len, void *ud);
+/** Called once per generated token, in order: @p id the token (also in
+ *  out[]), @p text[0..n) the generated text that is now final (see
+ *  em_gpt2_generate; NULL, 0 without a token_bytes function). Return 0 to go
+ *  on, anything else to stop after this token. */
+typedef int (*em_generate_cb)(int64_t id, const char *text, size_t n, void *ud);
+
+/** Options of em_gpt2_generate. */
+typedef struct em_generate_opts {
+    int64_t max_new_tokens;       /**< >= 1; n_prompt + max_new_tokens <= n_positions */
+    em_sampling sampling;         /**< em_sampling_default() */
+    uint64_t seed;                /**< the sampler's splitmix64 state starts here (0) */
+    int64_t vocab_limit;          /**< 0: every id is drawn; else only ids < vocab_limit (e.g. the
+                                       tokenizer's vocabulary when the model's is padded) */
+    const char *stop;             /**< NULL or "": none; else stop when the generated text contains it */
+    em_token_bytes_fn token_bytes; /**< needed for stop and for the text of on_token; NULL: ids only */
+    void *token_bytes_ud;
+    em_generate_cb on_token;      /**< NULL: none */
+    void *on_token_ud;
+} em_generate_opts;
+/** {max_new_tokens 1, em_sampling_default(), seed 0, the rest 0 / NULL}. */
+EM_API em_generate_opts em_generate_opts_default(void);
+
+/** Why em_gpt2_generate stopped. */
+typedef enum em_generate_stop {
+    EM_GENERATE_MAX_TOKENS = 0,  /**< max_new_tokens generated */
+    EM_GENERATE_STOP_STRING = 1, /**< the generated text contains opts.stop */
+    EM_GENERATE_CALLBACK = 2,    /**< on_token returned non-zero */
+} em_generate_stop;
+
+/** What em_gpt2_generate did. */
+typedef struct em_generate_result {
+    int64_t prompt_tokens;    /**< n_prompt */
+    int64_t new_tokens;       /**< ids written to out */
+    double prefill_s;         /**< seconds: the prompt's forward and the first draw (time to first token) */
+    double decode_s;          /**< seconds from then to the end: the new_tokens - 1 one-token forwards and
+                                   draws (and the on_token calls) */
+    em_generate_stop stopped;
+} em_generate_result;
+
+/** Autoregressive generation for ONE sequence (batch 1) with a KV cache:
+ *  the prompt @p prompt[0..n_prompt) (ids, n_prompt >= 1) goes through
+ *  em_gpt2_forward_cached at once (prefill), a token is drawn from the last
+ *  position's logits with em_sample_logits (state seeded with opts.seed),
+ *  then each drawn token is fed alone (one position per step) until
+ *  max_new_tokens tokens, the stop string or the callback ends it. The ids go
+ *  to @p out (max_new_tokens entries, may be NULL) and a summary to @p res
+ *  (may be NULL).
+ *  Stop string: checked on the generated text only (the bytes of the new
+ *  tokens, concatenated, as em_tokenizer_decode gives them; the prompt is not
+ *  searched, so a stop string that starts in the prompt is not seen). When
+ *  it appears, generation stops after the token that completed it; that
+ *  token is in out[] and counted, but the text handed to on_token ends just
+ *  before the stop string: the stop string and whatever followed it in that
+ *  token are never passed on. To make that possible on_token's text lags:
+ *  bytes that could be the start of the stop string are held back until the
+ *  next tokens decide (at most strlen(stop) - 1 bytes); at max_new_tokens
+ *  the last call gets everything left. So the concatenated text of the
+ *  calls is the generated text cut before the stop string (whole when it
+ *  never appears), except after an on_token stop, which drops what was held.
+ *  The model is run as em_gpt2_forward_cached does (inference, no dropout,
+ *  nothing recorded). Errors: NULL gpt / prompt / opts, not a
+ *  GPT2LMHeadModel, n_prompt < 1, max_new_tokens < 1, n_prompt +
+ *  max_new_tokens > n_positions ("prompt (P tokens) + max_new_tokens (N) =
+ *  ... exceeds n_positions ..."; a KV cache holds n_positions positions, and
+ *  this function does not crop the context as nanoGPT's generate does), a
+ *  prompt id outside [0, vocab_size), vocab_limit < 0 or > vocab_size, a
+ *  stop string without token_bytes, bad sampling options (as
+ *  em_sample_logits) (all EM_ERR_INVALID, nothing run), and then the
+ *  errors of the forward, of em_sample_logits and of token_bytes
+ *  (out[] then holds the ids drawn so far, res->new_tokens their count). */
+EM_API em_status em_gpt2_generate(em_module *gpt, const int64_t *prompt, int64_t n_prompt, const em_generate_opts *opts,
+                                  int64_t *out, em_generate_result *res);
 
 /* ---- functional forms ----------------------------------------------------- */
 
