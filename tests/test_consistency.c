@@ -1102,6 +1102,67 @@ static bool case_batch_norm(ctx *c)
     return out_grad(c, em_batch_norm(xo, NULL, NULL, NULL, NULL, true, 0.1, 1e-5), xo, "batch_norm offset input gradient");
 }
 
+/* Layer norm (the fused LAYER_NORM / LAYER_NORM_BWD ops: em_layer_norm with
+ * weight and bias): rows of 7 values (CUDA: a warp per row, idle lanes),
+ * 384 normalized over two dims, 2048 (CUDA: a block per row), an input far
+ * from zero (the two-pass variance), and 1024 rows of 24 (CUDA: the
+ * dweight / dbias column reduction in row chunks, then their sum). */
+static bool case_layer_norm(ctx *c)
+{
+    const int fl = grad_flag(c->dt);
+    em_tensor *x = IN(c, c->dt, (3, 7), -2, 2, fl);
+    em_tensor *w = IN(c, c->dt, (7), 0.5, 1.5, fl);
+    em_tensor *b = IN(c, c->dt, (7), -1, 1, fl);
+    em_tensor *x2 = IN(c, c->dt, (2, 3, 128), -2, 2, fl);
+    em_tensor *w2 = IN(c, c->dt, (3, 128), -1.5, 1.5, fl);
+    em_tensor *b2 = IN(c, c->dt, (3, 128), -1, 1, fl);
+    em_tensor *xl = IN(c, c->dt, (3, 2048), -2, 2, fl);
+    em_tensor *wl = IN(c, c->dt, (2048), 0.5, 1.5, fl);
+    em_tensor *bl = IN(c, c->dt, (2048), -1, 1, fl);
+    em_tensor *xo = IN(c, c->dt, (5, 16), 50, 54, fl);
+    em_tensor *wo = IN(c, c->dt, (16), 0.5, 1.5, fl);
+    em_tensor *bo = IN(c, c->dt, (16), -1, 1, fl);
+    em_tensor *xm = IN(c, c->dt, (1024, 24), -2, 2, fl);
+    em_tensor *wm = IN(c, c->dt, (24), 0.5, 1.5, fl);
+    em_tensor *bm = IN(c, c->dt, (24), -1, 1, fl);
+    REQ(c, x);
+    REQ(c, w);
+    REQ(c, b);
+    REQ(c, x2);
+    REQ(c, w2);
+    REQ(c, b2);
+    REQ(c, xl);
+    REQ(c, wl);
+    REQ(c, bl);
+    REQ(c, xo);
+    REQ(c, wo);
+    REQ(c, bo);
+    REQ(c, xm);
+    REQ(c, wm);
+    REQ(c, bm);
+    if (c->kind == EM_OP_LAYER_NORM) {
+        OUT(c, em_layer_norm(x, 1, w, b, 1e-5));
+        OUT(c, em_layer_norm(x2, 2, w2, b2, 1e-3));
+        OUT(c, em_layer_norm(xl, 1, wl, bl, 1e-5));
+        OUT(c, em_layer_norm(xo, 1, wo, bo, 1e-5));
+        OUT(c, em_layer_norm(xm, 1, wm, bm, 1e-5));
+        return true;
+    }
+    /* LAYER_NORM_BWD: the gradients, computed inside the case */
+    c->no_backward = true;
+    if (!out_grad(c, em_layer_norm(x, 1, w, b, 1e-5), x, "layer_norm input gradient")) return false;
+    if (!out_grad(c, em_layer_norm(x, 1, w, b, 1e-5), w, "layer_norm weight gradient")) return false;
+    if (!out_grad(c, em_layer_norm(x, 1, w, b, 1e-5), b, "layer_norm bias gradient")) return false;
+    if (!out_grad(c, em_layer_norm(x2, 2, w2, b2, 1e-3), x2, "layer_norm 2-dim input gradient")) return false;
+    if (!out_grad(c, em_layer_norm(x2, 2, w2, b2, 1e-3), w2, "layer_norm 2-dim weight gradient")) return false;
+    if (!out_grad(c, em_layer_norm(xl, 1, wl, bl, 1e-5), xl, "layer_norm long rows input gradient")) return false;
+    if (!out_grad(c, em_layer_norm(xl, 1, wl, bl, 1e-5), wl, "layer_norm long rows weight gradient")) return false;
+    if (!out_grad(c, em_layer_norm(xo, 1, wo, bo, 1e-5), xo, "layer_norm offset input gradient")) return false;
+    if (!out_grad(c, em_layer_norm(xm, 1, wm, bm, 1e-5), xm, "layer_norm many rows input gradient")) return false;
+    if (!out_grad(c, em_layer_norm(xm, 1, wm, bm, 1e-5), wm, "layer_norm many rows weight gradient")) return false;
+    return out_grad(c, em_layer_norm(xm, 1, wm, bm, 1e-5), bm, "layer_norm many rows bias gradient");
+}
+
 static bool case_fill(ctx *c)
 {
     OUT(c, em_full(S(5, 7), 2, (em_dtype)c->dt, 2.5));
@@ -1428,6 +1489,8 @@ static op_case g_cases[EM_OP_COUNT] = {
     [EM_OP_BATCH_NORM] = {case_batch_norm, {D_F32, D_F64, END}, 1},
     [EM_OP_BATCH_NORM_BWD] = {case_batch_norm, {D_F32, D_F64, END}, 1},
     [EM_OP_BATCH_NORM_RUNNING] = {case_batch_norm, {D_F32, D_F64, END}, 1},
+    [EM_OP_LAYER_NORM] = {case_layer_norm, {D_F32, D_F64, END}, 1},
+    [EM_OP_LAYER_NORM_BWD] = {case_layer_norm, {D_F32, D_F64, END}, 1},
     [EM_OP_FILL] = {case_fill, {D_F32, D_F64, D_I32, D_I64, D_U8, D_BOOL, END}, 1},
     [EM_OP_ARANGE] = {case_arange, {D_F32, D_F64, D_I32, D_I64, END}, 1},
     [EM_OP_EYE] = {case_eye, {D_F32, D_F64, D_I64, D_BOOL, END}, 1},
