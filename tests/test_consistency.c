@@ -22,11 +22,12 @@
  * f32 result rounded to 16 bits): that checks the CPU's 16-bit kernels and
  * the door's widening (f32 kernel between rounding copies) themselves.
  * An op that fails to run in 16 bits is a FAIL like any other. Measured
- * (PoCL, 2026-12-02), worst error as a fraction of the tolerance: f16 device
- * vs CPU 0.054 (about 1 f16 ulp: libm differences surviving the rounding),
- * bf16 device vs CPU 0 (bit-identical), f16 CPU vs f32 rounded 0.72
- * (gelu_tanh's gradient), bf16 0.74 (pow's gradient); f32 device vs CPU
- * 0.09, f64 0.0008. The end of a run prints these. Run time (2 cores,
+ * (PoCL, 2026-12-02, 1221 variants, seeds from the op names), worst error
+ * as a fraction of the tolerance: f16 device vs CPU 0.044 (about 1 f16 ulp:
+ * libm differences surviving the rounding), bf16 device vs CPU 0
+ * (bit-identical), f16 CPU vs f32 rounded 0.74 and bf16 0.59 (gelu_tanh's
+ * gradient); f32 device vs CPU 0.058, f64 0.0012. The end of a run prints
+ * these. Run time (2 cores,
  * shared, so CPU time): CPU only 2.5 s -> 5.8 s (wall 1.9 -> 4.5 s), with
  * PoCL 5.7 s -> 15.7 s (wall 3.7 -> 9.5 s), 753 -> 1205 case variants,
  * plus PoCL's first build of the program when it changed.
