@@ -452,6 +452,21 @@ BW(bw_batch_norm)
     if (n->in[2]->requires_grad) gin[2] = db;
     return EM_OK;
 }
+/* Layer norm (the fused LAYER_NORM op): one LAYER_NORM_BWD task gives dx,
+ * dweight and dbias from g, x, the saved (mean, rstd) of each row (n->aux,
+ * F_SAVE_AUX) and the weight; the gradients of the inputs that require
+ * none are dropped. */
+BW(bw_layer_norm)
+{
+    BW_ARGS;
+    em_tensor *dx, *dw, *db;
+    em_status st = em__layer_norm_bwd(g, x, n->aux, n->in[1], &dx, &dw, &db);
+    if (st != EM_OK) return st;
+    if (x->requires_grad) gin[0] = dx;
+    if (n->in[1]->requires_grad) gin[1] = dw;
+    if (n->in[2]->requires_grad) gin[2] = db;
+    return EM_OK;
+}
 
 /* ---- views ---- */
 BW1(bw_reshape, em_reshape(em_contiguous(g), x->shape, x->ndim))

@@ -50,7 +50,7 @@ union em_op_params {
      * [floor(o*I/O), ceil((o+1)*I/O)) and the other fields unused;
      * divisor 0 = none (avg only) */
     struct { int32_t kernel[2], stride[2], pad[2], dilation[2]; int32_t adaptive, count_include_pad; int64_t divisor; } pool;
-    /* BATCH_NORM, BATCH_NORM_BWD (tasks/norm.c): eps added to the biased batch
+    /* BATCH_NORM, BATCH_NORM_BWD, LAYER_NORM (tasks/norm.c): eps added to the biased
      * variance; BATCH_NORM_RUNNING: momentum and unbias = M / (M - 1) */
     struct { double eps, momentum, unbias; } bn;
     struct { double lr, beta1, beta2, eps, weight_decay, momentum, dampening, alpha;

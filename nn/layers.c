@@ -1,6 +1,7 @@
 /* Layers: Linear, Embedding, Dropout, LayerNorm, RMSNorm, Sequential and the
  * activation modules, plus their functional forms. Forward passes are made
- * of ordinary ops, so autodiff covers them. */
+ * of ordinary ops, so autodiff covers them; layer norm with weight and bias
+ * is one fused op (LAYER_NORM, tasks/norm.c) with its own backward rule. */
 #include "nn/nn_internal.h"
 
 #include <float.h>
@@ -71,6 +72,25 @@ em_tensor *em_dropout(const em_tensor *x, double p, bool training)
     return nn_return(y);
 }
 
+/* Whether em_layer_norm runs the fused op (LAYER_NORM, tasks/norm.c): weight
+ * and bias both given, float, and either of x's dtype (f32, f64, or one
+ * 16-bit dtype: the door widens the op, rounding the result once as the
+ * composed path does), or all f32 / 16-bit with the result f32 (odt: a
+ * 16-bit x with f32 parameters, or any 16-bit operand inside an autocast
+ * region), where the fused op runs on the widened operands. Mixed f32 / f64
+ * and empty inputs stay composed. */
+static bool ln_fused(const em_tensor *x, const em_tensor *weight, const em_tensor *bias, em_dtype odt)
+{
+    if (!weight || !bias || em_tensor_numel(x) == 0) return false;
+    const em_dtype xd = em_tensor_dtype(x), wd = em_tensor_dtype(weight), bd = em_tensor_dtype(bias);
+    if (!em_dtype_is_float(wd) || !em_dtype_is_float(bd)) return false;
+    if (xd == wd && xd == bd && odt == xd) return true;
+    const em_dtype d[3] = {xd, wd, bd};
+    for (int i = 0; i < 3; i++)
+        if (d[i] != EM_F32 && d[i] != EM_F16 && d[i] != EM_BF16) return false;
+    return odt == EM_F32;
+}
+
 em_tensor *em_layer_norm(const em_tensor *x, int ndim, const em_tensor *weight, const em_tensor *bias, double eps)
 {
     if (!x) return em__fail(EM_ERR_INVALID, "em_layer_norm: input is NULL");
@@ -92,6 +112,16 @@ em_tensor *em_layer_norm(const em_tensor *x, int ndim, const em_tensor *weight, 
     for (int i = 0; i < ndim; i++) dims[i] = nd - ndim + i;
     em_scope_begin();
     const em_dtype odt = nn_norm_dtype(x, weight, bias);
+    if (ln_fused(x, weight, bias, odt)) {
+        /* one LAYER_NORM task forward, one LAYER_NORM_BWD backward (tasks/norm.c),
+         * in odt: the operands of another dtype are widened to it by recorded
+         * (exact) casts, as the composed path below widens x */
+        const em_tensor *xs = em_tensor_dtype(x) == odt ? x : em_cast(x, odt);
+        const em_tensor *ws = em_tensor_dtype(weight) == odt ? weight : em_cast(weight, odt);
+        const em_tensor *bs = em_tensor_dtype(bias) == odt ? bias : em_cast(bias, odt);
+        em_tensor *stats = NULL;
+        return nn_return(xs && ws && bs ? em__layer_norm(xs, ndim, ws, bs, eps, &stats) : NULL);
+    }
     const em_tensor *xf = nn_norm_input(x);
     em_tensor *mean = em_mean(xf, dims, ndim, true);
     em_tensor *xc = em_sub(xf, mean);

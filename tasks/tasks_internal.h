@@ -197,6 +197,19 @@ em_status em__batch_norm_running(const em_tensor *stats, em_tensor *running_mean
                                  double unbias);
 em_status em__batch_norm_bwd(const em_tensor *dy, const em_tensor *x, const em_tensor *stats, const em_tensor *weight,
                              double eps, em_tensor **dx, em_tensor **dweight, em_tensor **dbias);
+/* Fused layer norm (tasks/norm.c; contracts there) over the last @p ndim
+ * dims of x (float, any rank >= ndim), weight and bias of x's dtype holding
+ * the normalized dims' N values (the recorded inputs; both required).
+ * Returns y (x's shape and dtype) and sets *stats = [2, M] (mean, rstd of
+ * each of the M rows; f32 for f16 / bf16 x; saved for the backward); scoped
+ * results. NULL with EM_ERR_DTYPE / EM_ERR_SHAPE for operands that do not
+ * fit. The backward gives dx (x's shape), dweight and dbias (weight's
+ * shape) at once, from dy (x's dtype and element count), x, stats and
+ * weight (scoped). */
+em_tensor *em__layer_norm(const em_tensor *x, int ndim, const em_tensor *weight, const em_tensor *bias, double eps,
+                          em_tensor **stats);
+em_status em__layer_norm_bwd(const em_tensor *dy, const em_tensor *x, const em_tensor *stats, const em_tensor *weight,
+                             em_tensor **dx, em_tensor **dweight, em_tensor **dbias);
 
 /* Autocast (tasks/amp.c; the semantics in include/ember/amp.h). */
 /** The dtype an op of kind @p k whose inputs promote to @p natural computes

@@ -266,6 +266,9 @@ static em_tensor *f_avg_pool(em_tensor **x)
 /* training-mode batch norm (the fused BATCH_NORM op): the same settings as gen_grad_fixtures.py's cases of these names */
 static em_tensor *f_batch_norm(em_tensor **x) { return em_batch_norm(x[0], NULL, NULL, x[1], x[2], true, 0.1, 1e-5); }
 static em_tensor *f_batch_norm_nc(em_tensor **x) { return em_batch_norm(x[0], NULL, NULL, x[1], NULL, true, 0.1, 1e-3); }
+/* layer norm with weight and bias (the fused LAYER_NORM op): over the last dim, and over the last two */
+static em_tensor *f_layer_norm_fused(em_tensor **x) { return em_layer_norm(x[0], 1, x[1], x[2], 1e-5); }
+static em_tensor *f_layer_norm_fused2(em_tensor **x) { return em_layer_norm(x[0], 2, x[1], x[2], 1e-3); }
 
 static const gcase cases[] = {
     {"neg", NULL, f_neg, S1(2, 3), R(-2, 2)},       {"abs", NULL, f_abs, S1(2, 3), R(0.1, 2)},
@@ -355,6 +358,8 @@ static const gcase cases[] = {
     {"atan2", NULL, f_atan2, .nin = 2, .ndim = {2, 2}, .shape = {{2, 3}, {2, 3}}, R(-2, 2)},
     {"batch_norm", NULL, f_batch_norm, .nin = 3, .ndim = {4, 1, 1}, .shape = {{3, 2, 2, 3}, {2}, {2}}, R(-2, 2)},
     {"batch_norm_nc", "batch_norm", f_batch_norm_nc, .nin = 2, .ndim = {2, 1}, .shape = {{5, 3}, {3}}, R(-2, 2)},
+    {"layer_norm_fused", "layer_norm", f_layer_norm_fused, .nin = 3, .ndim = {3, 1, 1}, .shape = {{2, 3, 5}, {5}, {5}}, R(-2, 2)},
+    {"layer_norm_fused2", "layer_norm", f_layer_norm_fused2, .nin = 3, .ndim = {3, 2, 2}, .shape = {{3, 2, 4}, {2, 4}, {2, 4}}, R(-2, 2)},
 };
 
 static void test_all_rules(void **state)

@@ -1,7 +1,9 @@
 /* OpenCL host function of the norm family: fused training-mode batch norm
- * forward and backward, and its running-statistics update. Operand contracts: tasks/norm.c; kernel contracts:
- * devices/opencl/norm.cl (one work-group per channel). Without a native f64
- * kernel the CPU reference runs on mapped buffers (em_ocl_host_fallback). */
+ * forward and backward, its running-statistics update, and fused layer norm
+ * forward and backward. Operand contracts: tasks/norm.c; kernel contracts:
+ * devices/opencl/norm.cl (one work-group per channel / row). Without a
+ * native f64 kernel the CPU reference runs on mapped buffers
+ * (em_ocl_host_fallback). */
 #include "devices/opencl/opencl.h"
 
 static bool contiguous(const em_tdesc *t)
@@ -65,12 +67,86 @@ static void running_update(void *buffers[], const em_kargs *k)
     em_ocl_launch_1d(&a, C, "batch_norm_running");
 }
 
+/* A work-group size for rows (or channels) of @p len values: the kernel's
+ * usable size capped at 256, halved while half of it still covers the row. */
+static size_t row_wg(const em_ocl_ctx *c, int kid, int64_t len)
+{
+    size_t wg = c->d->kwg[kid] ? c->d->kwg[kid] : 64;
+    if (wg > 256) wg = 256;
+    while (wg > 32 && (int64_t)wg / 2 >= len) wg /= 2;
+    return wg;
+}
+
+/* LAYER_NORM / LAYER_NORM_BWD: x [M, N] rows (M from stats' dim 1, N from
+ * weight's element count, checked against every operand). */
+static void layer_norm(void *buffers[], const em_kargs *k)
+{
+    const bool fwd = k->kind == EM_OP_LAYER_NORM;
+    const em_tdesc *x = fwd ? &k->in[0] : &k->in[1], *w = fwd ? &k->in[1] : &k->in[3];
+    const em_tdesc *st = fwd ? &k->out[1] : &k->in[2];
+    const int dt = x->dtype;
+    bool ok = (dt == EM_F32 || dt == EM_F64) && k->n_in == (fwd ? 3 : 4) && k->n_out == (fwd ? 2 : 3) && st->ndim == 2 &&
+              st->shape[0] == 2;
+    for (int i = 0; ok && i < k->n_in; i++) ok = k->in[i].dtype == dt && contiguous(&k->in[i]);
+    for (int i = 0; ok && i < k->n_out; i++) ok = k->out[i].dtype == dt && contiguous(&k->out[i]);
+    const int64_t M = ok ? st->shape[1] : 0, N = ok ? em_ocl_numel(w) : 0;
+    if (ok) {
+        ok = em_ocl_numel(x) == M * N && em_ocl_numel(&k->out[0]) == M * N;
+        if (fwd)
+            ok = ok && em_ocl_numel(&k->in[2]) == N;
+        else
+            ok = ok && em_ocl_numel(&k->in[0]) == M * N && em_ocl_numel(&k->out[1]) == N && em_ocl_numel(&k->out[2]) == N;
+    }
+    if (!ok) {
+        em_ocl_error("norm (op %s): unsupported operands (dtype %d, rank %d) or shapes", em__kernel_info[k->kind].name,
+                     x->dtype, x->ndim);
+        return;
+    }
+    em_ocl_ctx c;
+    if (!em_ocl_enter(&c, k, "norm")) return;
+    const bool f32 = dt == EM_F32;
+    const int kid = fwd ? (f32 ? EMK_ln_fwd_f32 : EMK_ln_fwd_f64) : (f32 ? EMK_ln_bwd_f32 : EMK_ln_bwd_f64);
+    const int wbid = f32 ? EMK_ln_bwd_wb_f32 : EMK_ln_bwd_wb_f64;
+    if (!c.d->k[kid] || (!fwd && !c.d->k[wbid])) {
+        em_ocl_host_fallback(buffers, k);
+        return;
+    }
+    const size_t accsz = c.d->fp64 ? sizeof(cl_double) : sizeof(cl_float);
+    if (M > 0) { /* the rows: y and stats, or dx */
+        const size_t wg = row_wg(&c, kid, N);
+        em_ocl_args a = em_ocl_args_begin(&c, kid);
+        /* the first five buffers: forward x, w, b, y, stats; backward dy, x, stats, w, dx */
+        for (int i = 0; i < 5; i++) arg_tensor(&a, buffers[i], i < k->n_in ? &k->in[i] : &k->out[i - k->n_in]);
+        em_ocl_arg_i64(&a, M);
+        em_ocl_arg_i64(&a, N);
+        if (fwd) em_ocl_arg_acc(&a, k->p.bn.eps);
+        em_ocl_arg_local(&a, (fwd ? 1 : 2) * wg * accsz);
+        const size_t g = (size_t)M * wg;
+        if (!em_ocl_launch(&a, 1, &g, &wg, em__kernel_info[k->kind].name)) return;
+    }
+    if (!fwd && N > 0) { /* dweight, dbias: every column over the rows (zeros when M = 0) */
+        em_ocl_args a = em_ocl_args_begin(&c, wbid);
+        arg_tensor(&a, buffers[0], &k->in[0]);
+        arg_tensor(&a, buffers[1], &k->in[1]);
+        arg_tensor(&a, buffers[2], &k->in[2]);
+        arg_tensor(&a, buffers[5], &k->out[1]);
+        arg_tensor(&a, buffers[6], &k->out[2]);
+        em_ocl_arg_i64(&a, M);
+        em_ocl_arg_i64(&a, N);
+        em_ocl_launch_1d(&a, N, "layer_norm_bwd (dweight, dbias)");
+    }
+}
+
 void em_ocl_norm(void *buffers[], void *cl_arg)
 {
     const em_kargs *k = cl_arg;
     const int kind = k->kind;
     if (kind == EM_OP_BATCH_NORM_RUNNING) {
         running_update(buffers, k);
+        return;
+    }
+    if (kind == EM_OP_LAYER_NORM || kind == EM_OP_LAYER_NORM_BWD) {
+        layer_norm(buffers, k);
         return;
     }
     const bool fwd = kind == EM_OP_BATCH_NORM;

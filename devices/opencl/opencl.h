@@ -56,7 +56,8 @@ char *em_ocl_ew_source(bool fp64, char *err, size_t errlen);
     X(conv2d_fwd_f64) X(conv2d_bwd_data_f64) X(conv2d_bwd_weight_f64) X(conv2d_bwd_weight_red_f64)  \
     X(max_pool_f32) X(avg_pool_f32) X(avg_pool_bwd_f32)                                           \
     X(max_pool_f64) X(avg_pool_f64) X(avg_pool_bwd_f64)                                           \
-    X(bn_fwd_f32) X(bn_bwd_f32) X(bn_running_f32) X(bn_fwd_f64) X(bn_bwd_f64) X(bn_running_f64)
+    X(bn_fwd_f32) X(bn_bwd_f32) X(bn_running_f32) X(bn_fwd_f64) X(bn_bwd_f64) X(bn_running_f64)    \
+    X(ln_fwd_f32) X(ln_bwd_f32) X(ln_bwd_wb_f32) X(ln_fwd_f64) X(ln_bwd_wb_f64) X(ln_bwd_f64)
 
 enum em_ocl_kernel_id {
 #define X(n) EMK_##n,

@@ -778,7 +778,18 @@ EM_API em_status em_gpt2_generate(em_module *gpt, const int64_t *prompt, int64_t
 EM_API em_tensor *em_linear(const em_tensor *x, const em_tensor *weight, const em_tensor *bias);
 /** Dropout with probability @p p when @p training (else a view of x). */
 EM_API em_tensor *em_dropout(const em_tensor *x, double p, bool training);
-/** Layer norm over the last @p ndim dims; weight/bias of those dims or NULL. */
+/** torch.nn.functional.layer_norm over the last @p ndim dims of x (float,
+ *  rank >= ndim >= 1): per row of those dims' N values, y = (x - mean) /
+ *  sqrt(var + eps) * weight + bias, with var the biased variance (as torch).
+ *  weight / bias: the shape of the last @p ndim dims, or NULL (no scale /
+ *  shift). Result dtype: x's promoted with the float weight / bias (a
+ *  16-bit x computes in f32 and is rounded once; f32 inside an autocast
+ *  region). With weight and bias both given (of x's dtype, or f32 / 16-bit)
+ *  it runs as one fused task forward and one backward (LAYER_NORM,
+ *  LAYER_NORM_BWD: mean and rstd in double on CPU and CUDA, 16-bit inputs in
+ *  f32), otherwise as ordinary ops. Errors: NULL x (EM_ERR_INVALID), ndim
+ *  out of range or weight / bias of another shape (EM_ERR_SHAPE), a
+ *  non-float x (EM_ERR_DTYPE). */
 EM_API em_tensor *em_layer_norm(const em_tensor *x, int ndim, const em_tensor *weight, const em_tensor *bias, double eps);
 /** RMS norm over the last dim; weight [D] or NULL; eps < 0: dtype epsilon. */
 EM_API em_tensor *em_rms_norm(const em_tensor *x, const em_tensor *weight, double eps);
