@@ -312,10 +312,39 @@ static inline em_status task_finish(struct starpu_task *task, const em_op *op, u
     return EM_OK;
 }
 
-/* The mode of output i: one that does not cover its whole storage keeps the rest (RW). */
+/* A view that holds every element of its storage exactly once, from offset
+ * 0, in some order of its dims (a permutation of a contiguous tensor: the
+ * fused attention's [B, H, Tq, Dv] output over [B, Tq, H, Dv] memory). */
+static bool dense_permuted(const em_tensor *t)
+{
+    if (t->offset != 0 || (size_t)em__numel(t->shape, t->ndim) * em_dtype_size(t->dtype) != t->storage->nbytes) return false;
+    int64_t st[EM_MAX_DIMS], sz[EM_MAX_DIMS];
+    int n = 0;
+    for (int d = 0; d < t->ndim; d++) {
+        if (t->shape[d] == 1) continue;
+        int j = n++;
+        for (; j > 0 && st[j - 1] > t->strides[d]; j--) { /* insertion by stride */
+            st[j] = st[j - 1];
+            sz[j] = sz[j - 1];
+        }
+        st[j] = t->strides[d];
+        sz[j] = t->shape[d];
+    }
+    int64_t want = 1;
+    for (int j = 0; j < n; j++) {
+        if (st[j] != want) return false;
+        want *= sz[j];
+    }
+    return true;
+}
+
+/* The mode of output i: one that does not cover its whole storage keeps the
+ * rest (RW); a contiguous one, or a dense permuted view of its storage, is
+ * written whole (W). */
 static inline enum starpu_data_access_mode out_mode(const em_op *op, int i, unsigned fl)
 {
-    return (!(fl & F_INPLACE) && em__covers_storage(op->out[i])) ? STARPU_W : STARPU_RW;
+    if (fl & F_INPLACE) return STARPU_RW;
+    return (em__covers_storage(op->out[i]) || dense_permuted(op->out[i])) ? STARPU_W : STARPU_RW;
 }
 
 /* Any op: buffers token, in[], out[], var[], after (dynamic arrays beyond
