@@ -86,6 +86,7 @@ static em_tensor *unit_last(const em_tensor *t)
  * B = H = 1, rank 3 B = 1, rank 5+ merges the leading dims into B. */
 static em_tensor *as4(const em_tensor *t)
 {
+    if (!t) return NULL; /* the failed op before it set the error */
     if (t->ndim == 4) return (em_tensor *)t;
     const int nd = t->ndim;
     int64_t s[4] = {1, 1, t->shape[nd - 2], t->shape[nd - 1]};
@@ -171,7 +172,9 @@ em_tensor *em__sdpa(const em_tensor *q, const em_tensor *k, const em_tensor *v, 
     }
     const int64_t ls[3] = {B, H, Tq};
     em_tensor *lse = o ? em__tensor_new(dt == EM_F64 ? EM_F64 : EM_F32, ls, 3) : NULL;
-    em_op op = {.kind = EM_OP_SDPA, .n_in = mask ? 4 : 3, .n_out = 2, .in = {in[0], in[1], in[2], in[3]}, .out = {o, lse}};
+    /* autodiff records the 4-D operands, not the unrecorded unit-stride copies */
+    em_op op = {.kind = EM_OP_SDPA, .n_in = mask ? 4 : 3, .n_out = 2, .in = {in[0], in[1], in[2], in[3]}, .out = {o, lse},
+                .orig_in = {q4, k4, v4, m4}};
     op.p.attn.scale = scale;
     op.p.attn.is_causal = is_causal;
     op.p.attn.has_mask = mask != NULL;
