@@ -236,3 +236,81 @@ em_status em__sdpa_bwd(const em_tensor *dout, const em_tensor *q, const em_tenso
     *dv = em__publish(out[2]);
     return EM_OK;
 }
+
+/* ---- tiling over CPU workers ------------------------------------------------
+ * An SDPA or SDPA_BWD op on a CPU-only placement with >= 2 CPU workers and
+ * more than EMBER_SDPA_TILE_MIN_FLOPS (default 2e6) is cut along B (or H
+ * when it has more entries) into T tasks (EMBER_SDPA_TILES, default one per
+ * CPU worker, at most the dim's size) that run concurrently
+ * (em__cpu_tiles). As for matmul (tasks/matmul.c explains why tiles are not
+ * StarPU partition children): tile 0 writes its slice of every output
+ * straight into the outputs, tiles t >= 1 into temporaries that COPY tasks
+ * then place. Each tile's kernel sees narrowed descriptors, so the dropout
+ * counters e = ((b H + h) Tq + i) Tk + j of the contract are shifted by the
+ * tile's offset: a split along B adds b0 H Tq Tk; a split along H is only
+ * taken without dropout or with B = 1 (then h0 Tq Tk). */
+em_status em__sdpa_submit(em_op *op)
+{
+    const bool fwd = op->kind == EM_OP_SDPA;
+    const em_tensor *q = op->in[fwd ? 0 : 1];
+    const int64_t B = q->shape[0], H = q->shape[1], Tq = q->shape[2], D = q->shape[3];
+    const int64_t Tk = op->in[fwd ? 1 : 2]->shape[2], Dv = op->in[fwd ? 2 : 3]->shape[3];
+    /* forward 2 Tq Tk (D + Dv) per head (scores, p v), backward about twice that */
+    const double flops = (fwd ? 2.0 : 5.0) * (double)(B * H) * (double)Tq * (double)Tk * (double)(D + Dv);
+    int T = em__cpu_tiles(op, flops, "EMBER_SDPA_TILE_MIN_FLOPS", 2e6, "EMBER_SDPA_TILES");
+    const bool dropout = op->p.attn.dropout_p > 0;
+    int dim = (B >= T || B >= H || (dropout && B > 1)) ? 0 : 1;
+    const int64_t len = dim == 0 ? B : H;
+    if (T > len) T = (int)len;
+    em_op sub = *op;
+    sub.flags |= EM_OPF_RAW;
+    if (T <= 1) return em__submit(&sub);
+    em_kargs k;
+    em__kargs_from_op(op, &k);
+    /* temporaries stay alive until every task is submitted (see matmul) */
+    em_tensor *tmp[EM_MAX_TILES][3];
+    memset(tmp, 0, sizeof tmp);
+    int64_t s0s[EM_MAX_TILES + 1];
+    for (int t = 0; t <= T; t++) s0s[t] = len * t / T;
+    const uint64_t per = (uint64_t)(dim == 0 ? H : 1) * (uint64_t)Tq * (uint64_t)Tk; /* counters per index of dim */
+    em_status st = EM_OK;
+    for (int t = 0; t < T && st == EM_OK; t++) {
+        const int64_t s0 = s0s[t], rows = s0s[t + 1] - s0;
+        em_kargs tk = k;
+        for (int i = 0; i < tk.n_in; i++) em__tdesc_narrow(&tk.in[i], dim, s0, rows);
+        for (int i = 0; i < tk.n_out; i++) em__tdesc_narrow(&tk.out[i], dim, s0, rows);
+        tk.p.attn.offset += (uint64_t)s0 * per;
+        em_op ts = sub;
+        ts.kargs = &tk;
+        for (int i = 0; t > 0 && i < op->n_out && st == EM_OK; i++) {
+            const em_tensor *o = op->out[i];
+            int64_t shape[4];
+            memcpy(shape, o->shape, sizeof(int64_t) * (size_t)o->ndim);
+            shape[dim] = rows;
+            if (!(tmp[t][i] = em__tensor_new(o->dtype, shape, o->ndim))) {
+                st = em_last_status();
+                break;
+            }
+            em__tdesc(tmp[t][i], &tk.out[i]);
+            ts.out[i] = tmp[t][i];
+        }
+        if (st == EM_OK) st = em__submit(&ts);
+    }
+    /* place tiles 1..T-1 */
+    for (int t = 1; t < T && st == EM_OK; t++)
+        for (int i = 0; i < op->n_out && st == EM_OK; i++) {
+            const em_tensor *o = op->out[i];
+            em_tensor *view = em__tensor_view(o, tmp[t][i]->shape, o->strides, o->ndim, o->offset + s0s[t] * o->strides[dim]);
+            if (!view) {
+                st = em_last_status();
+                break;
+            }
+            em_op cop = {.kind = EM_OP_COPY, .n_in = 1, .n_out = 1, .in = {tmp[t][i]}, .out = {view},
+                         .flags = EM_OPF_RAW, .priority = op->priority, .after = op->after};
+            st = em__submit(&cop);
+            em_tensor_release(view);
+        }
+    for (int t = 0; t < T; t++)
+        for (int i = 0; i < 3; i++) em_tensor_release(tmp[t][i]);
+    return st;
+}

@@ -164,10 +164,16 @@ em_tensor *em__run1(enum em_op_kind kind, em_tensor *const *in, int n_in, em_ten
 
 /** Tiling over CPU workers (tasks/matmul.c): how many tasks an op of @p
  *  flops should be cut into — 1 unless the placement is CPU-only, there are
- *  >= 2 CPU workers, out[0] covers its storage and flops exceeds the
+ *  >= 2 CPU workers, out[0] covers its storage (or is a dense permuted
+ *  view of it, em__dense_storage) and flops exceeds the
  *  environment variable @p min_env (default @p min_dflt); then the variable
  *  @p tiles_env or the number of CPU workers, at most EM_MAX_TILES. */
 #define EM_MAX_TILES 256
+/** A view that holds every element of its storage exactly once, from offset
+ *  0, in some order of its dims (a permutation of a contiguous tensor: the
+ *  fused attention's [B, H, Tq, Dv] output over [B, Tq, H, Dv] memory). The
+ *  door writes such an output with W like a contiguous one (tasks/funnel.c). */
+bool em__dense_storage(const em_tensor *t);
 int em__cpu_tiles(const em_op *op, double flops, const char *min_env, double min_dflt, const char *tiles_env);
 /** Restricts operand descriptor @p d to [start, start + len) along @p dim. */
 void em__tdesc_narrow(em_tdesc *d, int dim, int64_t start, int64_t len);

@@ -19,6 +19,9 @@
  *       1 - p within 5 standard deviations, the output mean is unbiased
  *       (within 5 sd), the same generator state gives the same bits, and the
  *       gradient matches central finite differences under a fixed state;
+ *   (a') all of (a) again with every op cut into CPU tiles (one task per CPU
+ *       worker along B or H: EMBER_SDPA_TILE_MIN_FLOPS=0), and dropout's
+ *       keep mask checked under both splits;
  *   (d) the fused op is one task; the public function falls back to the math
  *       path for D > 256 and for a mask that requires grad (whose gradient
  *       then exists); every error of em__sdpa names its problem. */
@@ -132,6 +135,7 @@ static const cfg g_cfgs[] = {
     {"rank 3 bool mask", 3, {3}, 5, 6, 32, 32, M_BOOL, false, 0},
     {"rank 5 additive mask broadcast", 5, {2, 2, 2}, 5, 7, 32, 32, M_ADD_BCAST, false, 0},
     {"rank 5 causal", 5, {2, 1, 2}, 33, 33, 80, 64, M_NONE, true, 0},
+    {"B 1 H 4 (tiles along H)", 4, {1, 4}, 20, 20, 32, 32, M_ADD_HEAD, false, 0},
 };
 
 /* A mask of kind @p kind for scores [lead.., Tq, Tk] (never fully masking a row). */
@@ -232,11 +236,17 @@ static void check_cfg(const cfg *c, em_dtype dt, int dev)
 static void test_fused_vs_math(void **state)
 {
     (void)state;
-    for (int dev = 0; dev < g_ndev; dev++)
-        for (size_t i = 0; i < sizeof g_cfgs / sizeof g_cfgs[0]; i++) {
-            check_cfg(&g_cfgs[i], EM_F64, dev);
-            check_cfg(&g_cfgs[i], EM_F32, dev);
-        }
+    /* twice: op sizes deciding the CPU tiling (tasks/attention.c), then every
+     * op cut into one task per CPU worker along B or H */
+    for (int tiled = 0; tiled < 2; tiled++) {
+        if (tiled) setenv("EMBER_SDPA_TILE_MIN_FLOPS", "0", 1);
+        for (int dev = 0; dev < g_ndev; dev++)
+            for (size_t i = 0; i < sizeof g_cfgs / sizeof g_cfgs[0]; i++) {
+                check_cfg(&g_cfgs[i], EM_F64, dev);
+                check_cfg(&g_cfgs[i], EM_F32, dev);
+            }
+        unsetenv("EMBER_SDPA_TILE_MIN_FLOPS");
+    }
     printf("fused vs math, worst error / max|math|: f32 output %.3g, gradients %.3g; f64 output %.3g, gradients %.3g\n",
            worst[0][0], worst[0][1], worst[1][0], worst[1][1]);
 }
@@ -373,11 +383,15 @@ static void test_fully_masked_row(void **state)
 static void test_dropout_mask(void **state)
 {
     (void)state;
-    const int64_t B = 2, H = 2, T = 64;
+    const int64_t T = 64;
     const double ps[3] = {0.1, 0.25, 0.6};
+    /* B 2 H 2, then B 1 H 4: the CPU tiles split along B, then along H (the
+     * counters of each tile shifted, tasks/attention.c) */
+    setenv("EMBER_SDPA_TILE_MIN_FLOPS", "0", 1);
     for (int dev = 0; dev < g_ndev; dev++)
-        for (int pi = 0; pi < 3; pi++) {
-            const double p = ps[pi];
+        for (int pi = 0; pi < 4; pi++) {
+            const double p = ps[pi % 3];
+            const int64_t B = pi < 3 ? 2 : 1, H = pi < 3 ? 2 : 4;
             em_scope_begin();
             em_tensor *q = em_zeros((int64_t[]){B, H, T, 8}, 4, EM_F64);
             em_tensor *v = em_expand(em_eye(T, T, EM_F64), (int64_t[]){B, H, T, T}, 4);
@@ -415,6 +429,7 @@ static void test_dropout_mask(void **state)
             if (dev == 0) printf("dropout p %.2f: kept %.4f (expected %.2f, sd %.4f), mean x Tk %.4f (sd %.4f)\n", p, frac, 1 - p, sd, mean, msd);
             em_scope_end();
         }
+    unsetenv("EMBER_SDPA_TILE_MIN_FLOPS");
 }
 
 /* p = 1 drops everything (o = 0); the same generator state gives the same
@@ -524,6 +539,15 @@ static void test_one_task_and_fallbacks(void **state)
     em_tensor *o = em_scaled_dot_product_attention(q, k, v, NULL, true, 0, 0, false);
     assert_non_null(o);
     assert_int_equal(em_get_stats().tasks_submitted - t0, 1); /* one SDPA task */
+    if (em_worker_count(EM_DEVICE_CPU) >= 2) { /* forced tiles: 2 SDPA tasks and the copies of tile 1's o and lse */
+        setenv("EMBER_SDPA_TILE_MIN_FLOPS", "0", 1);
+        setenv("EMBER_SDPA_TILES", "2", 1);
+        const int64_t t1 = em_get_stats().tasks_submitted;
+        assert_non_null(em_scaled_dot_product_attention(q, k, v, NULL, true, 0, 0, false));
+        assert_int_equal(em_get_stats().tasks_submitted - t1, 4);
+        unsetenv("EMBER_SDPA_TILE_MIN_FLOPS");
+        unsetenv("EMBER_SDPA_TILES");
+    }
     /* D > 256: the math path (the same numbers as em__sdpa_math) */
     const int64_t sl[4] = {1, 1, 3, 300};
     em_tensor *ql = rnd(EM_F64, sl, 4, -1, 1), *kl = rnd(EM_F64, sl, 4, -1, 1), *vl = rnd(EM_F64, sl, 4, -1, 1);
@@ -595,7 +619,7 @@ int main(void)
     g_ndev = em_test_list_devices(g_devs, MAX_DEV);
     printf("test_attention: devices:");
     for (int i = 0; i < g_ndev; i++) printf(" %s", g_devs[i].name);
-    printf("%s\n", g_ndev == 1 ? " (no OpenCL worker: CPU only)" : "");
+    printf("%s; %d CPU workers\n", g_ndev == 1 ? " (no OpenCL worker: CPU only)" : "", em_worker_count(EM_DEVICE_CPU));
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_fused_vs_math),   cmocka_unit_test(test_strided_views),
         cmocka_unit_test(test_half),            cmocka_unit_test(test_fully_masked_row),

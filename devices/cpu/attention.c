@@ -25,6 +25,7 @@ typedef struct at_geom {
     /* row strides (elements) of q, k, v, o / dout, o (backward), dq, dk, dv */
     int64_t q_st, k_st, v_st, o_st, g_st, oi_st, dq_st, dk_st, dv_st;
     int64_t m_si, m_sj; /* the mask's strides along i and j (any, 0 = broadcast) */
+    int64_t l_s0, l_s1, l_s2; /* lse's strides (contiguous per the contract; a CPU tile's is a narrowed view) */
     double scale, dropout_p, keep_scale;
     uint64_t seed, offset;
 } at_geom;
@@ -54,11 +55,11 @@ static bool at_mask(const em_tdesc *t, int dt, int64_t B, int64_t H, int64_t Tq,
     return t->dtype == dt && t->ndim == 4 && t->shape[0] == B && t->shape[1] == H && t->shape[2] == Tq && t->shape[3] == Tk;
 }
 
-/* lse: [B, H, Tq] contiguous of dtype dt. */
+/* lse: [B, H, Tq] of dtype dt (contiguous from the front end; a CPU tile
+ * (tasks/attention.c) sees a narrowed view, so the strides are honoured). */
 static bool at_lse(const em_tdesc *t, int dt, int64_t B, int64_t H, int64_t Tq)
 {
-    return t->dtype == dt && t->ndim == 3 && t->shape[0] == B && t->shape[1] == H && t->shape[2] == Tq &&
-           (Tq == 1 || t->strides[2] == 1) && (H == 1 || t->strides[1] == Tq) && (B == 1 || t->strides[0] == H * Tq);
+    return t->dtype == dt && t->ndim == 3 && t->shape[0] == B && t->shape[1] == H && t->shape[2] == Tq;
 }
 
 /* Checks the operands against the contract and fills g; false: not an
@@ -87,12 +88,14 @@ static bool at_geometry(const em_kargs *k, at_geom *g)
     if (fwd) {
         if (!at_desc(&k->out[0], dt, g->B, g->H, g->Tq, g->Dv) || !at_lse(&k->out[1], dt, g->B, g->H, g->Tq)) return false;
         g->o_st = k->out[0].strides[2];
+        g->l_s0 = k->out[1].strides[0], g->l_s1 = k->out[1].strides[1], g->l_s2 = k->out[1].strides[2];
     } else {
         if (!at_desc(&k->in[0], dt, g->B, g->H, g->Tq, g->Dv) || !at_desc(&k->in[4], dt, g->B, g->H, g->Tq, g->Dv) ||
             !at_lse(&k->in[5], dt, g->B, g->H, g->Tq) || !at_desc(&k->out[0], dt, g->B, g->H, g->Tq, g->D) ||
             !at_desc(&k->out[1], dt, g->B, g->H, g->Tk, g->D) || !at_desc(&k->out[2], dt, g->B, g->H, g->Tk, g->Dv))
             return false;
         g->g_st = k->in[0].strides[2], g->oi_st = k->in[4].strides[2];
+        g->l_s0 = k->in[5].strides[0], g->l_s1 = k->in[5].strides[1], g->l_s2 = k->in[5].strides[2];
         g->dq_st = k->out[0].strides[2], g->dk_st = k->out[1].strides[2], g->dv_st = k->out[2].strides[2];
     }
     g->causal = k->p.attn.is_causal != 0;
@@ -124,26 +127,34 @@ void em_cpu_attention(void *buffers[], void *cl_arg)
     void *bufs[EM_KARGS_MAX_IN + EM_KARGS_MAX_OUT];
     for (int i = 0; i < k->n_in + k->n_out; i++) bufs[i] = em_cpu_ptr(buffers[i]);
     const size_t es = dt == EM_F32 ? sizeof(float) : sizeof(double);
-    /* scores (AT_BR x AT_BC), the accumulator (AT_BR x Dv) and m, l (2 AT_BR) */
-    const size_t n = (size_t)AT_BR * AT_BC + (size_t)AT_BR * (size_t)g.Dv + 2 * AT_BR;
+    /* forward: scores (AT_BR x AT_BC), accumulator (AT_BR x Dv), m and l
+     * (2 AT_BR), the transposed key tile (D x AT_BC); backward: scores and
+     * dp (2 AT_BR x AT_BC), transposed key and value tiles ((D + Dv) x
+     * AT_BC), delta (AT_BR) */
+    const size_t tile = (size_t)AT_BR * AT_BC;
+    const size_t n = k->kind == EM_OP_SDPA ? tile + (size_t)AT_BR * (size_t)g.Dv + 2 * AT_BR + (size_t)g.D * AT_BC
+                                           : 2 * tile + (size_t)(g.D + g.Dv) * AT_BC + AT_BR;
     void *scratch = malloc(n * es);
     if (!scratch) {
         em__kernel_error(NULL, EM_ERR_NOMEM, "%s: out of memory for %zu bytes of scratch", em__kernel_info[k->kind].name,
                          n * es);
         return;
     }
-    if (dt == EM_F32) {
-        float *s = scratch, *acc = s + AT_BR * AT_BC, *ml = acc + (size_t)AT_BR * (size_t)g.Dv;
-        if (k->kind == EM_OP_SDPA)
-            at_forward_f32(&g, bufs, s, acc, ml);
-        else
-            at_backward_f32(&g, bufs, s, ml);
-    } else {
-        double *s = scratch, *acc = s + AT_BR * AT_BC, *ml = acc + (size_t)AT_BR * (size_t)g.Dv;
-        if (k->kind == EM_OP_SDPA)
-            at_forward_f64(&g, bufs, s, acc, ml);
-        else
-            at_backward_f64(&g, bufs, s, ml);
-    }
+#define AT_RUN(T, SFX)                                                                                                \
+    do {                                                                                                              \
+        T *s_ = scratch;                                                                                              \
+        if (k->kind == EM_OP_SDPA) {                                                                                  \
+            T *acc_ = s_ + tile, *ml_ = acc_ + (size_t)AT_BR * (size_t)g.Dv, *kt_ = ml_ + 2 * AT_BR;                   \
+            at_forward_##SFX(&g, bufs, s_, acc_, ml_, kt_);                                                           \
+        } else {                                                                                                      \
+            T *dp_ = s_ + tile, *kt_ = dp_ + tile, *vt_ = kt_ + (size_t)g.D * AT_BC, *delta_ = vt_ + (size_t)g.Dv * AT_BC; \
+            at_backward_##SFX(&g, bufs, s_, dp_, kt_, vt_, delta_);                                                   \
+        }                                                                                                             \
+    } while (0)
+    if (dt == EM_F32)
+        AT_RUN(float, f32);
+    else
+        AT_RUN(double, f64);
+#undef AT_RUN
     free(scratch);
 }
