@@ -11,7 +11,8 @@
  *       dims 32, 64, 80, 128 and D != Dv, ranks 2, 3, 4 and 5, q / k / v as
  *       strided views of one [B, T, 3, H, D] buffer (GPT-2's layout) and a
  *       transposed (non-unit last stride) operand; f16 / bf16 against the
- *       f32 math path of the same rounded inputs;
+ *       f32 math path of the same rounded inputs; autocast (bf16 compute,
+ *       f32 gradients);
  *   (b) a fully masked row gives NaN as the math path, and finite gradients
  *       (dq of that row exactly 0);
  *   (c) dropout: the keep mask is exactly the contract's (Philox of
@@ -337,6 +338,30 @@ static void test_half(void **state)
         }
 }
 
+/* Autocast: SDPA is a low-precision kind (F_AC_LOW, as matmul): f32 q, k, v
+ * and an f32 additive mask compute in the region's dtype, the gradients come
+ * back f32 through the casts; the math path under the same region agrees. */
+static void test_autocast(void **state)
+{
+    (void)state;
+    em_scope_begin();
+    const int64_t s[4] = {2, 2, 9, 32};
+    em_tensor *q = leaf(rnd(EM_F32, s, 4, -1, 1)), *k = leaf(rnd(EM_F32, s, 4, -1, 1)), *v = leaf(rnd(EM_F32, s, 4, -1, 1));
+    em_tensor *mask = rnd(EM_F32, (int64_t[]){9, 9}, 2, -1, 1);
+    assert_int_equal(em_autocast_begin(EM_BF16), EM_OK);
+    em_tensor *f = em_scaled_dot_product_attention(q, k, v, mask, false, 0, 0, false);
+    em_tensor *m = em__sdpa_math(q, k, v, mask, false, 0, 1 / sqrt(32.0), false);
+    em_autocast_end();
+    assert_non_null(f);
+    assert_int_equal(em_tensor_dtype(f), EM_BF16);
+    compare(f, m, 2e-2, 0, "autocast bf16: output");
+    em_grads *g = backward(em_sum_all(em_cast(f, EM_F32)), "autocast");
+    assert_int_equal(em_tensor_dtype(em_grad(g, q)), EM_F32);
+    assert_int_equal(em_tensor_dtype(em_grad(g, v)), EM_F32);
+    em_grads_free(g);
+    em_scope_end();
+}
+
 /* ---- (b) fully masked rows --------------------------------------------------- */
 
 static void test_fully_masked_row(void **state)
@@ -622,7 +647,8 @@ int main(void)
     printf("%s; %d CPU workers\n", g_ndev == 1 ? " (no OpenCL worker: CPU only)" : "", em_worker_count(EM_DEVICE_CPU));
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_fused_vs_math),   cmocka_unit_test(test_strided_views),
-        cmocka_unit_test(test_half),            cmocka_unit_test(test_fully_masked_row),
+        cmocka_unit_test(test_half),            cmocka_unit_test(test_autocast),
+        cmocka_unit_test(test_fully_masked_row),
         cmocka_unit_test(test_dropout_mask),    cmocka_unit_test(test_dropout_seed),
         cmocka_unit_test(test_dropout_gradient), cmocka_unit_test(test_one_task_and_fallbacks),
         cmocka_unit_test(test_errors),
