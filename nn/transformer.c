@@ -1,8 +1,10 @@
 /* Attention and transformer modules (issue #16, part: attention modules):
  * em_scaled_dot_product_attention, MultiheadAttention, and Hugging Face's
- * GPT-2 (Conv1D, GPT2Block, GPT2LMHeadModel). Everything is composed from
- * ordinary ops (matmul, masked_fill, softmax, dropout, views), so autodiff
- * covers it; this is the math path a fused attention op is checked against. */
+ * GPT-2 (Conv1D, GPT2Block, GPT2LMHeadModel). Scaled-dot-product attention
+ * runs the fused SDPA op (tasks/attention.c) where it can and otherwise the
+ * composed math path (em__sdpa_math: matmul, masked_fill, softmax, dropout),
+ * which the fused op is checked against; the rest is composed from ordinary
+ * ops, so autodiff covers it. */
 #include "nn/nn_internal.h"
 
 #include <errno.h>
