@@ -565,6 +565,7 @@ static void test_one_task_and_fallbacks(void **state)
     assert_non_null(o);
     assert_int_equal(em_get_stats().tasks_submitted - t0, 1); /* one SDPA task */
     if (em_worker_count(EM_DEVICE_CPU) >= 2) { /* forced tiles: 2 SDPA tasks and the copies of tile 1's o and lse */
+        assert_int_equal(em_set_device(em_device_cpu()), EM_OK); /* tiles are for CPU-only placements */
         setenv("EMBER_SDPA_TILE_MIN_FLOPS", "0", 1);
         setenv("EMBER_SDPA_TILES", "2", 1);
         const int64_t t1 = em_get_stats().tasks_submitted;
