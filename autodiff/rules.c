@@ -468,6 +468,25 @@ BW(bw_layer_norm)
     return EM_OK;
 }
 
+/* ---- fused attention (tasks/attention.c) ----
+ * One SDPA_BWD task gives dq, dk and dv from g, the op's q, k, v, its output
+ * (F_SAVE_OUT), its log-sum-exp rows (n->aux, F_SAVE_AUX), its additive mask
+ * and its parameters (the same dropout seed and offset: the same keep mask).
+ * The mask gets no gradient (the public function takes the composed path
+ * when it requires one). */
+BW(bw_sdpa)
+{
+    BW_ARGS;
+    em_tensor *dq, *dk, *dv;
+    em_status st = em__sdpa_bwd(g, n->in[0], n->in[1], n->in[2], y, n->aux, n->n_in > 3 ? n->in[3] : NULL, &n->p, &dq, &dk,
+                                &dv);
+    if (st != EM_OK) return st;
+    if (n->in[0]->requires_grad) gin[0] = dq;
+    if (n->in[1]->requires_grad) gin[1] = dk;
+    if (n->in[2]->requires_grad) gin[2] = dv;
+    return EM_OK;
+}
+
 /* ---- views ---- */
 BW1(bw_reshape, em_reshape(em_contiguous(g), x->shape, x->ndim))
 BW(bw_permute)

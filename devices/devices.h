@@ -67,6 +67,7 @@ void em_cpu_optim(void *buffers[], void *cl_arg);
 void em_cpu_conv(void *buffers[], void *cl_arg);
 void em_cpu_pool(void *buffers[], void *cl_arg);
 void em_cpu_norm(void *buffers[], void *cl_arg);
+void em_cpu_attention(void *buffers[], void *cl_arg);
 
 /** What a kernel may know of an op kind: its name (messages), its flags, its
  *  number of inputs and its CPU kernel (host fallbacks). Built from

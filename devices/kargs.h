@@ -20,7 +20,7 @@
 #endif
 
 #define EM_KARGS_MAX_DIMS 8
-#define EM_KARGS_MAX_IN 4
+#define EM_KARGS_MAX_IN 8 /* SDPA_BWD: dout, q, k, v, o, lse, mask */
 #define EM_KARGS_MAX_OUT 4
 
 /** One operand: dtype (em_dtype), rank, sizes, strides and offset in elements
@@ -53,6 +53,11 @@ union em_op_params {
     /* BATCH_NORM, BATCH_NORM_BWD, LAYER_NORM (tasks/norm.c): eps added to the biased
      * variance; BATCH_NORM_RUNNING: momentum and unbias = M / (M - 1) */
     struct { double eps, momentum, unbias; } bn;
+    /* SDPA, SDPA_BWD (tasks/attention.c, the kernel contract): scale of the
+     * scores, dropout probability in [0, 1] (0: no dropout), Philox (seed,
+     * offset) of the keep mask, causal (top-left aligned) and whether in[3]
+     * (forward) / in[6] (backward) is an additive mask */
+    struct { double scale, dropout_p; uint64_t seed, offset; int32_t is_causal, has_mask; } attn;
     struct { double lr, beta1, beta2, eps, weight_decay, momentum, dampening, alpha;
              int64_t step; int32_t flags; } optim;
 };

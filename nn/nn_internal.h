@@ -95,4 +95,11 @@ typedef struct em__upsample_impl {
     bool align_corners;
 } em__upsample_impl;
 
+/* em_scaled_dot_product_attention's composed math path (nn/transformer.c):
+ * matmul, masked_fill / add, softmax, dropout, matmul, with checked inputs
+ * and the scale resolved (> 0). What the fused op (em__sdpa) is tested
+ * against (tests/test_attention.c); EMBER_SDPA=math routes every call here. */
+EM_TEST_API em_tensor *em__sdpa_math(const em_tensor *q, const em_tensor *k, const em_tensor *v, const em_tensor *mask,
+                                     bool is_causal, double dropout_p, double scale, bool training);
+
 #endif

@@ -1,8 +1,10 @@
 /* Attention and transformer modules (issue #16, part: attention modules):
  * em_scaled_dot_product_attention, MultiheadAttention, and Hugging Face's
- * GPT-2 (Conv1D, GPT2Block, GPT2LMHeadModel). Everything is composed from
- * ordinary ops (matmul, masked_fill, softmax, dropout, views), so autodiff
- * covers it; this is the math path a fused attention op is checked against. */
+ * GPT-2 (Conv1D, GPT2Block, GPT2LMHeadModel). Scaled-dot-product attention
+ * runs the fused SDPA op (tasks/attention.c) where it can and otherwise the
+ * composed math path (em__sdpa_math: matmul, masked_fill, softmax, dropout),
+ * which the fused op is checked against; the rest is composed from ordinary
+ * ops, so autodiff covers it. */
 #include "nn/nn_internal.h"
 
 #include <errno.h>
@@ -34,6 +36,32 @@ static em_tensor *tf_param(em_module *m, const char *name, const int64_t *shape,
 }
 
 /* ---- scaled dot-product attention ---------------------------------------------- */
+
+/* EMBER_SDPA=math (read once): every call takes the composed math path. */
+static bool sdpa_env_math(void)
+{
+    static int v = -1;
+    int c = __atomic_load_n(&v, __ATOMIC_RELAXED);
+    if (c < 0) {
+        const char *e = getenv("EMBER_SDPA");
+        c = e && !strcmp(e, "math");
+        __atomic_store_n(&v, c, __ATOMIC_RELAXED);
+    }
+    return c != 0;
+}
+
+/* The fused op (tasks/attention.c) takes the call unless the mask needs a
+ * gradient (the fused backward gives none), a head dim exceeds 256 (the
+ * kernels' limit), q, k, v differ in dtype (the composed path promotes), a
+ * dim is empty, or EMBER_SDPA=math. */
+static bool sdpa_fused_ok(const em_tensor *q, const em_tensor *k, const em_tensor *v, const em_tensor *mask)
+{
+    if (sdpa_env_math()) return false;
+    if (mask && em_requires_grad(mask)) return false;
+    if (em_tensor_dtype(k) != em_tensor_dtype(q) || em_tensor_dtype(v) != em_tensor_dtype(q)) return false;
+    if (em_tensor_dim(q, -1) > 256 || em_tensor_dim(v, -1) > 256) return false;
+    return em_tensor_numel(q) > 0 && em_tensor_numel(k) > 0 && em_tensor_numel(v) > 0;
+}
 
 em_tensor *em_scaled_dot_product_attention(const em_tensor *q, const em_tensor *k, const em_tensor *v, const em_tensor *mask,
                                            bool is_causal, double dropout_p, double scale, bool training)
@@ -79,6 +107,15 @@ em_tensor *em_scaled_dot_product_attention(const em_tensor *q, const em_tensor *
         }
     }
     if (!(scale > 0)) scale = 1.0 / sqrt((double)em_tensor_dim(q, -1)); /* torch: scale=None */
+    if (sdpa_fused_ok(q, k, v, mask)) return em__sdpa(q, k, v, mask, is_causal, dropout_p, scale, training);
+    return em__sdpa_math(q, k, v, mask, is_causal, dropout_p, scale, training);
+}
+
+/* The composed math path (checked inputs, scale resolved). */
+em_tensor *em__sdpa_math(const em_tensor *q, const em_tensor *k, const em_tensor *v, const em_tensor *mask, bool is_causal,
+                         double dropout_p, double scale, bool training)
+{
+    const int64_t tq = em_tensor_dim(q, -2), tk = em_tensor_dim(k, -2);
     em_scope_begin();
     em_tensor *s = em_mul_scalar(em_matmul(q, em_transpose(k, -2, -1)), scale);
     if (is_causal) {

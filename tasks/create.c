@@ -108,6 +108,21 @@ void em_rng_set_state(uint64_t seed, uint64_t offset)
     pthread_mutex_unlock(&g_rng_lock);
 }
 
+void em__rng_reserve(uint64_t n, uint64_t *seed, uint64_t *offset)
+{
+    if (tl_rng_own) {
+        *seed = tl_seed;
+        *offset = tl_offset;
+        tl_offset += n;
+    } else {
+        pthread_mutex_lock(&g_rng_lock);
+        *seed = g_seed;
+        *offset = g_offset;
+        g_offset += n;
+        pthread_mutex_unlock(&g_rng_lock);
+    }
+}
+
 static em_tensor *rand_op(enum em_op_kind kind, const int64_t *shape, int ndim, em_dtype dt, double a, double b, const char *name)
 {
     if (kind != EM_OP_RAND_BERNOULLI && !em_dtype_is_float(dt))
@@ -118,17 +133,7 @@ static em_tensor *rand_op(enum em_op_kind kind, const int64_t *shape, int ndim, 
     int64_t n = em__numel(shape, ndim);
     union em_op_params p;
     memset(&p, 0, sizeof p);
-    if (tl_rng_own) {
-        p.rng.seed = tl_seed;
-        p.rng.offset = tl_offset;
-        tl_offset += (uint64_t)(n > 0 ? n : 0);
-    } else {
-        pthread_mutex_lock(&g_rng_lock);
-        p.rng.seed = g_seed;
-        p.rng.offset = g_offset;
-        g_offset += (uint64_t)(n > 0 ? n : 0);
-        pthread_mutex_unlock(&g_rng_lock);
-    }
+    em__rng_reserve((uint64_t)(n > 0 ? n : 0), &p.rng.seed, &p.rng.offset);
     p.rng.a = a;
     p.rng.b = b;
     return fill_op(kind, shape, ndim, dt, &p);

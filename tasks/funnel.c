@@ -25,6 +25,7 @@ _Static_assert(EM_NODE_CPU == STARPU_SPECIFIC_NODE_CPU, "EM_NODE_CPU must be Sta
 
 em_status em__matmul_submit(em_op *op); /* tasks/matmul.c: tiling */
 em_status em__conv_submit(em_op *op);   /* tasks/conv.c: tiling over CPU workers */
+em_status em__sdpa_submit(em_op *op);   /* tasks/attention.c: tiling over CPU workers */
 
 em_optab_entry em__optab[EM_OP_COUNT] = {
 #define OP(E, nm, nin, nout, fl, fam, bw) \
@@ -74,6 +75,8 @@ em_status em__codelets_init(void)
     em__optab[EM_OP_CONV2D].submit = em__conv_submit;
     em__optab[EM_OP_CONV2D_BWD_DATA].submit = em__conv_submit;
     em__optab[EM_OP_CONV2D_BWD_WEIGHT].submit = em__conv_submit;
+    em__optab[EM_OP_SDPA].submit = em__sdpa_submit;
+    em__optab[EM_OP_SDPA_BWD].submit = em__sdpa_submit;
     if (em__autodiff_check) {
         em_status st = em__autodiff_check();
         if (st != EM_OK) return st;
@@ -312,10 +315,37 @@ static inline em_status task_finish(struct starpu_task *task, const em_op *op, u
     return EM_OK;
 }
 
-/* The mode of output i: one that does not cover its whole storage keeps the rest (RW). */
+/* tasks_internal.h */
+bool em__dense_storage(const em_tensor *t)
+{
+    if (t->offset != 0 || (size_t)em__numel(t->shape, t->ndim) * em_dtype_size(t->dtype) != t->storage->nbytes) return false;
+    int64_t st[EM_MAX_DIMS], sz[EM_MAX_DIMS];
+    int n = 0;
+    for (int d = 0; d < t->ndim; d++) {
+        if (t->shape[d] == 1) continue;
+        int j = n++;
+        for (; j > 0 && st[j - 1] > t->strides[d]; j--) { /* insertion by stride */
+            st[j] = st[j - 1];
+            sz[j] = sz[j - 1];
+        }
+        st[j] = t->strides[d];
+        sz[j] = t->shape[d];
+    }
+    int64_t want = 1;
+    for (int j = 0; j < n; j++) {
+        if (st[j] != want) return false;
+        want *= sz[j];
+    }
+    return true;
+}
+
+/* The mode of output i: one that does not cover its whole storage keeps the
+ * rest (RW); a contiguous one, or a dense permuted view of its storage, is
+ * written whole (W). */
 static inline enum starpu_data_access_mode out_mode(const em_op *op, int i, unsigned fl)
 {
-    return (!(fl & F_INPLACE) && em__covers_storage(op->out[i])) ? STARPU_W : STARPU_RW;
+    if (fl & F_INPLACE) return STARPU_RW;
+    return (em__covers_storage(op->out[i]) || em__dense_storage(op->out[i])) ? STARPU_W : STARPU_RW;
 }
 
 /* Any op: buffers token, in[], out[], var[], after (dynamic arrays beyond

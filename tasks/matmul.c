@@ -206,7 +206,7 @@ int em__cpu_tiles(const em_op *op, double flops, const char *min_env, double min
         return 1;
     int nw = em__ncpu_workers();
     if (nw < 2) return 1;
-    if (!em__covers_storage(op->out[0])) return 1;
+    if (!em__covers_storage(op->out[0]) && !em__dense_storage(op->out[0])) return 1;
     if (flops <= env_double(min_env, min_dflt)) return 1;
     double t = env_double(tiles_env, (double)nw);
     return t < 1 ? 1 : t > EM_MAX_TILES ? EM_MAX_TILES : (int)t;

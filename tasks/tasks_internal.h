@@ -17,6 +17,11 @@
  * returns how many counters it used. */
 void em__rng_thread_begin(uint64_t seed, uint64_t offset);
 uint64_t em__rng_thread_end(void);
+/* Reserves @p n Philox counters of the calling thread's stream (its own one
+ * between em__rng_thread_begin / _end, else the global generator's):
+ * *seed and *offset are the key and the first counter, the stream moves on
+ * by n (the random ops and the fused attention's dropout). */
+void em__rng_reserve(uint64_t n, uint64_t *seed, uint64_t *offset);
 
 /* ---- ops (tasks/) --------------------------------------------------------- */
 
@@ -159,10 +164,16 @@ em_tensor *em__run1(enum em_op_kind kind, em_tensor *const *in, int n_in, em_ten
 
 /** Tiling over CPU workers (tasks/matmul.c): how many tasks an op of @p
  *  flops should be cut into — 1 unless the placement is CPU-only, there are
- *  >= 2 CPU workers, out[0] covers its storage and flops exceeds the
+ *  >= 2 CPU workers, out[0] covers its storage (or is a dense permuted
+ *  view of it, em__dense_storage) and flops exceeds the
  *  environment variable @p min_env (default @p min_dflt); then the variable
  *  @p tiles_env or the number of CPU workers, at most EM_MAX_TILES. */
 #define EM_MAX_TILES 256
+/** A view that holds every element of its storage exactly once, from offset
+ *  0, in some order of its dims (a permutation of a contiguous tensor: the
+ *  fused attention's [B, H, Tq, Dv] output over [B, Tq, H, Dv] memory). The
+ *  door writes such an output with W like a contiguous one (tasks/funnel.c). */
+bool em__dense_storage(const em_tensor *t);
 int em__cpu_tiles(const em_op *op, double flops, const char *min_env, double min_dflt, const char *tiles_env);
 /** Restricts operand descriptor @p d to [start, start + len) along @p dim. */
 void em__tdesc_narrow(em_tdesc *d, int dim, int64_t start, int64_t len);
@@ -210,6 +221,23 @@ em_tensor *em__layer_norm(const em_tensor *x, int ndim, const em_tensor *weight,
                           em_tensor **stats);
 em_status em__layer_norm_bwd(const em_tensor *dy, const em_tensor *x, const em_tensor *stats, const em_tensor *weight,
                              em_tensor **dx, em_tensor **dweight, em_tensor **dbias);
+
+/* Fused scaled-dot-product attention (tasks/attention.c; the kernel
+ * contract there). em__sdpa: q [..., Tq, D], k [..., Tk, D], v [..., Tk, Dv]
+ * of one float dtype and one rank >= 2 with equal leading dims, D and Dv in
+ * 1..256 (checked: EM_ERR_SHAPE / EM_ERR_DTYPE), mask NULL, bool (true =
+ * take part) or float (additive), broadcastable to [..., Tq, Tk], not
+ * requiring grad; not together with is_causal. scale > 0 (the caller
+ * resolves torch's default). Dropout applies when training and
+ * dropout_p > 0. Returns [..., Tq, Dv] (scoped), recorded for autodiff. */
+EM_TEST_API em_tensor *em__sdpa(const em_tensor *q, const em_tensor *k, const em_tensor *v, const em_tensor *mask,
+                                bool is_causal, double dropout_p, double scale, bool training);
+/* The backward of one SDPA op (the rule bw_sdpa): dout [B, H, Tq, Dv], the
+ * op's q, k, v, o (its output), lse (its aux output) and additive mask (or
+ * NULL), its parameters; sets dq, dk, dv (scoped, contiguous). */
+em_status em__sdpa_bwd(const em_tensor *dout, const em_tensor *q, const em_tensor *k, const em_tensor *v,
+                       const em_tensor *o, const em_tensor *lse, const em_tensor *mask, const union em_op_params *p,
+                       em_tensor **dq, em_tensor **dk, em_tensor **dv);
 
 /* Autocast (tasks/amp.c; the semantics in include/ember/amp.h). */
 /** The dtype an op of kind @p k whose inputs promote to @p natural computes

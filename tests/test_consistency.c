@@ -1164,6 +1164,66 @@ static bool case_layer_norm(ctx *c)
     return out_grad(c, em_layer_norm(xm, 1, wm, bm, 1e-5), bm, "layer_norm many rows bias gradient");
 }
 
+/* Fused scaled-dot-product attention (SDPA / SDPA_BWD, tasks/attention.c):
+ * causal with Tq = Tk and Tq != Tk both ways, a bool mask, an additive mask
+ * broadcast from [H, 1, Tk] with -inf entries, D != Dv, a rank-3 input, odd
+ * lengths, and dropout (the generator is reset for every run, so every
+ * device draws the same keep mask: the contract's Philox counters). */
+static bool case_sdpa(ctx *c)
+{
+    const int fl = grad_flag(c->dt);
+    em_tensor *q = IN(c, c->dt, (2, 3, 7, 16), -1, 1, fl), *k = IN(c, c->dt, (2, 3, 7, 16), -1, 1, fl);
+    em_tensor *v = IN(c, c->dt, (2, 3, 7, 24), -1, 1, fl);
+    em_tensor *qs = IN(c, c->dt, (1, 2, 3, 32), -1, 1, fl), *kl = IN(c, c->dt, (1, 2, 9, 32), -1, 1, fl);
+    em_tensor *vl = IN(c, c->dt, (1, 2, 9, 8), -1, 1, fl);
+    em_tensor *q3 = IN(c, c->dt, (3, 33, 16), -1, 1, fl), *v3 = IN(c, c->dt, (3, 33, 16), -1, 1, fl);
+    em_tensor *mb = IN(c, c->dt, (3, 9), -1, 1, 0), *ma = IN(c, c->dt, (2, 1, 9), -1, 1, 0);
+    REQ(c, q);
+    REQ(c, k);
+    REQ(c, v);
+    REQ(c, qs);
+    REQ(c, kl);
+    REQ(c, vl);
+    REQ(c, q3);
+    REQ(c, v3);
+    REQ(c, mb);
+    REQ(c, ma);
+    em_tensor *bmask = em_ge_scalar(mb, -0.5);                           /* bool [Tq, Tk], true = take part */
+    em_tensor *amask = em_masked_fill(ma, em_lt_scalar(ma, -0.7), -INFINITY); /* additive [H, 1, Tk] */
+    REQ(c, bmask);
+    REQ(c, amask);
+    em_tensor *r[6] = {
+        em_scaled_dot_product_attention(q, k, v, NULL, true, 0, 0, false),
+        em_scaled_dot_product_attention(qs, kl, vl, NULL, true, 0, 0, false),  /* Tq < Tk */
+        em_scaled_dot_product_attention(kl, qs, em_narrow(qs, 3, 0, 8), NULL, true, 0, 0.3, false), /* Tq > Tk */
+        em_scaled_dot_product_attention(qs, kl, vl, bmask, false, 0, 0, false),
+        em_scaled_dot_product_attention(qs, kl, vl, amask, false, 0, 0, false),
+        em_scaled_dot_product_attention(q3, q3, v3, NULL, false, 0.25, 0, true), /* rank 3, dropout */
+    };
+    static const char *const what[6] = {"sdpa causal, D != Dv", "sdpa causal Tq < Tk", "sdpa causal Tq > Tk",
+                                        "sdpa bool mask", "sdpa additive broadcast mask", "sdpa rank 3 with dropout"};
+    if (c->kind == EM_OP_SDPA) {
+        for (int i = 0; i < 6; i++)
+            if (!out(c, r[i], what[i])) return false;
+        return true;
+    }
+    /* SDPA_BWD: the gradients, computed inside the case */
+    c->no_backward = true;
+    em_tensor *const gx[6][3] = {{q, k, v}, {qs, kl, vl}, {kl, qs, NULL}, {qs, kl, vl}, {qs, kl, vl}, {q3, v3, NULL}};
+    for (int i = 0; i < 6; i++)
+        for (int j = 0; j < 3 && gx[i][j]; j++) {
+            em_manual_seed(20240601); /* the dropout variant: the same keep mask on every device */
+            em_tensor *y = i == 0   ? em_scaled_dot_product_attention(q, k, v, NULL, true, 0, 0, false)
+                           : i == 1 ? em_scaled_dot_product_attention(qs, kl, vl, NULL, true, 0, 0, false)
+                           : i == 2 ? em_scaled_dot_product_attention(kl, qs, em_narrow(qs, 3, 0, 8), NULL, true, 0, 0.3, false)
+                           : i == 3 ? em_scaled_dot_product_attention(qs, kl, vl, bmask, false, 0, 0, false)
+                           : i == 4 ? em_scaled_dot_product_attention(qs, kl, vl, amask, false, 0, 0, false)
+                                    : em_scaled_dot_product_attention(q3, q3, v3, NULL, false, 0.25, 0, true);
+            if (!out_grad(c, y, gx[i][j], what[i])) return false;
+        }
+    return true;
+}
+
 static bool case_fill(ctx *c)
 {
     OUT(c, em_full(S(5, 7), 2, (em_dtype)c->dt, 2.5));
@@ -1496,6 +1556,8 @@ static op_case g_cases[EM_OP_COUNT] = {
     [EM_OP_BATCH_NORM_RUNNING] = {case_batch_norm, {D_F32, D_F64, END}, 1},
     [EM_OP_LAYER_NORM] = {case_layer_norm, {D_F32, D_F64, END}, 1},
     [EM_OP_LAYER_NORM_BWD] = {case_layer_norm, {D_F32, D_F64, END}, 1},
+    [EM_OP_SDPA] = {case_sdpa, {D_F32, D_F64, END}, 1},
+    [EM_OP_SDPA_BWD] = {case_sdpa, {D_F32, D_F64, END}, 1},
     [EM_OP_FILL] = {case_fill, {D_F32, D_F64, D_I32, D_I64, D_U8, D_BOOL, END}, 1},
     [EM_OP_ARANGE] = {case_arange, {D_F32, D_F64, D_I32, D_I64, END}, 1},
     [EM_OP_EYE] = {case_eye, {D_F32, D_F64, D_I64, D_BOOL, END}, 1},

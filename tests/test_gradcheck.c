@@ -270,7 +270,30 @@ static em_tensor *f_batch_norm_nc(em_tensor **x) { return em_batch_norm(x[0], NU
 static em_tensor *f_layer_norm_fused(em_tensor **x) { return em_layer_norm(x[0], 1, x[1], x[2], 1e-5); }
 static em_tensor *f_layer_norm_fused2(em_tensor **x) { return em_layer_norm(x[0], 2, x[1], x[2], 1e-3); }
 
+/* fused scaled-dot-product attention (the SDPA op, tasks/attention.c): q, k, v
+ * [1, 2, T, D]; the masks are constants (the fused op gives a mask no
+ * gradient; one that requires grad takes the composed path) */
+static em_tensor *f_sdpa(em_tensor **x) { return em_scaled_dot_product_attention(x[0], x[1], x[2], NULL, false, 0, 0, false); }
+static em_tensor *f_sdpa_causal(em_tensor **x) { return em_scaled_dot_product_attention(x[0], x[1], x[2], NULL, true, 0, 0.7, false); }
+static em_tensor *f_sdpa_bool(em_tensor **x)
+{
+    /* [Tq 3, Tk 4], every row keeps a key */
+    const double m[12] = {1, 0, 1, 0, 0, 1, 1, 1, 0, 0, 0, 1};
+    return em_scaled_dot_product_attention(x[0], x[1], x[2], em_ne_scalar(em_test_f64(m, SHAPE(3, 4), 2), 0), false, 0, 0, false);
+}
+static em_tensor *f_sdpa_add(em_tensor **x)
+{
+    /* additive [H 2, 1, Tk 4] with -inf entries, broadcast over the rows */
+    const double m[8] = {0.5, -INFINITY, -1, 0.25, -INFINITY, 0, 0.75, -0.5};
+    return em_scaled_dot_product_attention(x[0], x[1], x[2], em_test_f64(m, SHAPE(2, 1, 4), 3), false, 0, 0, false);
+}
+#define SDPA_SHAPES(tq, tk, d, dv) .nin = 3, .ndim = {4, 4, 4}, .shape = {{1, 2, tq, d}, {1, 2, tk, d}, {1, 2, tk, dv}}
+
 static const gcase cases[] = {
+    {"sdpa", NULL, f_sdpa, SDPA_SHAPES(3, 4, 3, 2), R(-1, 1)},
+    {"sdpa_causal", "sdpa", f_sdpa_causal, SDPA_SHAPES(4, 3, 2, 3), R(-1, 1)},
+    {"sdpa_bool_mask", "sdpa", f_sdpa_bool, SDPA_SHAPES(3, 4, 3, 2), R(-1, 1)},
+    {"sdpa_add_mask", "sdpa", f_sdpa_add, SDPA_SHAPES(3, 4, 2, 2), R(-1, 1)},
     {"neg", NULL, f_neg, S1(2, 3), R(-2, 2)},       {"abs", NULL, f_abs, S1(2, 3), R(0.1, 2)},
     {"sign", NULL, f_sign, S1(2, 3), R(0.1, 2)},    {"exp", NULL, f_exp, S1(2, 3), R(-2, 2)},
     {"log", NULL, f_log, S1(2, 3), R(0.5, 2)},      {"log1p", NULL, f_log1p, S1(2, 3), R(-0.5, 2)},

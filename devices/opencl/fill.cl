@@ -39,29 +39,7 @@ __kernel void em_eye(__global uchar *yb, long yboff, long ye, long n, long cols,
     EM_GRID_LOOP(i, n) em_store_pat(Y, ye + i, es, (i / cols == i % cols) ? one : 0);
 }
 
-inline void em_philox4x32_10(ulong counter, ulong seed, uint *out)
-{
-    uint c0 = (uint)counter, c1 = (uint)(counter >> 32), c2 = 0, c3 = 0;
-    uint k0 = (uint)seed, k1 = (uint)(seed >> 32);
-    for (int r = 0; r < 10; r++) {
-        const ulong p0 = (ulong)0xD2511F53u * c0;
-        const ulong p1 = (ulong)0xCD9E8D57u * c2;
-        const uint n0 = (uint)(p1 >> 32) ^ c1 ^ k0;
-        const uint n1 = (uint)p1;
-        const uint n2 = (uint)(p0 >> 32) ^ c3 ^ k1;
-        const uint n3 = (uint)p0;
-        c0 = n0;
-        c1 = n1;
-        c2 = n2;
-        c3 = n3;
-        k0 += 0x9E3779B9u;
-        k1 += 0xBB67AE85u;
-    }
-    out[0] = c0;
-    out[1] = c1;
-    out[2] = c2;
-    out[3] = c3;
-}
+/* em_philox4x32_10: common.cl (shared with attention.cl's dropout) */
 
 #ifdef EM_FP64
 /* As the CPU's store_elem. */

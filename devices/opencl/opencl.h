@@ -57,7 +57,8 @@ char *em_ocl_ew_source(bool fp64, char *err, size_t errlen);
     X(max_pool_f32) X(avg_pool_f32) X(avg_pool_bwd_f32)                                           \
     X(max_pool_f64) X(avg_pool_f64) X(avg_pool_bwd_f64)                                           \
     X(bn_fwd_f32) X(bn_bwd_f32) X(bn_running_f32) X(bn_fwd_f64) X(bn_bwd_f64) X(bn_running_f64)    \
-    X(ln_fwd_f32) X(ln_bwd_f32) X(ln_bwd_wb_f32) X(ln_fwd_f64) X(ln_bwd_wb_f64) X(ln_bwd_f64)
+    X(ln_fwd_f32) X(ln_bwd_f32) X(ln_bwd_wb_f32) X(ln_fwd_f64) X(ln_bwd_wb_f64) X(ln_bwd_f64) \
+    X(sdpa_fwd_f32) X(sdpa_bwd_dq_f32) X(sdpa_bwd_dkv_f32) X(sdpa_fwd_f64) X(sdpa_bwd_dq_f64) X(sdpa_bwd_dkv_f64)
 
 enum em_ocl_kernel_id {
 #define X(n) EMK_##n,
@@ -158,6 +159,7 @@ void em_ocl_optim(void *buffers[], void *cl_arg);
 void em_ocl_conv(void *buffers[], void *cl_arg);
 void em_ocl_pool(void *buffers[], void *cl_arg);
 void em_ocl_norm(void *buffers[], void *cl_arg);
+void em_ocl_attention(void *buffers[], void *cl_arg);
 
 /* Enqueues a same-dtype/any-dtype strided copy in -> out (used by COPY and by
  * SCATTER's first step). Lock must NOT be held. */

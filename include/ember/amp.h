@@ -15,7 +15,9 @@
  * tasks/amp.c) which dtype the op's kind computes in:
  *   - low (the region's dtype): matmul (so em_linear / nn Linear, whose bias
  *     is cast with it, as torch's linear), conv2d, conv1d, conv_transpose2d
- *     and the two conv backward kinds. (Ember has no attention op yet.)
+ *     and the two conv backward kinds, and the fused scaled-dot-product
+     attention (SDPA: q, k, v cast, an additive mask follows q's dtype;
+     torch lists _scaled_dot_product_*_attention there too).
  *   - f32: softmax, log_softmax (so cross-entropy and NLL), exp, expm1, log,
  *     log1p, log2, pow, pow_scalar, rsqrt, reciprocal, softplus, erfinv,
  *     the reductions sum, prod, logsumexp, var (so mean, std, the norms

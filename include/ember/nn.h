@@ -261,9 +261,11 @@ EM_API em_module *em_dropout2d_new(double p);
 EM_API em_module *em_upsample_new(int64_t oh, int64_t ow, em_interp_mode mode, bool align_corners);
 
 /* ---- attention and transformers (issue #16) ---------------------------------
- * Composed from existing ops (matmul, masked_fill, softmax, dropout, layout
- * views): the "math path" a fused attention op is to be checked against.
- * Float32 (any float dtype the ops take); differentiable by autodiff. */
+ * Scaled-dot-product attention is one fused op (SDPA / SDPA_BWD,
+ * tasks/attention.c), with the composed math path (matmul, masked_fill,
+ * softmax, dropout) as its reference and fallback; the modules are composed
+ * from existing ops (and that attention). Any float dtype; differentiable
+ * by autodiff. */
 
 /** torch.nn.functional.scaled_dot_product_attention (PyTorch 2.x documented
  *  reference implementation):
@@ -280,6 +282,15 @@ EM_API em_module *em_upsample_new(int64_t oh, int64_t ow, em_interp_mode mode, b
  *  1 / sqrt(D). A row every key of which is masked gives NaN, as torch's math
  *  path. torch applies dropout whenever dropout_p > 0; here only when
  *  @p training is true too (modules pass their mode), 0 <= dropout_p <= 1.
+ *  Computed by the fused SDPA op (one task; online softmax over key tiles,
+ *  no [Tq, Tk] tensor; FlashAttention-2's backward; the contract at the top
+ *  of tasks/attention.c) when q, k, v have one dtype, D and Dv are at most
+ *  256 and the mask does not require grad (the fused op gives it no
+ *  gradient); otherwise, or with the environment variable EMBER_SDPA=math
+ *  (read once), by the composed math path. Dropout draws B*H*Tq*Tk
+ *  counters of the global generator (em_manual_seed) per call. Autocast
+ *  computes it in the region's low dtype (as matmul). For 4-D inputs the
+ *  result is a [B, H, Tq, Dv] view of [B, Tq, H, Dv] memory.
  *  Returns a new reference (tensor.h rules). Errors: NULL q/k/v
  *  (EM_ERR_INVALID); rank < 2, unequal ranks or leading dims, D or Tk
  *  mismatch, a mask that does not broadcast (EM_ERR_SHAPE naming the
