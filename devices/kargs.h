@@ -20,7 +20,7 @@
 #endif
 
 #define EM_KARGS_MAX_DIMS 8
-#define EM_KARGS_MAX_IN 4
+#define EM_KARGS_MAX_IN 8
 #define EM_KARGS_MAX_OUT 4
 
 /** One operand: dtype (em_dtype), rank, sizes, strides and offset in elements
@@ -55,6 +55,7 @@ union em_op_params {
     struct { double eps, momentum, unbias; } bn;
     struct { double lr, beta1, beta2, eps, weight_decay, momentum, dampening, alpha;
              int64_t step; int32_t flags; } optim;
+    struct { double scale, dropout_p; uint64_t seed, offset; int32_t is_causal, has_mask; } attn;
 };
 
 /** What a kernel receives. kind is an enum em_op_kind. */
