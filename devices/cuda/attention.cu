@@ -1,0 +1,694 @@
+/* CUDA kernels of the attention family: the fused scaled-dot-product
+ * attention SDPA (forward) and SDPA_BWD (backward). The kernel contract
+ * (shapes, strides, dropout counters, masked rows) is the one shared by every
+ * backend (sdpa contract: tasks/ops.def SDPA / SDPA_BWD, devices/kargs.h attn).
+ *
+ * Algorithm: FlashAttention (Dao et al. 2022) forward with the online
+ * softmax of Milakov & Gimelshein (2018), and the FlashAttention-2 backward
+ * (Dao 2023, Algorithm 2), written from the papers' formulas:
+ *
+ *   forward, one block per (query tile of BQ rows, h, b): the Q tile is staged
+ *     in shared memory, then for each key tile of BK keys (tiles entirely
+ *     above the causal diagonal are skipped) K and V are staged, S = scale *
+ *     Q K^T (+ mask, causal -inf) is computed in registers, the running row
+ *     max m and the running sum l (f32, f64 for f64) are updated, the
+ *     accumulator O (registers) is rescaled by exp(m_old - m_new), P * Z
+ *     (dropout keep mask, the contract's philox counter per (b, h, i, j)) goes
+ *     to shared memory and O += (P * Z) V. At the end o = O / l and
+ *     lse = m + log(l). A row with every key masked gets lse = -inf and
+ *     o = 0 / 0 = NaN (the contract). Never a Tq x Tk buffer in memory.
+ *   backward, two kernels, no atomics (deterministic), no workspace:
+ *     - dK/dV: one block per (key tile, h, b); K, V tiles stay in shared
+ *       memory, the kernel loops over the query tiles that can see the keys
+ *       (causal: from the diagonal on), recomputes S^T and P^T = exp(S^T -
+ *       lse), delta_i = dout_i . o_i (computed on the fly from the staged
+ *       dout tile and o, so no preprocessing pass and no workspace),
+ *       dP^T = Z * (V dout^T), dS^T = P^T (dP^T - delta), and accumulates
+ *       dV += (P Z)^T dout, dK += dS^T Q in registers; dK is scaled at the end.
+ *     - dQ: one block per (query tile, h, b), the forward's loop over key
+ *       tiles: recomputes P and dP, dQ += dS K, times scale.
+ *     Rows with lse = -inf are skipped (their p is taken as 0). The dQ kernel
+ *     recomputes S and dP (7 tile products per key/query tile pair instead
+ *     of FA2's 5 with atomics) to stay deterministic and workspace-free.
+ *
+ * Tiling: 256 threads as a 16 x 16 grid (ty, tx); a thread owns the tile rows
+ * ty + 16 i (i < RM) and the columns tx + 16 j, so a row's reductions are
+ * shuffles within 16 lanes of one warp. Tiles live in shared memory as A
+ * (the compute type: float, or double for f64) with rows padded to an odd
+ * length (DM + 1) so column walks do not conflict. DM = the head-dim bucket
+ * max(D, Dv) <= 64, <= 128, <= 256 (template fast paths; any D, Dv in
+ * [1, 256]); BQ / BK per bucket and compute type in Cfg below (up to ~206 KB
+ * of dynamic shared memory per block: sm_80 or newer; H200 targeted).
+ *
+ * Dtypes: f32, f16, bf16 load T, compute in f32 (lse f32), store T; f64
+ * computes in f64 (lse f64). CUDA cores only (no tensor cores yet).
+ * Exponentials: __expf for float, exp for double.
+ *
+ * Limits: q, k, v, o, dout, dq, dk, dv unit last stride (shape 1 allowed);
+ * any other strides, 64-bit offsets; mask any strides (0 = broadcast);
+ * H, B <= 65535 (grid y, z); D, Dv in [1, 256]. Everything is queued on the
+ * given stream; nothing waits, nothing is allocated. */
+#include "devices/cuda/emcuda.h"
+#include "devices/cuda/half.cuh"
+#include "devices/philox.h"
+
+#include <math.h>
+#include <type_traits>
+
+using namespace emc;
+
+namespace {
+
+constexpr int kAT = 256; /* threads per block, 16 x 16 */
+
+struct S3 {
+    int64_t b, h, t; /* strides of dims 0..2; the last one is 1 */
+};
+
+struct Args {
+    const void *q, *k, *v, *mask, *dout;
+    void *o, *lse; /* forward: outputs; backward: inputs */
+    void *dq, *dk, *dv;
+    S3 sq, sk, sv, so, sdo, slse, sdq, sdk, sdv;
+    int64_t sm[4];
+    int B, H, Tq, Tk, D, Dv;
+    double scale, rp; /* rp = 1 / (1 - dropout_p) (0 when p = 1) */
+    uint64_t seed, offset;
+    uint32_t thr; /* keep iff (philox w[0] >> 8) >= thr, i.e. u01 >= p */
+    int dropout, causal, has_mask;
+    bool bf;
+};
+
+/* Load / store of one storage type, compute type A. */
+template <typename T> struct Cvt;
+template <> struct Cvt<float> {
+    typedef float A;
+    __device__ static float ld(const float *p, int64_t i, bool) { return p[i]; }
+    __device__ static void st(float *p, int64_t i, float v, bool) { p[i] = v; }
+};
+template <> struct Cvt<double> {
+    typedef double A;
+    __device__ static double ld(const double *p, int64_t i, bool) { return p[i]; }
+    __device__ static void st(double *p, int64_t i, double v, bool) { p[i] = v; }
+};
+template <> struct Cvt<uint16_t> {
+    typedef float A;
+    __device__ static float ld(const uint16_t *p, int64_t i, bool bf) { return H16{bf}.ld(p[i]); }
+    __device__ static void st(uint16_t *p, int64_t i, float v, bool bf) { p[i] = H16{bf}.st(v); }
+};
+
+__device__ __forceinline__ float ex(float x) { return __expf(x); }
+__device__ __forceinline__ double ex(double x) { return exp(x); }
+__device__ __forceinline__ float lg(float x) { return logf(x); }
+__device__ __forceinline__ double lg(double x) { return log(x); }
+template <typename A> __device__ __forceinline__ A ninf() { return -(A)INFINITY; }
+
+/* Reductions over the 16 lanes of one tile row (lanes tx = 0..15 of a half warp). */
+template <typename A> __device__ __forceinline__ A row_max(A x)
+{
+#pragma unroll
+    for (int o = 8; o > 0; o >>= 1) x = fmax(x, __shfl_xor_sync(0xffffffffu, x, o));
+    return x;
+}
+template <typename A> __device__ __forceinline__ A row_sum(A x)
+{
+#pragma unroll
+    for (int o = 8; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
+    return x;
+}
+
+/* Dropout keep bit of element (bh, i, j): the contract's counter. */
+__device__ __forceinline__ bool keep_elem(const Args &a, int64_t bh, int i, int j)
+{
+    const uint64_t e = ((uint64_t)bh * (uint64_t)a.Tq + (uint64_t)i) * (uint64_t)a.Tk + (uint64_t)j;
+    uint32_t w[4];
+    em_philox4x32_10(a.offset + e, a.seed, w);
+    return (w[0] >> 8) >= a.thr;
+}
+
+/* Stages rows [r0, r0 + ROWS) x cols [0, DM) of a [n, ncols] row-major (row
+ * stride st) operand into s (row length DM + 1), zeros outside. */
+template <typename T, int ROWS, int DM>
+__device__ __forceinline__ void load_tile(typename Cvt<T>::A *s, const T *g, int64_t st, int r0, int nrows, int ncols,
+                                          bool bf)
+{
+    typedef typename Cvt<T>::A A;
+    constexpr int LD = DM + 1;
+    for (int e = threadIdx.x; e < ROWS * DM; e += kAT) {
+        const int r = e / DM, d = e - r * DM;
+        A v = 0;
+        if (r0 + r < nrows && d < ncols) v = Cvt<T>::ld(g, (int64_t)(r0 + r) * st + d, bf);
+        s[r * LD + d] = v;
+    }
+}
+
+/* Tile shapes per compute type and head-dim bucket: forward / dQ rows RM,
+ * key columns CN (BQ = 16 RM, BK = 16 CN); dK/dV key rows RK, query columns CQ. */
+template <typename A, int DM> struct Cfg;
+template <> struct Cfg<float, 64> { static constexpr int RM = 4, CN = 4, RK = 4, CQ = 4; };
+template <> struct Cfg<float, 128> { static constexpr int RM = 4, CN = 4, RK = 4, CQ = 2; };
+template <> struct Cfg<float, 256> { static constexpr int RM = 4, CN = 2, RK = 2, CQ = 2; };
+template <> struct Cfg<double, 64> { static constexpr int RM = 4, CN = 2, RK = 2, CQ = 2; };
+template <> struct Cfg<double, 128> { static constexpr int RM = 2, CN = 2, RK = 2, CQ = 2; };
+template <> struct Cfg<double, 256> { static constexpr int RM = 2, CN = 1, RK = 2, CQ = 1; };
+
+template <typename A, int DM, int RM, int CN> constexpr size_t fwd_smem()
+{
+    return sizeof(A) * ((size_t)16 * RM * (DM + 1) + 2 * (size_t)16 * CN * (DM + 1) + (size_t)16 * RM * (16 * CN + 1));
+}
+template <typename A, int DM, int RM, int CN> constexpr size_t dq_smem()
+{
+    return sizeof(A) * (2 * (size_t)16 * RM * (DM + 1) + 2 * (size_t)16 * CN * (DM + 1) + (size_t)16 * RM * (16 * CN + 1));
+}
+template <typename A, int DM, int RK, int CQ> constexpr size_t dkv_smem()
+{
+    return sizeof(A) * (2 * (size_t)16 * RK * (DM + 1) + 2 * (size_t)16 * CQ * (DM + 1) +
+                        2 * (size_t)16 * RK * (16 * CQ + 1) + 2 * (size_t)16 * CQ);
+}
+
+/* ---- forward ------------------------------------------------------------- */
+
+template <typename T, int DM, int RM, int CN>
+__global__ void __launch_bounds__(kAT) k_fwd(Args a)
+{
+    typedef typename Cvt<T>::A A;
+    constexpr int BQ = 16 * RM, BK = 16 * CN, LD = DM + 1, LP = BK + 1, NC = DM / 16;
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    A *Qs = (A *)smem_raw, *Ks = Qs + BQ * LD, *Vs = Ks + BK * LD, *Ps = Vs + BK * LD;
+    const int tx = threadIdx.x & 15, ty = threadIdx.x >> 4;
+    const int q0 = (int)(gridDim.x - 1 - blockIdx.x) * BQ; /* the longest causal rows first */
+    const int h = blockIdx.y, b = blockIdx.z;
+    const int64_t bh = (int64_t)b * a.H + h;
+    const T *q = (const T *)a.q + b * a.sq.b + h * a.sq.h;
+    const T *k = (const T *)a.k + b * a.sk.b + h * a.sk.h;
+    const T *v = (const T *)a.v + b * a.sv.b + h * a.sv.h;
+    const T *mask = a.has_mask ? (const T *)a.mask + b * a.sm[0] + h * a.sm[1] : nullptr;
+    const A scale = (A)a.scale, rp = (A)a.rp;
+
+    load_tile<T, BQ, DM>(Qs, q, a.sq.t, q0, a.Tq, a.D, a.bf);
+    A m[RM], l[RM], acc[RM][NC];
+#pragma unroll
+    for (int i = 0; i < RM; i++) {
+        m[i] = ninf<A>();
+        l[i] = 0;
+#pragma unroll
+        for (int n = 0; n < NC; n++) acc[i][n] = 0;
+    }
+    int kend = a.Tk;
+    if (a.causal && q0 + BQ < kend) kend = q0 + BQ;
+    for (int k0 = 0; k0 < kend; k0 += BK) {
+        __syncthreads();
+        load_tile<T, BK, DM>(Ks, k, a.sk.t, k0, a.Tk, a.D, a.bf);
+        load_tile<T, BK, DM>(Vs, v, a.sv.t, k0, a.Tk, a.Dv, a.bf);
+        __syncthreads();
+        A s[RM][CN];
+#pragma unroll
+        for (int i = 0; i < RM; i++)
+#pragma unroll
+            for (int j = 0; j < CN; j++) s[i][j] = 0;
+#pragma unroll 4
+        for (int d = 0; d < a.D; d++) {
+            A qa[RM], kb[CN];
+#pragma unroll
+            for (int i = 0; i < RM; i++) qa[i] = Qs[(ty + 16 * i) * LD + d];
+#pragma unroll
+            for (int j = 0; j < CN; j++) kb[j] = Ks[(tx + 16 * j) * LD + d];
+#pragma unroll
+            for (int i = 0; i < RM; i++)
+#pragma unroll
+                for (int j = 0; j < CN; j++) s[i][j] = fma(qa[i], kb[j], s[i][j]);
+        }
+#pragma unroll
+        for (int i = 0; i < RM; i++) {
+            const int r = q0 + ty + 16 * i;
+            A mx = ninf<A>();
+#pragma unroll
+            for (int j = 0; j < CN; j++) {
+                const int c = k0 + tx + 16 * j;
+                A x = s[i][j] * scale;
+                if (mask && r < a.Tq && c < a.Tk) x += Cvt<T>::ld(mask, (int64_t)r * a.sm[2] + (int64_t)c * a.sm[3], a.bf);
+                if (c >= a.Tk || (a.causal && c > r)) x = ninf<A>();
+                s[i][j] = x;
+                mx = fmax(mx, x);
+            }
+            mx = row_max(mx);
+            const A mn = fmax(m[i], mx), ms = mn == ninf<A>() ? (A)0 : mn;
+            const A alpha = ex(m[i] - ms);
+            m[i] = mn;
+            A ps = 0;
+#pragma unroll
+            for (int j = 0; j < CN; j++) {
+                A p = ex(s[i][j] - ms);
+                ps += p;
+                if (a.dropout) p = (p != (A)0 && keep_elem(a, bh, r, k0 + tx + 16 * j)) ? p * rp : (A)0;
+                Ps[(ty + 16 * i) * LP + tx + 16 * j] = p;
+            }
+            l[i] = l[i] * alpha + ps; /* this thread's share; summed over the row at the end */
+#pragma unroll
+            for (int n = 0; n < NC; n++) acc[i][n] *= alpha;
+        }
+        __syncthreads();
+        const int cmax = a.Tk - k0 < BK ? a.Tk - k0 : BK;
+#pragma unroll 4
+        for (int c = 0; c < cmax; c++) {
+            A pa[RM], vb[NC];
+#pragma unroll
+            for (int i = 0; i < RM; i++) pa[i] = Ps[(ty + 16 * i) * LP + c];
+#pragma unroll
+            for (int n = 0; n < NC; n++) vb[n] = Vs[c * LD + tx + 16 * n];
+#pragma unroll
+            for (int i = 0; i < RM; i++)
+#pragma unroll
+                for (int n = 0; n < NC; n++) acc[i][n] = fma(pa[i], vb[n], acc[i][n]);
+        }
+    }
+    T *o = (T *)a.o + b * a.so.b + h * a.so.h;
+    A *lse = (A *)a.lse + b * a.slse.b + h * a.slse.h;
+#pragma unroll
+    for (int i = 0; i < RM; i++) {
+        const A li = row_sum(l[i]);
+        const int r = q0 + ty + 16 * i;
+        if (r >= a.Tq) continue;
+        const A inv = (A)1 / li; /* l = 0 (all masked): inf, and o = 0 * inf = NaN */
+#pragma unroll
+        for (int n = 0; n < NC; n++) {
+            const int col = tx + 16 * n;
+            if (col < a.Dv) Cvt<T>::st(o, (int64_t)r * a.so.t + col, acc[i][n] * inv, a.bf);
+        }
+        if (tx == 0) lse[(int64_t)r * a.slse.t] = m[i] + lg(li);
+    }
+}
+
+/* ---- backward: dK, dV per key tile ------------------------------------------ */
+
+template <typename T, int DM, int RK, int CQ>
+__global__ void __launch_bounds__(kAT) k_dkv(Args a)
+{
+    typedef typename Cvt<T>::A A;
+    constexpr int BK = 16 * RK, BQ = 16 * CQ, LD = DM + 1, LP = BQ + 1, NC = DM / 16;
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    A *Ks = (A *)smem_raw, *Vs = Ks + BK * LD, *Qs = Vs + BK * LD, *Os = Qs + BQ * LD, *Ps = Os + BQ * LD;
+    A *Ds = Ps + BK * LP, *Ls = Ds + BK * LP, *Dl = Ls + BQ;
+    const int tx = threadIdx.x & 15, ty = threadIdx.x >> 4;
+    const int k0 = blockIdx.x * BK;
+    const int h = blockIdx.y, b = blockIdx.z;
+    const int64_t bh = (int64_t)b * a.H + h;
+    const T *q = (const T *)a.q + b * a.sq.b + h * a.sq.h;
+    const T *k = (const T *)a.k + b * a.sk.b + h * a.sk.h;
+    const T *v = (const T *)a.v + b * a.sv.b + h * a.sv.h;
+    const T *o = (const T *)a.o + b * a.so.b + h * a.so.h;
+    const T *dout = (const T *)a.dout + b * a.sdo.b + h * a.sdo.h;
+    const A *lse = (const A *)a.lse + b * a.slse.b + h * a.slse.h;
+    const T *mask = a.has_mask ? (const T *)a.mask + b * a.sm[0] + h * a.sm[1] : nullptr;
+    const A scale = (A)a.scale, rp = (A)a.rp;
+
+    load_tile<T, BK, DM>(Ks, k, a.sk.t, k0, a.Tk, a.D, a.bf);
+    load_tile<T, BK, DM>(Vs, v, a.sv.t, k0, a.Tk, a.Dv, a.bf);
+    A dk[RK][NC], dv[RK][NC];
+#pragma unroll
+    for (int i = 0; i < RK; i++)
+#pragma unroll
+        for (int n = 0; n < NC; n++) dk[i][n] = dv[i][n] = 0;
+    const int qstart = a.causal ? (k0 / BQ) * BQ : 0;
+    for (int q0 = qstart; q0 < a.Tq; q0 += BQ) {
+        __syncthreads();
+        load_tile<T, BQ, DM>(Qs, q, a.sq.t, q0, a.Tq, a.D, a.bf);
+        load_tile<T, BQ, DM>(Os, dout, a.sdo.t, q0, a.Tq, a.Dv, a.bf);
+        __syncthreads();
+        for (int rr = ty; rr < BQ; rr += 16) { /* delta = rowsum(dout * o), lse of the tile's rows */
+            const int r = q0 + rr;
+            A part = 0;
+            if (r < a.Tq)
+                for (int n = tx; n < a.Dv; n += 16) part = fma(Os[rr * LD + n], Cvt<T>::ld(o, (int64_t)r * a.so.t + n, a.bf), part);
+            part = row_sum(part);
+            if (tx == 0) {
+                Dl[rr] = part;
+                Ls[rr] = r < a.Tq ? lse[(int64_t)r * a.slse.t] : ninf<A>();
+            }
+        }
+        __syncthreads();
+        A s[RK][CQ], dp[RK][CQ];
+#pragma unroll
+        for (int i = 0; i < RK; i++)
+#pragma unroll
+            for (int j = 0; j < CQ; j++) s[i][j] = dp[i][j] = 0;
+#pragma unroll 4
+        for (int d = 0; d < a.D; d++) {
+            A ka[RK], qb[CQ];
+#pragma unroll
+            for (int i = 0; i < RK; i++) ka[i] = Ks[(ty + 16 * i) * LD + d];
+#pragma unroll
+            for (int j = 0; j < CQ; j++) qb[j] = Qs[(tx + 16 * j) * LD + d];
+#pragma unroll
+            for (int i = 0; i < RK; i++)
+#pragma unroll
+                for (int j = 0; j < CQ; j++) s[i][j] = fma(ka[i], qb[j], s[i][j]);
+        }
+#pragma unroll 4
+        for (int d = 0; d < a.Dv; d++) {
+            A va[RK], ob[CQ];
+#pragma unroll
+            for (int i = 0; i < RK; i++) va[i] = Vs[(ty + 16 * i) * LD + d];
+#pragma unroll
+            for (int j = 0; j < CQ; j++) ob[j] = Os[(tx + 16 * j) * LD + d];
+#pragma unroll
+            for (int i = 0; i < RK; i++)
+#pragma unroll
+                for (int j = 0; j < CQ; j++) dp[i][j] = fma(va[i], ob[j], dp[i][j]);
+        }
+#pragma unroll
+        for (int i = 0; i < RK; i++) {
+            const int c = k0 + ty + 16 * i;
+#pragma unroll
+            for (int j = 0; j < CQ; j++) {
+                const int rr = tx + 16 * j, r = q0 + rr;
+                const A L = Ls[rr];
+                A p = 0;
+                if (L != ninf<A>() && c < a.Tk && !(a.causal && c > r)) {
+                    A x = s[i][j] * scale;
+                    if (mask) x += Cvt<T>::ld(mask, (int64_t)r * a.sm[2] + (int64_t)c * a.sm[3], a.bf);
+                    p = ex(x - L);
+                }
+                A z = 1;
+                if (a.dropout) z = (p != (A)0 && keep_elem(a, bh, r, c)) ? rp : (A)0;
+                Ps[(ty + 16 * i) * LP + rr] = p * z;
+                Ds[(ty + 16 * i) * LP + rr] = p != (A)0 ? p * (dp[i][j] * z - Dl[rr]) : (A)0;
+            }
+        }
+        __syncthreads();
+#pragma unroll 4
+        for (int rr = 0; rr < BQ; rr++) {
+            A pa[RK], da[RK], ob[NC], qb[NC];
+#pragma unroll
+            for (int i = 0; i < RK; i++) {
+                pa[i] = Ps[(ty + 16 * i) * LP + rr];
+                da[i] = Ds[(ty + 16 * i) * LP + rr];
+            }
+#pragma unroll
+            for (int n = 0; n < NC; n++) {
+                ob[n] = Os[rr * LD + tx + 16 * n];
+                qb[n] = Qs[rr * LD + tx + 16 * n];
+            }
+#pragma unroll
+            for (int i = 0; i < RK; i++)
+#pragma unroll
+                for (int n = 0; n < NC; n++) {
+                    dv[i][n] = fma(pa[i], ob[n], dv[i][n]);
+                    dk[i][n] = fma(da[i], qb[n], dk[i][n]);
+                }
+        }
+    }
+    T *gdk = (T *)a.dk + b * a.sdk.b + h * a.sdk.h;
+    T *gdv = (T *)a.dv + b * a.sdv.b + h * a.sdv.h;
+#pragma unroll
+    for (int i = 0; i < RK; i++) {
+        const int c = k0 + ty + 16 * i;
+        if (c >= a.Tk) continue;
+#pragma unroll
+        for (int n = 0; n < NC; n++) {
+            const int col = tx + 16 * n;
+            if (col < a.D) Cvt<T>::st(gdk, (int64_t)c * a.sdk.t + col, dk[i][n] * scale, a.bf);
+            if (col < a.Dv) Cvt<T>::st(gdv, (int64_t)c * a.sdv.t + col, dv[i][n], a.bf);
+        }
+    }
+}
+
+/* ---- backward: dQ per query tile --------------------------------------------- */
+
+template <typename T, int DM, int RM, int CN>
+__global__ void __launch_bounds__(kAT) k_dq(Args a)
+{
+    typedef typename Cvt<T>::A A;
+    constexpr int BQ = 16 * RM, BK = 16 * CN, LD = DM + 1, LP = BK + 1, NC = DM / 16;
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    A *Qs = (A *)smem_raw, *Os = Qs + BQ * LD, *Ks = Os + BQ * LD, *Vs = Ks + BK * LD, *Ds = Vs + BK * LD;
+    const int tx = threadIdx.x & 15, ty = threadIdx.x >> 4;
+    const int q0 = (int)(gridDim.x - 1 - blockIdx.x) * BQ;
+    const int h = blockIdx.y, b = blockIdx.z;
+    const int64_t bh = (int64_t)b * a.H + h;
+    const T *q = (const T *)a.q + b * a.sq.b + h * a.sq.h;
+    const T *k = (const T *)a.k + b * a.sk.b + h * a.sk.h;
+    const T *v = (const T *)a.v + b * a.sv.b + h * a.sv.h;
+    const T *o = (const T *)a.o + b * a.so.b + h * a.so.h;
+    const T *dout = (const T *)a.dout + b * a.sdo.b + h * a.sdo.h;
+    const A *lse = (const A *)a.lse + b * a.slse.b + h * a.slse.h;
+    const T *mask = a.has_mask ? (const T *)a.mask + b * a.sm[0] + h * a.sm[1] : nullptr;
+    const A scale = (A)a.scale, rp = (A)a.rp;
+
+    load_tile<T, BQ, DM>(Qs, q, a.sq.t, q0, a.Tq, a.D, a.bf);
+    load_tile<T, BQ, DM>(Os, dout, a.sdo.t, q0, a.Tq, a.Dv, a.bf);
+    __syncthreads();
+    A Li[RM], Dli[RM], acc[RM][NC];
+#pragma unroll
+    for (int i = 0; i < RM; i++) {
+        const int rr = ty + 16 * i, r = q0 + rr;
+        A part = 0;
+        if (r < a.Tq)
+            for (int n = tx; n < a.Dv; n += 16) part = fma(Os[rr * LD + n], Cvt<T>::ld(o, (int64_t)r * a.so.t + n, a.bf), part);
+        Dli[i] = row_sum(part);
+        Li[i] = r < a.Tq ? lse[(int64_t)r * a.slse.t] : ninf<A>();
+#pragma unroll
+        for (int n = 0; n < NC; n++) acc[i][n] = 0;
+    }
+    int kend = a.Tk;
+    if (a.causal && q0 + BQ < kend) kend = q0 + BQ;
+    for (int k0 = 0; k0 < kend; k0 += BK) {
+        __syncthreads();
+        load_tile<T, BK, DM>(Ks, k, a.sk.t, k0, a.Tk, a.D, a.bf);
+        load_tile<T, BK, DM>(Vs, v, a.sv.t, k0, a.Tk, a.Dv, a.bf);
+        __syncthreads();
+        A s[RM][CN], dp[RM][CN];
+#pragma unroll
+        for (int i = 0; i < RM; i++)
+#pragma unroll
+            for (int j = 0; j < CN; j++) s[i][j] = dp[i][j] = 0;
+#pragma unroll 4
+        for (int d = 0; d < a.D; d++) {
+            A qa[RM], kb[CN];
+#pragma unroll
+            for (int i = 0; i < RM; i++) qa[i] = Qs[(ty + 16 * i) * LD + d];
+#pragma unroll
+            for (int j = 0; j < CN; j++) kb[j] = Ks[(tx + 16 * j) * LD + d];
+#pragma unroll
+            for (int i = 0; i < RM; i++)
+#pragma unroll
+                for (int j = 0; j < CN; j++) s[i][j] = fma(qa[i], kb[j], s[i][j]);
+        }
+#pragma unroll 4
+        for (int d = 0; d < a.Dv; d++) {
+            A oa[RM], vb[CN];
+#pragma unroll
+            for (int i = 0; i < RM; i++) oa[i] = Os[(ty + 16 * i) * LD + d];
+#pragma unroll
+            for (int j = 0; j < CN; j++) vb[j] = Vs[(tx + 16 * j) * LD + d];
+#pragma unroll
+            for (int i = 0; i < RM; i++)
+#pragma unroll
+                for (int j = 0; j < CN; j++) dp[i][j] = fma(oa[i], vb[j], dp[i][j]);
+        }
+#pragma unroll
+        for (int i = 0; i < RM; i++) {
+            const int r = q0 + ty + 16 * i;
+#pragma unroll
+            for (int j = 0; j < CN; j++) {
+                const int c = k0 + tx + 16 * j;
+                A p = 0;
+                if (Li[i] != ninf<A>() && c < a.Tk && !(a.causal && c > r)) {
+                    A x = s[i][j] * scale;
+                    if (mask) x += Cvt<T>::ld(mask, (int64_t)r * a.sm[2] + (int64_t)c * a.sm[3], a.bf);
+                    p = ex(x - Li[i]);
+                }
+                A z = 1;
+                if (a.dropout) z = (p != (A)0 && keep_elem(a, bh, r, c)) ? rp : (A)0;
+                Ds[(ty + 16 * i) * LP + tx + 16 * j] = p != (A)0 ? p * (dp[i][j] * z - Dli[i]) : (A)0;
+            }
+        }
+        __syncthreads();
+        const int cmax = a.Tk - k0 < BK ? a.Tk - k0 : BK;
+#pragma unroll 4
+        for (int c = 0; c < cmax; c++) {
+            A da[RM], kb[NC];
+#pragma unroll
+            for (int i = 0; i < RM; i++) da[i] = Ds[(ty + 16 * i) * LP + c];
+#pragma unroll
+            for (int n = 0; n < NC; n++) kb[n] = Ks[c * LD + tx + 16 * n];
+#pragma unroll
+            for (int i = 0; i < RM; i++)
+#pragma unroll
+                for (int n = 0; n < NC; n++) acc[i][n] = fma(da[i], kb[n], acc[i][n]);
+        }
+    }
+    T *gdq = (T *)a.dq + b * a.sdq.b + h * a.sdq.h;
+#pragma unroll
+    for (int i = 0; i < RM; i++) {
+        const int r = q0 + ty + 16 * i;
+        if (r >= a.Tq) continue;
+#pragma unroll
+        for (int n = 0; n < NC; n++) {
+            const int col = tx + 16 * n;
+            if (col < a.D) Cvt<T>::st(gdq, (int64_t)r * a.sdq.t + col, acc[i][n] * scale, a.bf);
+        }
+    }
+}
+
+/* ---- host side --------------------------------------------------------------- */
+
+template <typename KF> void launch_k(KF kern, dim3 grid, size_t smem, cudaStream_t s, const Args &a, const char *what)
+{
+    cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    if (e != cudaSuccess) {
+        check(e, what);
+        return;
+    }
+    kern<<<grid, kAT, smem, s>>>(a);
+    check(cudaGetLastError(), what);
+}
+
+template <typename T, int DM> void run_dm(const Args &a, bool fwd, cudaStream_t s)
+{
+    typedef typename Cvt<T>::A A;
+    typedef Cfg<A, DM> C;
+    const dim3 gq((unsigned)((a.Tq + 16 * C::RM - 1) / (16 * C::RM)), (unsigned)a.H, (unsigned)a.B);
+    if (fwd) {
+        launch_k(k_fwd<T, DM, C::RM, C::CN>, gq, fwd_smem<A, DM, C::RM, C::CN>(), s, a, "sdpa (forward)");
+        return;
+    }
+    const dim3 gk((unsigned)((a.Tk + 16 * C::RK - 1) / (16 * C::RK)), (unsigned)a.H, (unsigned)a.B);
+    launch_k(k_dkv<T, DM, C::RK, C::CQ>, gk, dkv_smem<A, DM, C::RK, C::CQ>(), s, a, "sdpa_bwd (dk, dv)");
+    launch_k(k_dq<T, DM, C::RM, C::CN>, gq, dq_smem<A, DM, C::RM, C::CN>(), s, a, "sdpa_bwd (dq)");
+}
+
+template <typename T> void run_t(const Args &a, bool fwd, cudaStream_t s)
+{
+    const int dm = a.D > a.Dv ? a.D : a.Dv;
+    if (dm <= 64)
+        run_dm<T, 64>(a, fwd, s);
+    else if (dm <= 128)
+        run_dm<T, 128>(a, fwd, s);
+    else
+        run_dm<T, 256>(a, fwd, s);
+}
+
+/* A [B, H, T, X] descriptor of dtype dt with unit last stride (or X = 1). */
+bool desc4(const em_tdesc &d, int dt, int64_t B, int64_t H, int64_t T, int64_t X, S3 *st)
+{
+    if (d.dtype != dt || d.ndim != 4 || d.shape[0] != B || d.shape[1] != H || d.shape[2] != T || d.shape[3] != X) return false;
+    if (X > 1 && d.strides[3] != 1) return false;
+    st->b = d.strides[0];
+    st->h = d.strides[1];
+    st->t = d.strides[2];
+    return true;
+}
+
+} // namespace
+
+namespace emc {
+
+void attention_launch(const em_kargs *k, void *const *ptrs, cudaStream_t s)
+{
+    const bool fwd = k->kind == EM_OP_SDPA;
+    if (!fwd && k->kind != EM_OP_SDPA_BWD) {
+        unsupported("attention", k->kind);
+        return;
+    }
+    const int has_mask = k->p.attn.has_mask != 0;
+    const int nq = fwd ? 0 : 1; /* index of q among the inputs */
+    if (k->n_in != (fwd ? 3 : 6) + has_mask || k->n_out != (fwd ? 2 : 3)) {
+        unsupported(fwd ? "sdpa: operand count" : "sdpa_bwd: operand count", k->kind);
+        return;
+    }
+    const em_tdesc &dq = k->in[nq], &dkd = k->in[nq + 1], &dvd = k->in[nq + 2];
+    const int dt = dq.dtype;
+    if (dt != EM_F32 && dt != EM_F64 && dt != EM_F16 && dt != EM_BF16) {
+        unsupported("attention: dtype", dt);
+        return;
+    }
+    if (dq.ndim != 4 || dkd.ndim != 4 || dvd.ndim != 4) {
+        unsupported("attention: operands are not 4-D", k->kind);
+        return;
+    }
+    const int64_t B = dq.shape[0], H = dq.shape[1], Tq = dq.shape[2], D = dq.shape[3];
+    const int64_t Tk = dkd.shape[2], Dv = dvd.shape[3];
+    Args a = {};
+    const int lse_dt = dt == EM_F64 ? EM_F64 : EM_F32;
+    bool ok = D >= 1 && D <= 256 && Dv >= 1 && Dv <= 256 && Tq >= 1 && Tk >= 1 && Tq < INT32_MAX && Tk < INT32_MAX &&
+              B >= 0 && B <= 65535 && H >= 0 && H <= 65535;
+    ok = ok && desc4(dq, dt, B, H, Tq, D, &a.sq) && desc4(dkd, dt, B, H, Tk, D, &a.sk) && desc4(dvd, dt, B, H, Tk, Dv, &a.sv);
+    const em_tdesc *mk = has_mask ? &k->in[fwd ? 3 : 6] : nullptr;
+    if (ok && mk) {
+        ok = mk->dtype == dt && mk->ndim == 4 && mk->shape[0] == B && mk->shape[1] == H && mk->shape[2] == Tq && mk->shape[3] == Tk;
+        for (int i = 0; i < 4; i++) a.sm[i] = mk->strides[i];
+    }
+    const em_tdesc *lsed = fwd ? &k->out[1] : &k->in[5];
+    ok = ok && lsed->dtype == lse_dt && lsed->ndim == 3 && lsed->shape[0] == B && lsed->shape[1] == H && lsed->shape[2] == Tq;
+    if (ok) {
+        a.slse.b = lsed->strides[0];
+        a.slse.h = lsed->strides[1];
+        a.slse.t = lsed->strides[2];
+    }
+    if (fwd) {
+        ok = ok && desc4(k->out[0], dt, B, H, Tq, Dv, &a.so);
+        a.q = ptrs[0];
+        a.k = ptrs[1];
+        a.v = ptrs[2];
+        a.mask = has_mask ? ptrs[3] : nullptr;
+        a.o = ptrs[k->n_in];
+        a.lse = ptrs[k->n_in + 1];
+    } else {
+        ok = ok && desc4(k->in[0], dt, B, H, Tq, Dv, &a.sdo) && desc4(k->in[4], dt, B, H, Tq, Dv, &a.so) &&
+             desc4(k->out[0], dt, B, H, Tq, D, &a.sdq) && desc4(k->out[1], dt, B, H, Tk, D, &a.sdk) &&
+             desc4(k->out[2], dt, B, H, Tk, Dv, &a.sdv);
+        a.dout = ptrs[0];
+        a.q = ptrs[1];
+        a.k = ptrs[2];
+        a.v = ptrs[3];
+        a.o = ptrs[4];
+        a.lse = ptrs[5];
+        a.mask = has_mask ? ptrs[6] : nullptr;
+        a.dq = ptrs[k->n_in];
+        a.dk = ptrs[k->n_in + 1];
+        a.dv = ptrs[k->n_in + 2];
+    }
+    const double p = k->p.attn.dropout_p;
+    ok = ok && p >= 0.0 && p <= 1.0;
+    if (!ok) {
+        unsupported(fwd ? "sdpa: operands" : "sdpa_bwd: operands", dt);
+        return;
+    }
+    if (B == 0 || H == 0) return;
+    a.B = (int)B;
+    a.H = (int)H;
+    a.Tq = (int)Tq;
+    a.Tk = (int)Tk;
+    a.D = (int)D;
+    a.Dv = (int)Dv;
+    a.scale = k->p.attn.scale;
+    a.dropout = p > 0.0;
+    a.rp = p < 1.0 ? 1.0 / (1.0 - p) : 0.0;
+    a.thr = p <= 0.0 ? 0u : p >= 1.0 ? (1u << 24) : (uint32_t)ceil(p * 16777216.0); /* u01 = (w >> 8) / 2^24 >= p */
+    a.seed = k->p.attn.seed;
+    a.offset = k->p.attn.offset;
+    a.causal = k->p.attn.is_causal != 0;
+    a.has_mask = has_mask;
+    a.bf = dt == EM_BF16;
+    switch (dt) {
+    case EM_F32: run_t<float>(a, fwd, s); break;
+    case EM_F64: run_t<double>(a, fwd, s); break;
+    default: run_t<uint16_t>(a, fwd, s); break;
+    }
+}
+
+} // namespace emc
+
+void em_cuda_attention(void *buffers[], void *cl_arg)
+{
+    const em_kargs *k = (const em_kargs *)cl_arg;
+    if (k->n_in < 0 || k->n_in > EM_KARGS_MAX_IN || k->n_out < 0 || k->n_out > EM_KARGS_MAX_OUT) {
+        unsupported("attention: operand count", k->kind);
+        return;
+    }
+    void *ptrs[EM_KARGS_MAX_IN + EM_KARGS_MAX_OUT];
+    for (int i = 0; i < k->n_in; i++) ptrs[i] = base(buffers, i, k->in[i]);
+    for (int i = 0; i < k->n_out; i++) ptrs[k->n_in + i] = base(buffers, k->n_in + i, k->out[i]);
+    attention_launch(k, ptrs, stream());
+}
