@@ -13,8 +13,9 @@
  *     views (q, k, v in one [B, T, 3, H, D] layout, o and dout as
  *     [B, T, H, Dv]), dropout, fully masked rows, f32 / f64 / f16 / bf16.
  *     The backward is fed the kernel's own o and lse, as in training.
- *     Error = max |gpu - ref| / max |ref| per tensor (lse: max |gpu - ref| /
- *     (1 + |ref|)); NaN / inf must match exactly. Tolerances per dtype in tol().
+ *     Error = max |gpu - ref| / max(max |ref|, 1) per tensor (the floor 1, the
+ *     inputs' scale, for gradients that cancel to ~0, e.g. a row that sees one
+ *     key; lse: max |gpu - ref| / (1 + |ref|)); NaN / inf must match exactly. Tolerances per dtype in tol().
  *     Storage outside the views is NaN, so a stray read shows.
  * (2) timing: forward and backward, median of 20 after warm-up (cudaEvent).
  * Exit status 1 on any failure. */
@@ -184,14 +185,14 @@ static void tol(int dt, double *t_out, double *t_lse, double *t_grad)
 {
     switch (dt) {
     case EM_F64: *t_out = 1e-10; *t_lse = 1e-11; *t_grad = 1e-10; break;
-    case EM_F32: *t_out = 2e-5; *t_lse = 2e-6; *t_grad = 5e-5; break;
-    case EM_F16: *t_out = 4e-3; *t_lse = 2e-5; *t_grad = 8e-3; break;
-    default: *t_out = 2e-2; *t_lse = 2e-5; *t_grad = 5e-2; break;
+    case EM_F32: *t_out = 1e-5; *t_lse = 2e-6; *t_grad = 1e-5; break;
+    case EM_F16: *t_out = 3e-3; *t_lse = 2e-5; *t_grad = 5e-3; break;
+    default: *t_out = 1.5e-2; *t_lse = 2e-5; *t_grad = 2.5e-2; break;
     }
 }
 
 /* Compares gpu against ref: NaN / inf positions must agree; returns the error. */
-static double compare(const std::vector<double> &g, const std::vector<double> &r, bool lse_mode, int64_t *bad)
+static double compare(const std::vector<double> &g, const std::vector<double> &r, bool lse_mode, int64_t *bad, double floor_ = 1.0)
 {
     double maxref = 0, maxdiff = 0;
     *bad = 0;
@@ -207,7 +208,7 @@ static double compare(const std::vector<double> &g, const std::vector<double> &r
         maxdiff = std::max(maxdiff, lse_mode ? d / (1 + std::fabs(r[i])) : d);
     }
     if (lse_mode) return maxdiff;
-    return maxdiff / std::max(maxref, 1e-30);
+    return maxdiff / std::max(maxref, floor_);
 }
 
 static bool keep_ref(uint64_t seed, uint64_t offset, double p, uint64_t e)
@@ -442,6 +443,7 @@ static void check_rejects()
     }
     void *p[8] = {};
     const int e0 = g_cuda_errors;
+    fprintf(stderr, "(expected) ");
     emc::attention_launch(&ka, p, 0);
     const bool ok = g_cuda_errors == e0 + 1;
     g_cuda_errors = e0;
@@ -578,6 +580,7 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--no-bench")) do_bench = false;
         else if (!strcmp(argv[i], "--times") && i + 1 < argc) times = argv[++i];
     }
+    setvbuf(stdout, nullptr, _IOLBF, 0); /* lines in order with stderr's */
     cudaDeviceProp prop;
     CK(cudaGetDeviceProperties(&prop, 0));
     printf("device: %s (%d SMs)\n", prop.name, prop.multiProcessorCount);
