@@ -35,7 +35,7 @@
  * ty + 16 i (i < RM) and the columns tx + 16 j, so a row's reductions are
  * shuffles within 16 lanes of one warp. Tiles live in shared memory as A
  * (the compute type: float, or double for f64) with rows padded to an odd
- * length (DM + 1) so column walks do not conflict. DM = the head-dim bucket
+ * length (DM + 4) so column walks do not conflict. DM = the head-dim bucket
  * max(D, Dv) <= 64, <= 128, <= 256 (template fast paths; any D, Dv in
  * [1, 256]); BQ / BK per bucket and compute type in Cfg below (up to ~206 KB
  * of dynamic shared memory per block: sm_80 or newer; H200 targeted).
@@ -127,13 +127,13 @@ __device__ __forceinline__ bool keep_elem(const Args &a, int64_t bh, int i, int 
 }
 
 /* Stages rows [r0, r0 + ROWS) x cols [0, DM) of a [n, ncols] row-major (row
- * stride st) operand into s (row length DM + 1), zeros outside. */
+ * stride st) operand into s (row length DM + 4), zeros outside. */
 template <typename T, int ROWS, int DM>
 __device__ __forceinline__ void load_tile(typename Cvt<T>::A *s, const T *g, int64_t st, int r0, int nrows, int ncols,
                                           bool bf)
 {
     typedef typename Cvt<T>::A A;
-    constexpr int LD = DM + 1;
+    constexpr int LD = DM + 4;
     for (int e = threadIdx.x; e < ROWS * DM; e += kAT) {
         const int r = e / DM, d = e - r * DM;
         A v = 0;
@@ -141,6 +141,67 @@ __device__ __forceinline__ void load_tile(typename Cvt<T>::A *s, const T *g, int
         s[r * LD + d] = v;
     }
 }
+
+/* Four consecutive elements of a shared-memory row (16-byte aligned). */
+__device__ __forceinline__ void ld4(const float *p, float v[4])
+{
+    const float4 t = *reinterpret_cast<const float4 *>(p);
+    v[0] = t.x; v[1] = t.y; v[2] = t.z; v[3] = t.w;
+}
+__device__ __forceinline__ void ld4(const double *p, double v[4])
+{
+    const double2 t = reinterpret_cast<const double2 *>(p)[0], u = reinterpret_cast<const double2 *>(p)[1];
+    v[0] = t.x; v[1] = t.y; v[2] = u.x; v[3] = u.y;
+}
+
+/* acc[i][j] += sum_{d < 4 n4} As[(ty + 16 i) * LDA + d] * Bs[(tx + 16 j) * LDB + d]:
+ * a tile of A B^T, both row-major in shared memory, read 4 columns at a time. */
+template <typename A, int RM, int CN, int LDA, int LDB>
+__device__ __forceinline__ void mm_abt(A (&acc)[RM][CN], const A *As, const A *Bs, int ty, int tx, int n4)
+{
+#pragma unroll 1
+    for (int d = 0; d < 4 * n4; d += 4) {
+        A a[RM][4], b[CN][4];
+#pragma unroll
+        for (int i = 0; i < RM; i++) ld4(As + (ty + 16 * i) * LDA + d, a[i]);
+#pragma unroll
+        for (int j = 0; j < CN; j++) ld4(Bs + (tx + 16 * j) * LDB + d, b[j]);
+#pragma unroll
+        for (int e = 0; e < 4; e++)
+#pragma unroll
+            for (int i = 0; i < RM; i++)
+#pragma unroll
+                for (int j = 0; j < CN; j++) acc[i][j] = fma(a[i][e], b[j][e], acc[i][j]);
+    }
+}
+
+/* acc[i][4 g + e] += sum_{c < 4 n4} Ps[(ty + 16 i) * LDP + c] * Vs[c * LDV + 64 g + 4 tx + e]:
+ * a tile of P V (the thread's output columns 64 g + 4 tx + e, e < 4, g < G). */
+template <typename A, int RM, int G, int LDP, int LDV>
+__device__ __forceinline__ void mm_ab(A (&acc)[RM][4 * G], const A *Ps, const A *Vs, int ty, int tx, int n4)
+{
+#pragma unroll 1
+    for (int c = 0; c < 4 * n4; c += 4) {
+        A p[RM][4];
+#pragma unroll
+        for (int i = 0; i < RM; i++) ld4(Ps + (ty + 16 * i) * LDP + c, p[i]);
+#pragma unroll
+        for (int e2 = 0; e2 < 4; e2++) {
+            A v[G][4];
+#pragma unroll
+            for (int g = 0; g < G; g++) ld4(Vs + (c + e2) * LDV + 64 * g + 4 * tx, v[g]);
+#pragma unroll
+            for (int i = 0; i < RM; i++)
+#pragma unroll
+                for (int g = 0; g < G; g++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) acc[i][4 * g + e] = fma(p[i][e2], v[g][e], acc[i][4 * g + e]);
+        }
+    }
+}
+
+/* Output column of accumulator n (the mm_ab layout). */
+__device__ __forceinline__ int out_col(int n, int tx) { return 64 * (n >> 2) + 4 * tx + (n & 3); }
 
 /* Tile shapes per compute type and head-dim bucket: forward / dQ rows RM,
  * key columns CN (BQ = 16 RM, BK = 16 CN); dK/dV key rows RK, query columns CQ. */
@@ -154,25 +215,29 @@ template <> struct Cfg<double, 256> { static constexpr int RM = 2, CN = 1, RK = 
 
 template <typename A, int DM, int RM, int CN> constexpr size_t fwd_smem()
 {
-    return sizeof(A) * ((size_t)16 * RM * (DM + 1) + 2 * (size_t)16 * CN * (DM + 1) + (size_t)16 * RM * (16 * CN + 1));
+    return sizeof(A) * ((size_t)16 * RM * (DM + 4) + 2 * (size_t)16 * CN * (DM + 4) + (size_t)16 * RM * (16 * CN + 4));
 }
 template <typename A, int DM, int RM, int CN> constexpr size_t dq_smem()
 {
-    return sizeof(A) * (2 * (size_t)16 * RM * (DM + 1) + 2 * (size_t)16 * CN * (DM + 1) + (size_t)16 * RM * (16 * CN + 1));
+    return sizeof(A) * (2 * (size_t)16 * RM * (DM + 4) + 2 * (size_t)16 * CN * (DM + 4) + (size_t)16 * RM * (16 * CN + 4));
 }
 template <typename A, int DM, int RK, int CQ> constexpr size_t dkv_smem()
 {
-    return sizeof(A) * (2 * (size_t)16 * RK * (DM + 1) + 2 * (size_t)16 * CQ * (DM + 1) +
-                        2 * (size_t)16 * RK * (16 * CQ + 1) + 2 * (size_t)16 * CQ);
+    return sizeof(A) * (2 * (size_t)16 * RK * (DM + 4) + 2 * (size_t)16 * CQ * (DM + 4) +
+                        2 * (size_t)16 * RK * (16 * CQ + 4) + 2 * (size_t)16 * CQ);
 }
+
+/* Blocks per SM the registers are capped for: 2 when two blocks' shared
+ * memory fits an SM (H100/H200: 227 KB per block, 228 KB per SM), else 1. */
+constexpr int min_blocks(size_t smem) { return 2 * (smem + 1024) <= (size_t)228 * 1024 ? 2 : 1; }
 
 /* ---- forward ------------------------------------------------------------- */
 
 template <typename T, int DM, int RM, int CN>
-__global__ void __launch_bounds__(kAT) k_fwd(Args a)
+__global__ void __launch_bounds__(kAT, min_blocks(fwd_smem<typename Cvt<T>::A, DM, RM, CN>())) k_fwd(Args a)
 {
     typedef typename Cvt<T>::A A;
-    constexpr int BQ = 16 * RM, BK = 16 * CN, LD = DM + 1, LP = BK + 1, NC = DM / 16;
+    constexpr int BQ = 16 * RM, BK = 16 * CN, LD = DM + 4, LP = BK + 4, NC = DM / 16, G = DM / 64;
     extern __shared__ __align__(16) unsigned char smem_raw[];
     A *Qs = (A *)smem_raw, *Ks = Qs + BQ * LD, *Vs = Ks + BK * LD, *Ps = Vs + BK * LD;
     const int tx = threadIdx.x & 15, ty = threadIdx.x >> 4;
@@ -206,18 +271,7 @@ __global__ void __launch_bounds__(kAT) k_fwd(Args a)
         for (int i = 0; i < RM; i++)
 #pragma unroll
             for (int j = 0; j < CN; j++) s[i][j] = 0;
-#pragma unroll 4
-        for (int d = 0; d < a.D; d++) {
-            A qa[RM], kb[CN];
-#pragma unroll
-            for (int i = 0; i < RM; i++) qa[i] = Qs[(ty + 16 * i) * LD + d];
-#pragma unroll
-            for (int j = 0; j < CN; j++) kb[j] = Ks[(tx + 16 * j) * LD + d];
-#pragma unroll
-            for (int i = 0; i < RM; i++)
-#pragma unroll
-                for (int j = 0; j < CN; j++) s[i][j] = fma(qa[i], kb[j], s[i][j]);
-        }
+        mm_abt<A, RM, CN, LD, LD>(s, Qs, Ks, ty, tx, (a.D + 3) >> 2);
 #pragma unroll
         for (int i = 0; i < RM; i++) {
             const int r = q0 + ty + 16 * i;
@@ -249,18 +303,7 @@ __global__ void __launch_bounds__(kAT) k_fwd(Args a)
         }
         __syncthreads();
         const int cmax = a.Tk - k0 < BK ? a.Tk - k0 : BK;
-#pragma unroll 4
-        for (int c = 0; c < cmax; c++) {
-            A pa[RM], vb[NC];
-#pragma unroll
-            for (int i = 0; i < RM; i++) pa[i] = Ps[(ty + 16 * i) * LP + c];
-#pragma unroll
-            for (int n = 0; n < NC; n++) vb[n] = Vs[c * LD + tx + 16 * n];
-#pragma unroll
-            for (int i = 0; i < RM; i++)
-#pragma unroll
-                for (int n = 0; n < NC; n++) acc[i][n] = fma(pa[i], vb[n], acc[i][n]);
-        }
+        mm_ab<A, RM, G, LP, LD>(acc, Ps, Vs, ty, tx, (cmax + 3) >> 2);
     }
     T *o = (T *)a.o + b * a.so.b + h * a.so.h;
     A *lse = (A *)a.lse + b * a.slse.b + h * a.slse.h;
@@ -272,7 +315,7 @@ __global__ void __launch_bounds__(kAT) k_fwd(Args a)
         const A inv = (A)1 / li; /* l = 0 (all masked): inf, and o = 0 * inf = NaN */
 #pragma unroll
         for (int n = 0; n < NC; n++) {
-            const int col = tx + 16 * n;
+            const int col = out_col(n, tx);
             if (col < a.Dv) Cvt<T>::st(o, (int64_t)r * a.so.t + col, acc[i][n] * inv, a.bf);
         }
         if (tx == 0) lse[(int64_t)r * a.slse.t] = m[i] + lg(li);
@@ -282,10 +325,10 @@ __global__ void __launch_bounds__(kAT) k_fwd(Args a)
 /* ---- backward: dK, dV per key tile ------------------------------------------ */
 
 template <typename T, int DM, int RK, int CQ>
-__global__ void __launch_bounds__(kAT) k_dkv(Args a)
+__global__ void __launch_bounds__(kAT, min_blocks(dkv_smem<typename Cvt<T>::A, DM, RK, CQ>())) k_dkv(Args a)
 {
     typedef typename Cvt<T>::A A;
-    constexpr int BK = 16 * RK, BQ = 16 * CQ, LD = DM + 1, LP = BQ + 1, NC = DM / 16;
+    constexpr int BK = 16 * RK, BQ = 16 * CQ, LD = DM + 4, LP = BQ + 4, NC = DM / 16, G = DM / 64;
     extern __shared__ __align__(16) unsigned char smem_raw[];
     A *Ks = (A *)smem_raw, *Vs = Ks + BK * LD, *Qs = Vs + BK * LD, *Os = Qs + BQ * LD, *Ps = Os + BQ * LD;
     A *Ds = Ps + BK * LP, *Ls = Ds + BK * LP, *Dl = Ls + BQ;
@@ -332,30 +375,8 @@ __global__ void __launch_bounds__(kAT) k_dkv(Args a)
         for (int i = 0; i < RK; i++)
 #pragma unroll
             for (int j = 0; j < CQ; j++) s[i][j] = dp[i][j] = 0;
-#pragma unroll 4
-        for (int d = 0; d < a.D; d++) {
-            A ka[RK], qb[CQ];
-#pragma unroll
-            for (int i = 0; i < RK; i++) ka[i] = Ks[(ty + 16 * i) * LD + d];
-#pragma unroll
-            for (int j = 0; j < CQ; j++) qb[j] = Qs[(tx + 16 * j) * LD + d];
-#pragma unroll
-            for (int i = 0; i < RK; i++)
-#pragma unroll
-                for (int j = 0; j < CQ; j++) s[i][j] = fma(ka[i], qb[j], s[i][j]);
-        }
-#pragma unroll 4
-        for (int d = 0; d < a.Dv; d++) {
-            A va[RK], ob[CQ];
-#pragma unroll
-            for (int i = 0; i < RK; i++) va[i] = Vs[(ty + 16 * i) * LD + d];
-#pragma unroll
-            for (int j = 0; j < CQ; j++) ob[j] = Os[(tx + 16 * j) * LD + d];
-#pragma unroll
-            for (int i = 0; i < RK; i++)
-#pragma unroll
-                for (int j = 0; j < CQ; j++) dp[i][j] = fma(va[i], ob[j], dp[i][j]);
-        }
+        mm_abt<A, RK, CQ, LD, LD>(s, Ks, Qs, ty, tx, (a.D + 3) >> 2);
+        mm_abt<A, RK, CQ, LD, LD>(dp, Vs, Os, ty, tx, (a.Dv + 3) >> 2);
 #pragma unroll
         for (int i = 0; i < RK; i++) {
             const int c = k0 + ty + 16 * i;
@@ -376,27 +397,9 @@ __global__ void __launch_bounds__(kAT) k_dkv(Args a)
             }
         }
         __syncthreads();
-#pragma unroll 4
-        for (int rr = 0; rr < BQ; rr++) {
-            A pa[RK], da[RK], ob[NC], qb[NC];
-#pragma unroll
-            for (int i = 0; i < RK; i++) {
-                pa[i] = Ps[(ty + 16 * i) * LP + rr];
-                da[i] = Ds[(ty + 16 * i) * LP + rr];
-            }
-#pragma unroll
-            for (int n = 0; n < NC; n++) {
-                ob[n] = Os[rr * LD + tx + 16 * n];
-                qb[n] = Qs[rr * LD + tx + 16 * n];
-            }
-#pragma unroll
-            for (int i = 0; i < RK; i++)
-#pragma unroll
-                for (int n = 0; n < NC; n++) {
-                    dv[i][n] = fma(pa[i], ob[n], dv[i][n]);
-                    dk[i][n] = fma(da[i], qb[n], dk[i][n]);
-                }
-        }
+        const int rmax = a.Tq - q0 < BQ ? a.Tq - q0 : BQ;
+        mm_ab<A, RK, G, LP, LD>(dv, Ps, Os, ty, tx, (rmax + 3) >> 2);
+        mm_ab<A, RK, G, LP, LD>(dk, Ds, Qs, ty, tx, (rmax + 3) >> 2);
     }
     T *gdk = (T *)a.dk + b * a.sdk.b + h * a.sdk.h;
     T *gdv = (T *)a.dv + b * a.sdv.b + h * a.sdv.h;
@@ -406,7 +409,7 @@ __global__ void __launch_bounds__(kAT) k_dkv(Args a)
         if (c >= a.Tk) continue;
 #pragma unroll
         for (int n = 0; n < NC; n++) {
-            const int col = tx + 16 * n;
+            const int col = out_col(n, tx);
             if (col < a.D) Cvt<T>::st(gdk, (int64_t)c * a.sdk.t + col, dk[i][n] * scale, a.bf);
             if (col < a.Dv) Cvt<T>::st(gdv, (int64_t)c * a.sdv.t + col, dv[i][n], a.bf);
         }
@@ -416,10 +419,10 @@ __global__ void __launch_bounds__(kAT) k_dkv(Args a)
 /* ---- backward: dQ per query tile --------------------------------------------- */
 
 template <typename T, int DM, int RM, int CN>
-__global__ void __launch_bounds__(kAT) k_dq(Args a)
+__global__ void __launch_bounds__(kAT, min_blocks(dq_smem<typename Cvt<T>::A, DM, RM, CN>())) k_dq(Args a)
 {
     typedef typename Cvt<T>::A A;
-    constexpr int BQ = 16 * RM, BK = 16 * CN, LD = DM + 1, LP = BK + 1, NC = DM / 16;
+    constexpr int BQ = 16 * RM, BK = 16 * CN, LD = DM + 4, LP = BK + 4, NC = DM / 16, G = DM / 64;
     extern __shared__ __align__(16) unsigned char smem_raw[];
     A *Qs = (A *)smem_raw, *Os = Qs + BQ * LD, *Ks = Os + BQ * LD, *Vs = Ks + BK * LD, *Ds = Vs + BK * LD;
     const int tx = threadIdx.x & 15, ty = threadIdx.x >> 4;
@@ -462,30 +465,8 @@ __global__ void __launch_bounds__(kAT) k_dq(Args a)
         for (int i = 0; i < RM; i++)
 #pragma unroll
             for (int j = 0; j < CN; j++) s[i][j] = dp[i][j] = 0;
-#pragma unroll 4
-        for (int d = 0; d < a.D; d++) {
-            A qa[RM], kb[CN];
-#pragma unroll
-            for (int i = 0; i < RM; i++) qa[i] = Qs[(ty + 16 * i) * LD + d];
-#pragma unroll
-            for (int j = 0; j < CN; j++) kb[j] = Ks[(tx + 16 * j) * LD + d];
-#pragma unroll
-            for (int i = 0; i < RM; i++)
-#pragma unroll
-                for (int j = 0; j < CN; j++) s[i][j] = fma(qa[i], kb[j], s[i][j]);
-        }
-#pragma unroll 4
-        for (int d = 0; d < a.Dv; d++) {
-            A oa[RM], vb[CN];
-#pragma unroll
-            for (int i = 0; i < RM; i++) oa[i] = Os[(ty + 16 * i) * LD + d];
-#pragma unroll
-            for (int j = 0; j < CN; j++) vb[j] = Vs[(tx + 16 * j) * LD + d];
-#pragma unroll
-            for (int i = 0; i < RM; i++)
-#pragma unroll
-                for (int j = 0; j < CN; j++) dp[i][j] = fma(oa[i], vb[j], dp[i][j]);
-        }
+        mm_abt<A, RM, CN, LD, LD>(s, Qs, Ks, ty, tx, (a.D + 3) >> 2);
+        mm_abt<A, RM, CN, LD, LD>(dp, Os, Vs, ty, tx, (a.Dv + 3) >> 2);
 #pragma unroll
         for (int i = 0; i < RM; i++) {
             const int r = q0 + ty + 16 * i;
@@ -505,18 +486,7 @@ __global__ void __launch_bounds__(kAT) k_dq(Args a)
         }
         __syncthreads();
         const int cmax = a.Tk - k0 < BK ? a.Tk - k0 : BK;
-#pragma unroll 4
-        for (int c = 0; c < cmax; c++) {
-            A da[RM], kb[NC];
-#pragma unroll
-            for (int i = 0; i < RM; i++) da[i] = Ds[(ty + 16 * i) * LP + c];
-#pragma unroll
-            for (int n = 0; n < NC; n++) kb[n] = Ks[c * LD + tx + 16 * n];
-#pragma unroll
-            for (int i = 0; i < RM; i++)
-#pragma unroll
-                for (int n = 0; n < NC; n++) acc[i][n] = fma(da[i], kb[n], acc[i][n]);
-        }
+        mm_ab<A, RM, G, LP, LD>(acc, Ds, Ks, ty, tx, (cmax + 3) >> 2);
     }
     T *gdq = (T *)a.dq + b * a.sdq.b + h * a.sdq.h;
 #pragma unroll
@@ -525,7 +495,7 @@ __global__ void __launch_bounds__(kAT) k_dq(Args a)
         if (r >= a.Tq) continue;
 #pragma unroll
         for (int n = 0; n < NC; n++) {
-            const int col = tx + 16 * n;
+            const int col = out_col(n, tx);
             if (col < a.D) Cvt<T>::st(gdq, (int64_t)r * a.sdq.t + col, acc[i][n] * scale, a.bf);
         }
     }
