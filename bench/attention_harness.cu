@@ -498,6 +498,8 @@ static void bench(FILE *tf)
         {8, 12, 256, 64, EM_F32, 0},  {8, 12, 1024, 64, EM_F32, 0},  {8, 12, 4096, 64, EM_F32, 0},
         {8, 12, 256, 64, EM_BF16, 0}, {8, 12, 1024, 64, EM_BF16, 0}, {8, 12, 4096, 64, EM_BF16, 0},
         {64, 6, 256, 64, EM_F32, 0.2}, {64, 6, 256, 64, EM_BF16, 0.2},
+        /* ember only (no torch column) */
+        {64, 6, 256, 64, EM_F32, 0}, {8, 12, 1024, 128, EM_F32, 0}, {8, 12, 1024, 64, EM_F64, 0}, {8, 12, 1024, 64, EM_F16, 0},
     };
     printf("\nTiming (causal; median of 20 after 3 warm-up; ms)\n");
     printf("%-28s %9s %9s %9s %8s\n", "shape", "fwd", "bwd", "fwd+bwd", "fwdTF/s");
@@ -508,7 +510,7 @@ static void bench(FILE *tf)
         DT q = make(dt, B, H, T, D, nullptr, 0), k = make(dt, B, H, T, D, nullptr, 0), v = make(dt, B, H, T, D, nullptr, 0),
            o = make(dt, B, H, T, D, nullptr, 0), dout = make(dt, B, H, T, D, nullptr, 0), dq = make(dt, B, H, T, D, nullptr, 0),
            dk = make(dt, B, H, T, D, nullptr, 0), dv = make(dt, B, H, T, D, nullptr, 0);
-        DT lse = make(EM_F32, 1, B, H, T, nullptr, 0);
+        DT lse = make(dt == EM_F64 ? EM_F64 : EM_F32, 1, B, H, T, nullptr, 0);
         lse.ndim = 3;
         std::vector<double> hv((size_t)B * H * T * D);
         for (DT *t : {&q, &k, &v, &dout}) {
