@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """Times torch.nn.functional.scaled_dot_product_attention forward + backward at
 the shapes of bench/attention_harness.cu's timing table (causal; median of 20
-after 3 warm-up, CUDA events, ms), and with --ember FILE (the harness's
---times output) prints both side by side."""
+after 3 warm-up, CUDA events, ms), and with --ember [NAME=]FILE (the
+harness's --times output; repeatable, one per build variant) prints them side
+by side: the first file's fwd / bwd / total, then every other variant's fwd / bwd."""
 import argparse
 import torch
 import torch.nn.functional as F
@@ -39,26 +40,36 @@ def bench(B, H, T, D, dt, p):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--ember", help="the harness's --times file")
+    ap.add_argument("--ember", action="append", default=[], help="[NAME=]FILE, the harness's --times file")
     args = ap.parse_args()
     print("torch", torch.__version__, "cuda", torch.version.cuda, torch.cuda.get_device_name(0))
-    ember = {}
-    if args.ember:
+    embers = []  # (name, {key: (fwd, bwd, tot)})
+    for spec in args.ember:
+        name, _, path = spec.rpartition("=")
+        d = {}
         try:
-            for line in open(args.ember):
+            for line in open(path):
                 f = line.split()
                 if len(f) == 4:
-                    ember[f[0]] = tuple(float(x) for x in f[1:])
+                    d[f[0]] = tuple(float(x) for x in f[1:])
         except OSError as e:
             print("no ember times:", e)
+        embers.append((name or path, d))
+    first = embers[0][1] if embers else {}
     print("\nfwd / bwd / fwd+bwd in ms, causal, median of 20 (ember = devices/cuda/attention.cu, torch = F.scaled_dot_product_attention)")
-    print("%-26s | %8s %8s %8s | %8s %8s %8s | %7s" % ("shape", "em fwd", "em bwd", "em tot", "th fwd", "th bwd", "th tot", "em/th"))
+    extra = "".join(" %15s" % (n + " fwd/bwd")[:15] for n, _ in embers[1:])
+    print("%-26s | %8s %8s %8s | %8s %8s %8s | %7s |%s" % ("shape", "em fwd", "em bwd", "em tot", "th fwd", "th bwd", "th tot", "em/th", extra))
     for s in SHAPES:
         t = bench(*s)
-        e = ember.get(key(*s))
+        e = first.get(key(*s))
         es = ("%8.3f %8.3f %8.3f" % e) if e else "%8s %8s %8s" % ("-", "-", "-")
         ratio = ("%7.2f" % (e[2] / t[2])) if e else "-"
-        print("%-26s | %s | %8.3f %8.3f %8.3f | %7s" % (key(*s), es, t[0], t[1], t[2], ratio), flush=True)
+        ex = "".join(" %7.3f/%7.3f" % d[key(*s)][:2] if key(*s) in d else " %15s" % "-" for _, d in embers[1:])
+        print("%-26s | %s | %8.3f %8.3f %8.3f | %7s |%s" % (key(*s), es, t[0], t[1], t[2], ratio, ex), flush=True)
+    for name, d in embers:  # ember-only shapes
+        for k, v in d.items():
+            if k not in [key(*s) for s in SHAPES]:
+                print("ember %-4s %-26s fwd %8.3f bwd %8.3f tot %8.3f" % (name, k, *v))
 
 
 if __name__ == "__main__":

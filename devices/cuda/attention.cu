@@ -61,6 +61,27 @@ namespace {
 
 constexpr int kAT = 256; /* threads per block, 16 x 16 */
 
+/* Build-time variants of the tile products (bench/attention_harness times
+ * them): VEC = 4-wide shared-memory loads (rows padded to a multiple of 4)
+ * or scalar ones (rows padded to an odd length), per kernel group; UNROLL =
+ * unroll count of the product loops; REGCAP = cap the registers for two
+ * blocks per SM where shared memory allows. */
+#ifndef EMBER_ATTN_FWD_VEC
+#define EMBER_ATTN_FWD_VEC 1
+#endif
+#ifndef EMBER_ATTN_BWD_VEC
+#define EMBER_ATTN_BWD_VEC 1
+#endif
+#ifndef EMBER_ATTN_UNROLL
+#define EMBER_ATTN_UNROLL 1
+#endif
+#ifndef EMBER_ATTN_REGCAP
+#define EMBER_ATTN_REGCAP 1
+#endif
+constexpr bool kFwdVec = EMBER_ATTN_FWD_VEC != 0, kBwdVec = EMBER_ATTN_BWD_VEC != 0;
+constexpr int kUnroll = EMBER_ATTN_UNROLL;
+__host__ __device__ constexpr int pad_of(bool vec) { return vec ? 4 : 1; }
+
 struct S3 {
     int64_t b, h, t; /* strides of dims 0..2; the last one is 1 */
 };
@@ -127,13 +148,13 @@ __device__ __forceinline__ bool keep_elem(const Args &a, int64_t bh, int i, int 
 }
 
 /* Stages rows [r0, r0 + ROWS) x cols [0, DM) of a [n, ncols] row-major (row
- * stride st) operand into s (row length DM + 4), zeros outside. */
-template <typename T, int ROWS, int DM>
+ * stride st) operand into s (row length DM + PAD), zeros outside. */
+template <typename T, int ROWS, int DM, int PAD>
 __device__ __forceinline__ void load_tile(typename Cvt<T>::A *s, const T *g, int64_t st, int r0, int nrows, int ncols,
                                           bool bf)
 {
     typedef typename Cvt<T>::A A;
-    constexpr int LD = DM + 4;
+    constexpr int LD = DM + PAD;
     for (int e = threadIdx.x; e < ROWS * DM; e += kAT) {
         const int r = e / DM, d = e - r * DM;
         A v = 0;
@@ -154,54 +175,87 @@ __device__ __forceinline__ void ld4(const double *p, double v[4])
     v[0] = t.x; v[1] = t.y; v[2] = u.x; v[3] = u.y;
 }
 
-/* acc[i][j] += sum_{d < 4 n4} As[(ty + 16 i) * LDA + d] * Bs[(tx + 16 j) * LDB + d]:
- * a tile of A B^T, both row-major in shared memory, read 4 columns at a time. */
-template <typename A, int RM, int CN, int LDA, int LDB>
-__device__ __forceinline__ void mm_abt(A (&acc)[RM][CN], const A *As, const A *Bs, int ty, int tx, int n4)
+/* acc[i][j] += sum_{d < n} As[(ty + 16 i) * LDA + d] * Bs[(tx + 16 j) * LDB + d]:
+ * a tile of A B^T, both row-major in shared memory; VEC reads 4 columns at a
+ * time (n rounded up to 4: the tiles are zero there). */
+template <typename A, int RM, int CN, int LDA, int LDB, bool VEC>
+__device__ __forceinline__ void mm_abt(A (&acc)[RM][CN], const A *As, const A *Bs, int ty, int tx, int n)
 {
-#pragma unroll 1
-    for (int d = 0; d < 4 * n4; d += 4) {
-        A a[RM][4], b[CN][4];
+    if constexpr (VEC) {
+#pragma unroll kUnroll
+        for (int d = 0; d < n; d += 4) {
+            A a[RM][4], b[CN][4];
 #pragma unroll
-        for (int i = 0; i < RM; i++) ld4(As + (ty + 16 * i) * LDA + d, a[i]);
+            for (int i = 0; i < RM; i++) ld4(As + (ty + 16 * i) * LDA + d, a[i]);
 #pragma unroll
-        for (int j = 0; j < CN; j++) ld4(Bs + (tx + 16 * j) * LDB + d, b[j]);
+            for (int j = 0; j < CN; j++) ld4(Bs + (tx + 16 * j) * LDB + d, b[j]);
 #pragma unroll
-        for (int e = 0; e < 4; e++)
+            for (int e = 0; e < 4; e++)
+#pragma unroll
+                for (int i = 0; i < RM; i++)
+#pragma unroll
+                    for (int j = 0; j < CN; j++) acc[i][j] = fma(a[i][e], b[j][e], acc[i][j]);
+        }
+    } else {
+#pragma unroll kUnroll
+        for (int d = 0; d < n; d++) {
+            A a[RM], b[CN];
+#pragma unroll
+            for (int i = 0; i < RM; i++) a[i] = As[(ty + 16 * i) * LDA + d];
+#pragma unroll
+            for (int j = 0; j < CN; j++) b[j] = Bs[(tx + 16 * j) * LDB + d];
 #pragma unroll
             for (int i = 0; i < RM; i++)
 #pragma unroll
-                for (int j = 0; j < CN; j++) acc[i][j] = fma(a[i][e], b[j][e], acc[i][j]);
-    }
-}
-
-/* acc[i][4 g + e] += sum_{c < 4 n4} Ps[(ty + 16 i) * LDP + c] * Vs[c * LDV + 64 g + 4 tx + e]:
- * a tile of P V (the thread's output columns 64 g + 4 tx + e, e < 4, g < G). */
-template <typename A, int RM, int G, int LDP, int LDV>
-__device__ __forceinline__ void mm_ab(A (&acc)[RM][4 * G], const A *Ps, const A *Vs, int ty, int tx, int n4)
-{
-#pragma unroll 1
-    for (int c = 0; c < 4 * n4; c += 4) {
-        A p[RM][4];
-#pragma unroll
-        for (int i = 0; i < RM; i++) ld4(Ps + (ty + 16 * i) * LDP + c, p[i]);
-#pragma unroll
-        for (int e2 = 0; e2 < 4; e2++) {
-            A v[G][4];
-#pragma unroll
-            for (int g = 0; g < G; g++) ld4(Vs + (c + e2) * LDV + 64 * g + 4 * tx, v[g]);
-#pragma unroll
-            for (int i = 0; i < RM; i++)
-#pragma unroll
-                for (int g = 0; g < G; g++)
-#pragma unroll
-                    for (int e = 0; e < 4; e++) acc[i][4 * g + e] = fma(p[i][e2], v[g][e], acc[i][4 * g + e]);
+                for (int j = 0; j < CN; j++) acc[i][j] = fma(a[i], b[j], acc[i][j]);
         }
     }
 }
 
-/* Output column of accumulator n (the mm_ab layout). */
-__device__ __forceinline__ int out_col(int n, int tx) { return 64 * (n >> 2) + 4 * tx + (n & 3); }
+/* acc[i][n'] += sum_{c < n} Ps[(ty + 16 i) * LDP + c] * Vs[c * LDV + out_col(n')]:
+ * a tile of P V, the thread's NC output columns out_col<VEC>(n', tx). */
+template <bool VEC> __device__ __forceinline__ int out_col(int n, int tx)
+{
+    return VEC ? 64 * (n >> 2) + 4 * tx + (n & 3) : tx + 16 * n;
+}
+template <typename A, int RM, int NC, int LDP, int LDV, bool VEC>
+__device__ __forceinline__ void mm_ab(A (&acc)[RM][NC], const A *Ps, const A *Vs, int ty, int tx, int n)
+{
+    if constexpr (VEC) {
+        constexpr int G = NC / 4;
+#pragma unroll kUnroll
+        for (int c = 0; c < n; c += 4) {
+            A p[RM][4];
+#pragma unroll
+            for (int i = 0; i < RM; i++) ld4(Ps + (ty + 16 * i) * LDP + c, p[i]);
+#pragma unroll
+            for (int e2 = 0; e2 < 4; e2++) {
+                A v[G][4];
+#pragma unroll
+                for (int g = 0; g < G; g++) ld4(Vs + (c + e2) * LDV + 64 * g + 4 * tx, v[g]);
+#pragma unroll
+                for (int i = 0; i < RM; i++)
+#pragma unroll
+                    for (int g = 0; g < G; g++)
+#pragma unroll
+                        for (int e = 0; e < 4; e++) acc[i][4 * g + e] = fma(p[i][e2], v[g][e], acc[i][4 * g + e]);
+            }
+        }
+    } else {
+#pragma unroll kUnroll
+        for (int c = 0; c < n; c++) {
+            A p[RM], v[NC];
+#pragma unroll
+            for (int i = 0; i < RM; i++) p[i] = Ps[(ty + 16 * i) * LDP + c];
+#pragma unroll
+            for (int m = 0; m < NC; m++) v[m] = Vs[c * LDV + tx + 16 * m];
+#pragma unroll
+            for (int i = 0; i < RM; i++)
+#pragma unroll
+                for (int m = 0; m < NC; m++) acc[i][m] = fma(p[i], v[m], acc[i][m]);
+        }
+    }
+}
 
 /* Tile shapes per compute type and head-dim bucket: forward / dQ rows RM,
  * key columns CN (BQ = 16 RM, BK = 16 CN); dK/dV key rows RK, query columns CQ. */
@@ -213,23 +267,23 @@ template <> struct Cfg<double, 64> { static constexpr int RM = 4, CN = 2, RK = 2
 template <> struct Cfg<double, 128> { static constexpr int RM = 2, CN = 2, RK = 2, CQ = 2; };
 template <> struct Cfg<double, 256> { static constexpr int RM = 2, CN = 1, RK = 2, CQ = 1; };
 
-template <typename A, int DM, int RM, int CN> constexpr size_t fwd_smem()
+template <typename A, int DM, int RM, int CN, int PAD = pad_of(kFwdVec)> constexpr size_t fwd_smem()
 {
-    return sizeof(A) * ((size_t)16 * RM * (DM + 4) + 2 * (size_t)16 * CN * (DM + 4) + (size_t)16 * RM * (16 * CN + 4));
+    return sizeof(A) * ((size_t)16 * RM * (DM + PAD) + 2 * (size_t)16 * CN * (DM + PAD) + (size_t)16 * RM * (16 * CN + PAD));
 }
-template <typename A, int DM, int RM, int CN> constexpr size_t dq_smem()
+template <typename A, int DM, int RM, int CN, int PAD = pad_of(kBwdVec)> constexpr size_t dq_smem()
 {
-    return sizeof(A) * (2 * (size_t)16 * RM * (DM + 4) + 2 * (size_t)16 * CN * (DM + 4) + (size_t)16 * RM * (16 * CN + 4));
+    return sizeof(A) * (2 * (size_t)16 * RM * (DM + PAD) + 2 * (size_t)16 * CN * (DM + PAD) + (size_t)16 * RM * (16 * CN + PAD));
 }
-template <typename A, int DM, int RK, int CQ> constexpr size_t dkv_smem()
+template <typename A, int DM, int RK, int CQ, int PAD = pad_of(kBwdVec)> constexpr size_t dkv_smem()
 {
-    return sizeof(A) * (2 * (size_t)16 * RK * (DM + 4) + 2 * (size_t)16 * CQ * (DM + 4) +
-                        2 * (size_t)16 * RK * (16 * CQ + 4) + 2 * (size_t)16 * CQ);
+    return sizeof(A) * (2 * (size_t)16 * RK * (DM + PAD) + 2 * (size_t)16 * CQ * (DM + PAD) +
+                        2 * (size_t)16 * RK * (16 * CQ + PAD) + 2 * (size_t)16 * CQ);
 }
 
 /* Blocks per SM the registers are capped for: 2 when two blocks' shared
  * memory fits an SM (H100/H200: 227 KB per block, 228 KB per SM), else 1. */
-constexpr int min_blocks(size_t smem) { return 2 * (smem + 1024) <= (size_t)228 * 1024 ? 2 : 1; }
+constexpr int min_blocks(size_t smem) { return EMBER_ATTN_REGCAP && 2 * (smem + 1024) <= (size_t)228 * 1024 ? 2 : 1; }
 
 /* ---- forward ------------------------------------------------------------- */
 
@@ -237,7 +291,8 @@ template <typename T, int DM, int RM, int CN>
 __global__ void __launch_bounds__(kAT, min_blocks(fwd_smem<typename Cvt<T>::A, DM, RM, CN>())) k_fwd(Args a)
 {
     typedef typename Cvt<T>::A A;
-    constexpr int BQ = 16 * RM, BK = 16 * CN, LD = DM + 4, LP = BK + 4, NC = DM / 16, G = DM / 64;
+    constexpr bool VEC = kFwdVec;
+    constexpr int PAD = pad_of(VEC), BQ = 16 * RM, BK = 16 * CN, LD = DM + PAD, LP = BK + PAD, NC = DM / 16;
     extern __shared__ __align__(16) unsigned char smem_raw[];
     A *Qs = (A *)smem_raw, *Ks = Qs + BQ * LD, *Vs = Ks + BK * LD, *Ps = Vs + BK * LD;
     const int tx = threadIdx.x & 15, ty = threadIdx.x >> 4;
@@ -250,7 +305,7 @@ __global__ void __launch_bounds__(kAT, min_blocks(fwd_smem<typename Cvt<T>::A, D
     const T *mask = a.has_mask ? (const T *)a.mask + b * a.sm[0] + h * a.sm[1] : nullptr;
     const A scale = (A)a.scale, rp = (A)a.rp;
 
-    load_tile<T, BQ, DM>(Qs, q, a.sq.t, q0, a.Tq, a.D, a.bf);
+    load_tile<T, BQ, DM, PAD>(Qs, q, a.sq.t, q0, a.Tq, a.D, a.bf);
     A m[RM], l[RM], acc[RM][NC];
 #pragma unroll
     for (int i = 0; i < RM; i++) {
@@ -263,15 +318,15 @@ __global__ void __launch_bounds__(kAT, min_blocks(fwd_smem<typename Cvt<T>::A, D
     if (a.causal && q0 + BQ < kend) kend = q0 + BQ;
     for (int k0 = 0; k0 < kend; k0 += BK) {
         __syncthreads();
-        load_tile<T, BK, DM>(Ks, k, a.sk.t, k0, a.Tk, a.D, a.bf);
-        load_tile<T, BK, DM>(Vs, v, a.sv.t, k0, a.Tk, a.Dv, a.bf);
+        load_tile<T, BK, DM, PAD>(Ks, k, a.sk.t, k0, a.Tk, a.D, a.bf);
+        load_tile<T, BK, DM, PAD>(Vs, v, a.sv.t, k0, a.Tk, a.Dv, a.bf);
         __syncthreads();
         A s[RM][CN];
 #pragma unroll
         for (int i = 0; i < RM; i++)
 #pragma unroll
             for (int j = 0; j < CN; j++) s[i][j] = 0;
-        mm_abt<A, RM, CN, LD, LD>(s, Qs, Ks, ty, tx, (a.D + 3) >> 2);
+        mm_abt<A, RM, CN, LD, LD, VEC>(s, Qs, Ks, ty, tx, a.D);
 #pragma unroll
         for (int i = 0; i < RM; i++) {
             const int r = q0 + ty + 16 * i;
@@ -303,7 +358,7 @@ __global__ void __launch_bounds__(kAT, min_blocks(fwd_smem<typename Cvt<T>::A, D
         }
         __syncthreads();
         const int cmax = a.Tk - k0 < BK ? a.Tk - k0 : BK;
-        mm_ab<A, RM, G, LP, LD>(acc, Ps, Vs, ty, tx, (cmax + 3) >> 2);
+        mm_ab<A, RM, NC, LP, LD, VEC>(acc, Ps, Vs, ty, tx, cmax);
     }
     T *o = (T *)a.o + b * a.so.b + h * a.so.h;
     A *lse = (A *)a.lse + b * a.slse.b + h * a.slse.h;
@@ -315,7 +370,7 @@ __global__ void __launch_bounds__(kAT, min_blocks(fwd_smem<typename Cvt<T>::A, D
         const A inv = (A)1 / li; /* l = 0 (all masked): inf, and o = 0 * inf = NaN */
 #pragma unroll
         for (int n = 0; n < NC; n++) {
-            const int col = out_col(n, tx);
+            const int col = out_col<VEC>(n, tx);
             if (col < a.Dv) Cvt<T>::st(o, (int64_t)r * a.so.t + col, acc[i][n] * inv, a.bf);
         }
         if (tx == 0) lse[(int64_t)r * a.slse.t] = m[i] + lg(li);
@@ -328,7 +383,8 @@ template <typename T, int DM, int RK, int CQ>
 __global__ void __launch_bounds__(kAT, min_blocks(dkv_smem<typename Cvt<T>::A, DM, RK, CQ>())) k_dkv(Args a)
 {
     typedef typename Cvt<T>::A A;
-    constexpr int BK = 16 * RK, BQ = 16 * CQ, LD = DM + 4, LP = BQ + 4, NC = DM / 16, G = DM / 64;
+    constexpr bool VEC = kBwdVec;
+    constexpr int PAD = pad_of(VEC), BK = 16 * RK, BQ = 16 * CQ, LD = DM + PAD, LP = BQ + PAD, NC = DM / 16;
     extern __shared__ __align__(16) unsigned char smem_raw[];
     A *Ks = (A *)smem_raw, *Vs = Ks + BK * LD, *Qs = Vs + BK * LD, *Os = Qs + BQ * LD, *Ps = Os + BQ * LD;
     A *Ds = Ps + BK * LP, *Ls = Ds + BK * LP, *Dl = Ls + BQ;
@@ -345,8 +401,8 @@ __global__ void __launch_bounds__(kAT, min_blocks(dkv_smem<typename Cvt<T>::A, D
     const T *mask = a.has_mask ? (const T *)a.mask + b * a.sm[0] + h * a.sm[1] : nullptr;
     const A scale = (A)a.scale, rp = (A)a.rp;
 
-    load_tile<T, BK, DM>(Ks, k, a.sk.t, k0, a.Tk, a.D, a.bf);
-    load_tile<T, BK, DM>(Vs, v, a.sv.t, k0, a.Tk, a.Dv, a.bf);
+    load_tile<T, BK, DM, PAD>(Ks, k, a.sk.t, k0, a.Tk, a.D, a.bf);
+    load_tile<T, BK, DM, PAD>(Vs, v, a.sv.t, k0, a.Tk, a.Dv, a.bf);
     A dk[RK][NC], dv[RK][NC];
 #pragma unroll
     for (int i = 0; i < RK; i++)
@@ -355,8 +411,8 @@ __global__ void __launch_bounds__(kAT, min_blocks(dkv_smem<typename Cvt<T>::A, D
     const int qstart = a.causal ? (k0 / BQ) * BQ : 0;
     for (int q0 = qstart; q0 < a.Tq; q0 += BQ) {
         __syncthreads();
-        load_tile<T, BQ, DM>(Qs, q, a.sq.t, q0, a.Tq, a.D, a.bf);
-        load_tile<T, BQ, DM>(Os, dout, a.sdo.t, q0, a.Tq, a.Dv, a.bf);
+        load_tile<T, BQ, DM, PAD>(Qs, q, a.sq.t, q0, a.Tq, a.D, a.bf);
+        load_tile<T, BQ, DM, PAD>(Os, dout, a.sdo.t, q0, a.Tq, a.Dv, a.bf);
         __syncthreads();
         for (int rr = ty; rr < BQ; rr += 16) { /* delta = rowsum(dout * o), lse of the tile's rows */
             const int r = q0 + rr;
@@ -375,8 +431,8 @@ __global__ void __launch_bounds__(kAT, min_blocks(dkv_smem<typename Cvt<T>::A, D
         for (int i = 0; i < RK; i++)
 #pragma unroll
             for (int j = 0; j < CQ; j++) s[i][j] = dp[i][j] = 0;
-        mm_abt<A, RK, CQ, LD, LD>(s, Ks, Qs, ty, tx, (a.D + 3) >> 2);
-        mm_abt<A, RK, CQ, LD, LD>(dp, Vs, Os, ty, tx, (a.Dv + 3) >> 2);
+        mm_abt<A, RK, CQ, LD, LD, VEC>(s, Ks, Qs, ty, tx, a.D);
+        mm_abt<A, RK, CQ, LD, LD, VEC>(dp, Vs, Os, ty, tx, a.Dv);
 #pragma unroll
         for (int i = 0; i < RK; i++) {
             const int c = k0 + ty + 16 * i;
@@ -398,8 +454,8 @@ __global__ void __launch_bounds__(kAT, min_blocks(dkv_smem<typename Cvt<T>::A, D
         }
         __syncthreads();
         const int rmax = a.Tq - q0 < BQ ? a.Tq - q0 : BQ;
-        mm_ab<A, RK, G, LP, LD>(dv, Ps, Os, ty, tx, (rmax + 3) >> 2);
-        mm_ab<A, RK, G, LP, LD>(dk, Ds, Qs, ty, tx, (rmax + 3) >> 2);
+        mm_ab<A, RK, NC, LP, LD, VEC>(dv, Ps, Os, ty, tx, rmax);
+        mm_ab<A, RK, NC, LP, LD, VEC>(dk, Ds, Qs, ty, tx, rmax);
     }
     T *gdk = (T *)a.dk + b * a.sdk.b + h * a.sdk.h;
     T *gdv = (T *)a.dv + b * a.sdv.b + h * a.sdv.h;
@@ -409,7 +465,7 @@ __global__ void __launch_bounds__(kAT, min_blocks(dkv_smem<typename Cvt<T>::A, D
         if (c >= a.Tk) continue;
 #pragma unroll
         for (int n = 0; n < NC; n++) {
-            const int col = out_col(n, tx);
+            const int col = out_col<VEC>(n, tx);
             if (col < a.D) Cvt<T>::st(gdk, (int64_t)c * a.sdk.t + col, dk[i][n] * scale, a.bf);
             if (col < a.Dv) Cvt<T>::st(gdv, (int64_t)c * a.sdv.t + col, dv[i][n], a.bf);
         }
@@ -422,7 +478,8 @@ template <typename T, int DM, int RM, int CN>
 __global__ void __launch_bounds__(kAT, min_blocks(dq_smem<typename Cvt<T>::A, DM, RM, CN>())) k_dq(Args a)
 {
     typedef typename Cvt<T>::A A;
-    constexpr int BQ = 16 * RM, BK = 16 * CN, LD = DM + 4, LP = BK + 4, NC = DM / 16, G = DM / 64;
+    constexpr bool VEC = kBwdVec;
+    constexpr int PAD = pad_of(VEC), BQ = 16 * RM, BK = 16 * CN, LD = DM + PAD, LP = BK + PAD, NC = DM / 16;
     extern __shared__ __align__(16) unsigned char smem_raw[];
     A *Qs = (A *)smem_raw, *Os = Qs + BQ * LD, *Ks = Os + BQ * LD, *Vs = Ks + BK * LD, *Ds = Vs + BK * LD;
     const int tx = threadIdx.x & 15, ty = threadIdx.x >> 4;
@@ -438,8 +495,8 @@ __global__ void __launch_bounds__(kAT, min_blocks(dq_smem<typename Cvt<T>::A, DM
     const T *mask = a.has_mask ? (const T *)a.mask + b * a.sm[0] + h * a.sm[1] : nullptr;
     const A scale = (A)a.scale, rp = (A)a.rp;
 
-    load_tile<T, BQ, DM>(Qs, q, a.sq.t, q0, a.Tq, a.D, a.bf);
-    load_tile<T, BQ, DM>(Os, dout, a.sdo.t, q0, a.Tq, a.Dv, a.bf);
+    load_tile<T, BQ, DM, PAD>(Qs, q, a.sq.t, q0, a.Tq, a.D, a.bf);
+    load_tile<T, BQ, DM, PAD>(Os, dout, a.sdo.t, q0, a.Tq, a.Dv, a.bf);
     __syncthreads();
     A Li[RM], Dli[RM], acc[RM][NC];
 #pragma unroll
@@ -457,16 +514,16 @@ __global__ void __launch_bounds__(kAT, min_blocks(dq_smem<typename Cvt<T>::A, DM
     if (a.causal && q0 + BQ < kend) kend = q0 + BQ;
     for (int k0 = 0; k0 < kend; k0 += BK) {
         __syncthreads();
-        load_tile<T, BK, DM>(Ks, k, a.sk.t, k0, a.Tk, a.D, a.bf);
-        load_tile<T, BK, DM>(Vs, v, a.sv.t, k0, a.Tk, a.Dv, a.bf);
+        load_tile<T, BK, DM, PAD>(Ks, k, a.sk.t, k0, a.Tk, a.D, a.bf);
+        load_tile<T, BK, DM, PAD>(Vs, v, a.sv.t, k0, a.Tk, a.Dv, a.bf);
         __syncthreads();
         A s[RM][CN], dp[RM][CN];
 #pragma unroll
         for (int i = 0; i < RM; i++)
 #pragma unroll
             for (int j = 0; j < CN; j++) s[i][j] = dp[i][j] = 0;
-        mm_abt<A, RM, CN, LD, LD>(s, Qs, Ks, ty, tx, (a.D + 3) >> 2);
-        mm_abt<A, RM, CN, LD, LD>(dp, Os, Vs, ty, tx, (a.Dv + 3) >> 2);
+        mm_abt<A, RM, CN, LD, LD, VEC>(s, Qs, Ks, ty, tx, a.D);
+        mm_abt<A, RM, CN, LD, LD, VEC>(dp, Os, Vs, ty, tx, a.Dv);
 #pragma unroll
         for (int i = 0; i < RM; i++) {
             const int r = q0 + ty + 16 * i;
@@ -486,7 +543,7 @@ __global__ void __launch_bounds__(kAT, min_blocks(dq_smem<typename Cvt<T>::A, DM
         }
         __syncthreads();
         const int cmax = a.Tk - k0 < BK ? a.Tk - k0 : BK;
-        mm_ab<A, RM, G, LP, LD>(acc, Ds, Ks, ty, tx, (cmax + 3) >> 2);
+        mm_ab<A, RM, NC, LP, LD, VEC>(acc, Ds, Ks, ty, tx, cmax);
     }
     T *gdq = (T *)a.dq + b * a.sdq.b + h * a.sdq.h;
 #pragma unroll
@@ -495,7 +552,7 @@ __global__ void __launch_bounds__(kAT, min_blocks(dq_smem<typename Cvt<T>::A, DM
         if (r >= a.Tq) continue;
 #pragma unroll
         for (int n = 0; n < NC; n++) {
-            const int col = out_col(n, tx);
+            const int col = out_col<VEC>(n, tx);
             if (col < a.D) Cvt<T>::st(gdq, (int64_t)r * a.sdq.t + col, acc[i][n] * scale, a.bf);
         }
     }
