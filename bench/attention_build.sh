@@ -1,7 +1,10 @@
 #!/bin/bash
 # Builds the standalone attention harness (bench/attention_harness.cu +
-# devices/cuda/attention.cu, no StarPU library) into build-attn/, once per
-# tile-product variant given as NAME:FLAGS (default: the default build only).
+# devices/cuda/attention.cu, no StarPU library) into build-attn/ as
+# attention_harness_NAME, once per NAME:NVCC_FLAGS argument (default: one
+# build "v0" with no extra flags). The tile-product variants are chosen in
+# attention.cu's Cfg table (the build-time knobs of the 2026-12-02 sweep were
+# folded into it).
 # Needs nvcc and StarPU's headers (emcuda.h includes starpu.h).
 set -euo pipefail
 cd "$(dirname "$0")/.."

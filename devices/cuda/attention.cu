@@ -34,11 +34,18 @@
  * Tiling: 256 threads as a 16 x 16 grid (ty, tx); a thread owns the tile rows
  * ty + 16 i (i < RM) and the columns tx + 16 j, so a row's reductions are
  * shuffles within 16 lanes of one warp. Tiles live in shared memory as A
- * (the compute type: float, or double for f64) with rows padded to an odd
- * length (DM + 4) so column walks do not conflict. DM = the head-dim bucket
- * max(D, Dv) <= 64, <= 128, <= 256 (template fast paths; any D, Dv in
- * [1, 256]); BQ / BK per bucket and compute type in Cfg below (up to ~206 KB
- * of dynamic shared memory per block: sm_80 or newer; H200 targeted).
+ * (the compute type: float, or double for f64), row-major. The tile products
+ * (mm_abt: S = Q K^T, dP = dO V^T; mm_ab: O += P V, dV, dK, dQ) read 4
+ * consecutive elements per load for float (rows padded to DM + 4; a thread's
+ * output columns are then 64 g + 4 tx + e) and scalars for double (rows
+ * padded to DM + 1, columns tx + 16 j); Cfg says which, and the unroll count,
+ * chosen by timing. DM = the head-dim bucket max(D, Dv) <= 64, <= 128,
+ * <= 256 (template fast paths; any D, Dv in [1, 256]: tiles are zero-filled
+ * past D, Dv, Tq, Tk). Dynamic shared memory up to 209 KB per block (set per
+ * launch with cudaFuncSetAttribute): sm_90 (H100 / H200, 227 KB per block);
+ * on a GPU with less, the larger buckets fail with a launch error reported
+ * through check(), never silently. Registers capped for 2 blocks per SM
+ * where 2 blocks' shared memory fits.
  *
  * Dtypes: f32, f16, bf16 load T, compute in f32 (lse f32), store T; f64
  * computes in f64 (lse f64). CUDA cores only (no tensor cores yet).
@@ -61,25 +68,8 @@ namespace {
 
 constexpr int kAT = 256; /* threads per block, 16 x 16 */
 
-/* Build-time variants of the tile products (bench/attention_harness times
- * them): VEC = 4-wide shared-memory loads (rows padded to a multiple of 4)
- * or scalar ones (rows padded to an odd length), per kernel group; UNROLL =
- * unroll count of the product loops; REGCAP = cap the registers for two
- * blocks per SM where shared memory allows. */
-#ifndef EMBER_ATTN_FWD_VEC
-#define EMBER_ATTN_FWD_VEC 1
-#endif
-#ifndef EMBER_ATTN_BWD_VEC
-#define EMBER_ATTN_BWD_VEC 1
-#endif
-#ifndef EMBER_ATTN_UNROLL
-#define EMBER_ATTN_UNROLL 1
-#endif
-#ifndef EMBER_ATTN_REGCAP
-#define EMBER_ATTN_REGCAP 1
-#endif
-constexpr bool kFwdVec = EMBER_ATTN_FWD_VEC != 0, kBwdVec = EMBER_ATTN_BWD_VEC != 0;
-constexpr int kUnroll = EMBER_ATTN_UNROLL;
+/* Row padding of the shared tiles: 4-wide loads need rows of a multiple of 4
+ * elements; scalar loads are conflict-free with rows of odd length. */
 __host__ __device__ constexpr int pad_of(bool vec) { return vec ? 4 : 1; }
 
 struct S3 {
@@ -164,25 +154,25 @@ __device__ __forceinline__ void load_tile(typename Cvt<T>::A *s, const T *g, int
 }
 
 /* Four consecutive elements of a shared-memory row (16-byte aligned). */
-__device__ __forceinline__ void ld4(const float *p, float v[4])
+template <typename A> __device__ __forceinline__ void ld4(const A *p, A v[4])
 {
-    const float4 t = *reinterpret_cast<const float4 *>(p);
-    v[0] = t.x; v[1] = t.y; v[2] = t.z; v[3] = t.w;
-}
-__device__ __forceinline__ void ld4(const double *p, double v[4])
-{
-    const double2 t = reinterpret_cast<const double2 *>(p)[0], u = reinterpret_cast<const double2 *>(p)[1];
-    v[0] = t.x; v[1] = t.y; v[2] = u.x; v[3] = u.y;
+    if constexpr (std::is_same<A, float>::value) {
+        const float4 t = *reinterpret_cast<const float4 *>(p);
+        v[0] = t.x; v[1] = t.y; v[2] = t.z; v[3] = t.w;
+    } else {
+        const double2 t = reinterpret_cast<const double2 *>(p)[0], u = reinterpret_cast<const double2 *>(p)[1];
+        v[0] = t.x; v[1] = t.y; v[2] = u.x; v[3] = u.y;
+    }
 }
 
 /* acc[i][j] += sum_{d < n} As[(ty + 16 i) * LDA + d] * Bs[(tx + 16 j) * LDB + d]:
  * a tile of A B^T, both row-major in shared memory; VEC reads 4 columns at a
  * time (n rounded up to 4: the tiles are zero there). */
-template <typename A, int RM, int CN, int LDA, int LDB, bool VEC>
+template <typename A, int RM, int CN, int LDA, int LDB, bool VEC, int UNR>
 __device__ __forceinline__ void mm_abt(A (&acc)[RM][CN], const A *As, const A *Bs, int ty, int tx, int n)
 {
     if constexpr (VEC) {
-#pragma unroll kUnroll
+#pragma unroll UNR
         for (int d = 0; d < n; d += 4) {
             A a[RM][4], b[CN][4];
 #pragma unroll
@@ -197,7 +187,7 @@ __device__ __forceinline__ void mm_abt(A (&acc)[RM][CN], const A *As, const A *B
                     for (int j = 0; j < CN; j++) acc[i][j] = fma(a[i][e], b[j][e], acc[i][j]);
         }
     } else {
-#pragma unroll kUnroll
+#pragma unroll UNR
         for (int d = 0; d < n; d++) {
             A a[RM], b[CN];
 #pragma unroll
@@ -218,12 +208,12 @@ template <bool VEC> __device__ __forceinline__ int out_col(int n, int tx)
 {
     return VEC ? 64 * (n >> 2) + 4 * tx + (n & 3) : tx + 16 * n;
 }
-template <typename A, int RM, int NC, int LDP, int LDV, bool VEC>
+template <typename A, int RM, int NC, int LDP, int LDV, bool VEC, int UNR>
 __device__ __forceinline__ void mm_ab(A (&acc)[RM][NC], const A *Ps, const A *Vs, int ty, int tx, int n)
 {
     if constexpr (VEC) {
         constexpr int G = NC / 4;
-#pragma unroll kUnroll
+#pragma unroll UNR
         for (int c = 0; c < n; c += 4) {
             A p[RM][4];
 #pragma unroll
@@ -242,7 +232,7 @@ __device__ __forceinline__ void mm_ab(A (&acc)[RM][NC], const A *Ps, const A *Vs
             }
         }
     } else {
-#pragma unroll kUnroll
+#pragma unroll UNR
         for (int c = 0; c < n; c++) {
             A p[RM], v[NC];
 #pragma unroll
@@ -258,24 +248,32 @@ __device__ __forceinline__ void mm_ab(A (&acc)[RM][NC], const A *Ps, const A *Vs
 }
 
 /* Tile shapes per compute type and head-dim bucket: forward / dQ rows RM,
- * key columns CN (BQ = 16 RM, BK = 16 CN); dK/dV key rows RK, query columns CQ. */
+ * key columns CN (BQ = 16 RM, BK = 16 CN); dK/dV key rows RK, query columns
+ * CQ. VEC: 4-wide shared-memory loads in the tile products (else scalar);
+ * UNR: unroll count of the product loops. VEC / UNR are the fastest of the
+ * variants timed on an H200 (bench/attention_harness.cu, 2026-12-02; every
+ * variant passed the whole test list): float D <= 64: VEC, UNR 2 (T = 4096
+ * causal fwd + bwd 40 ms against 47 for UNR 1 and 50 for scalar loads);
+ * float D <= 128: VEC, UNR 1 (8.1 ms against 11.3 / 11.9 at T = 1024);
+ * double: scalar, UNR 4 (6.9 ms against 10.0 at T = 1024, D = 64). float
+ * D <= 256 and double D > 64 were not timed (same rules kept). */
 template <typename A, int DM> struct Cfg;
-template <> struct Cfg<float, 64> { static constexpr int RM = 4, CN = 4, RK = 4, CQ = 4; };
-template <> struct Cfg<float, 128> { static constexpr int RM = 4, CN = 4, RK = 4, CQ = 2; };
-template <> struct Cfg<float, 256> { static constexpr int RM = 4, CN = 2, RK = 2, CQ = 2; };
-template <> struct Cfg<double, 64> { static constexpr int RM = 4, CN = 2, RK = 2, CQ = 2; };
-template <> struct Cfg<double, 128> { static constexpr int RM = 2, CN = 2, RK = 2, CQ = 2; };
-template <> struct Cfg<double, 256> { static constexpr int RM = 2, CN = 1, RK = 2, CQ = 1; };
+template <> struct Cfg<float, 64> { static constexpr int RM = 4, CN = 4, RK = 4, CQ = 4, UNR = 2; static constexpr bool VEC = true; };
+template <> struct Cfg<float, 128> { static constexpr int RM = 4, CN = 4, RK = 4, CQ = 2, UNR = 1; static constexpr bool VEC = true; };
+template <> struct Cfg<float, 256> { static constexpr int RM = 4, CN = 2, RK = 2, CQ = 2, UNR = 1; static constexpr bool VEC = true; };
+template <> struct Cfg<double, 64> { static constexpr int RM = 4, CN = 2, RK = 2, CQ = 2, UNR = 4; static constexpr bool VEC = false; };
+template <> struct Cfg<double, 128> { static constexpr int RM = 2, CN = 2, RK = 2, CQ = 2, UNR = 4; static constexpr bool VEC = false; };
+template <> struct Cfg<double, 256> { static constexpr int RM = 2, CN = 1, RK = 2, CQ = 1, UNR = 4; static constexpr bool VEC = false; };
 
-template <typename A, int DM, int RM, int CN, int PAD = pad_of(kFwdVec)> constexpr size_t fwd_smem()
+template <typename A, int DM, int RM, int CN, int PAD = pad_of(Cfg<A, DM>::VEC)> constexpr size_t fwd_smem()
 {
     return sizeof(A) * ((size_t)16 * RM * (DM + PAD) + 2 * (size_t)16 * CN * (DM + PAD) + (size_t)16 * RM * (16 * CN + PAD));
 }
-template <typename A, int DM, int RM, int CN, int PAD = pad_of(kBwdVec)> constexpr size_t dq_smem()
+template <typename A, int DM, int RM, int CN, int PAD = pad_of(Cfg<A, DM>::VEC)> constexpr size_t dq_smem()
 {
     return sizeof(A) * (2 * (size_t)16 * RM * (DM + PAD) + 2 * (size_t)16 * CN * (DM + PAD) + (size_t)16 * RM * (16 * CN + PAD));
 }
-template <typename A, int DM, int RK, int CQ, int PAD = pad_of(kBwdVec)> constexpr size_t dkv_smem()
+template <typename A, int DM, int RK, int CQ, int PAD = pad_of(Cfg<A, DM>::VEC)> constexpr size_t dkv_smem()
 {
     return sizeof(A) * (2 * (size_t)16 * RK * (DM + PAD) + 2 * (size_t)16 * CQ * (DM + PAD) +
                         2 * (size_t)16 * RK * (16 * CQ + PAD) + 2 * (size_t)16 * CQ);
@@ -283,7 +281,7 @@ template <typename A, int DM, int RK, int CQ, int PAD = pad_of(kBwdVec)> constex
 
 /* Blocks per SM the registers are capped for: 2 when two blocks' shared
  * memory fits an SM (H100/H200: 227 KB per block, 228 KB per SM), else 1. */
-constexpr int min_blocks(size_t smem) { return EMBER_ATTN_REGCAP && 2 * (smem + 1024) <= (size_t)228 * 1024 ? 2 : 1; }
+constexpr int min_blocks(size_t smem) { return 2 * (smem + 1024) <= (size_t)228 * 1024 ? 2 : 1; }
 
 /* ---- forward ------------------------------------------------------------- */
 
@@ -291,7 +289,8 @@ template <typename T, int DM, int RM, int CN>
 __global__ void __launch_bounds__(kAT, min_blocks(fwd_smem<typename Cvt<T>::A, DM, RM, CN>())) k_fwd(Args a)
 {
     typedef typename Cvt<T>::A A;
-    constexpr bool VEC = kFwdVec;
+    constexpr bool VEC = Cfg<A, DM>::VEC;
+    constexpr int UNR = Cfg<A, DM>::UNR;
     constexpr int PAD = pad_of(VEC), BQ = 16 * RM, BK = 16 * CN, LD = DM + PAD, LP = BK + PAD, NC = DM / 16;
     extern __shared__ __align__(16) unsigned char smem_raw[];
     A *Qs = (A *)smem_raw, *Ks = Qs + BQ * LD, *Vs = Ks + BK * LD, *Ps = Vs + BK * LD;
@@ -326,7 +325,7 @@ __global__ void __launch_bounds__(kAT, min_blocks(fwd_smem<typename Cvt<T>::A, D
         for (int i = 0; i < RM; i++)
 #pragma unroll
             for (int j = 0; j < CN; j++) s[i][j] = 0;
-        mm_abt<A, RM, CN, LD, LD, VEC>(s, Qs, Ks, ty, tx, a.D);
+        mm_abt<A, RM, CN, LD, LD, VEC, UNR>(s, Qs, Ks, ty, tx, a.D);
 #pragma unroll
         for (int i = 0; i < RM; i++) {
             const int r = q0 + ty + 16 * i;
@@ -358,7 +357,7 @@ __global__ void __launch_bounds__(kAT, min_blocks(fwd_smem<typename Cvt<T>::A, D
         }
         __syncthreads();
         const int cmax = a.Tk - k0 < BK ? a.Tk - k0 : BK;
-        mm_ab<A, RM, NC, LP, LD, VEC>(acc, Ps, Vs, ty, tx, cmax);
+        mm_ab<A, RM, NC, LP, LD, VEC, UNR>(acc, Ps, Vs, ty, tx, cmax);
     }
     T *o = (T *)a.o + b * a.so.b + h * a.so.h;
     A *lse = (A *)a.lse + b * a.slse.b + h * a.slse.h;
@@ -383,7 +382,8 @@ template <typename T, int DM, int RK, int CQ>
 __global__ void __launch_bounds__(kAT, min_blocks(dkv_smem<typename Cvt<T>::A, DM, RK, CQ>())) k_dkv(Args a)
 {
     typedef typename Cvt<T>::A A;
-    constexpr bool VEC = kBwdVec;
+    constexpr bool VEC = Cfg<A, DM>::VEC;
+    constexpr int UNR = Cfg<A, DM>::UNR;
     constexpr int PAD = pad_of(VEC), BK = 16 * RK, BQ = 16 * CQ, LD = DM + PAD, LP = BQ + PAD, NC = DM / 16;
     extern __shared__ __align__(16) unsigned char smem_raw[];
     A *Ks = (A *)smem_raw, *Vs = Ks + BK * LD, *Qs = Vs + BK * LD, *Os = Qs + BQ * LD, *Ps = Os + BQ * LD;
@@ -431,8 +431,8 @@ __global__ void __launch_bounds__(kAT, min_blocks(dkv_smem<typename Cvt<T>::A, D
         for (int i = 0; i < RK; i++)
 #pragma unroll
             for (int j = 0; j < CQ; j++) s[i][j] = dp[i][j] = 0;
-        mm_abt<A, RK, CQ, LD, LD, VEC>(s, Ks, Qs, ty, tx, a.D);
-        mm_abt<A, RK, CQ, LD, LD, VEC>(dp, Vs, Os, ty, tx, a.Dv);
+        mm_abt<A, RK, CQ, LD, LD, VEC, UNR>(s, Ks, Qs, ty, tx, a.D);
+        mm_abt<A, RK, CQ, LD, LD, VEC, UNR>(dp, Vs, Os, ty, tx, a.Dv);
 #pragma unroll
         for (int i = 0; i < RK; i++) {
             const int c = k0 + ty + 16 * i;
@@ -454,8 +454,8 @@ __global__ void __launch_bounds__(kAT, min_blocks(dkv_smem<typename Cvt<T>::A, D
         }
         __syncthreads();
         const int rmax = a.Tq - q0 < BQ ? a.Tq - q0 : BQ;
-        mm_ab<A, RK, NC, LP, LD, VEC>(dv, Ps, Os, ty, tx, rmax);
-        mm_ab<A, RK, NC, LP, LD, VEC>(dk, Ds, Qs, ty, tx, rmax);
+        mm_ab<A, RK, NC, LP, LD, VEC, UNR>(dv, Ps, Os, ty, tx, rmax);
+        mm_ab<A, RK, NC, LP, LD, VEC, UNR>(dk, Ds, Qs, ty, tx, rmax);
     }
     T *gdk = (T *)a.dk + b * a.sdk.b + h * a.sdk.h;
     T *gdv = (T *)a.dv + b * a.sdv.b + h * a.sdv.h;
@@ -478,7 +478,8 @@ template <typename T, int DM, int RM, int CN>
 __global__ void __launch_bounds__(kAT, min_blocks(dq_smem<typename Cvt<T>::A, DM, RM, CN>())) k_dq(Args a)
 {
     typedef typename Cvt<T>::A A;
-    constexpr bool VEC = kBwdVec;
+    constexpr bool VEC = Cfg<A, DM>::VEC;
+    constexpr int UNR = Cfg<A, DM>::UNR;
     constexpr int PAD = pad_of(VEC), BQ = 16 * RM, BK = 16 * CN, LD = DM + PAD, LP = BK + PAD, NC = DM / 16;
     extern __shared__ __align__(16) unsigned char smem_raw[];
     A *Qs = (A *)smem_raw, *Os = Qs + BQ * LD, *Ks = Os + BQ * LD, *Vs = Ks + BK * LD, *Ds = Vs + BK * LD;
@@ -522,8 +523,8 @@ __global__ void __launch_bounds__(kAT, min_blocks(dq_smem<typename Cvt<T>::A, DM
         for (int i = 0; i < RM; i++)
 #pragma unroll
             for (int j = 0; j < CN; j++) s[i][j] = dp[i][j] = 0;
-        mm_abt<A, RM, CN, LD, LD, VEC>(s, Qs, Ks, ty, tx, a.D);
-        mm_abt<A, RM, CN, LD, LD, VEC>(dp, Os, Vs, ty, tx, a.Dv);
+        mm_abt<A, RM, CN, LD, LD, VEC, UNR>(s, Qs, Ks, ty, tx, a.D);
+        mm_abt<A, RM, CN, LD, LD, VEC, UNR>(dp, Os, Vs, ty, tx, a.Dv);
 #pragma unroll
         for (int i = 0; i < RM; i++) {
             const int r = q0 + ty + 16 * i;
@@ -543,7 +544,7 @@ __global__ void __launch_bounds__(kAT, min_blocks(dq_smem<typename Cvt<T>::A, DM
         }
         __syncthreads();
         const int cmax = a.Tk - k0 < BK ? a.Tk - k0 : BK;
-        mm_ab<A, RM, NC, LP, LD, VEC>(acc, Ds, Ks, ty, tx, cmax);
+        mm_ab<A, RM, NC, LP, LD, VEC, UNR>(acc, Ds, Ks, ty, tx, cmax);
     }
     T *gdq = (T *)a.dq + b * a.sdq.b + h * a.sdq.h;
 #pragma unroll
