@@ -98,6 +98,13 @@ void *workspace(size_t *bytes);
 void conv_worker_stop();
 void conv_shutdown();
 
+/* The fused attention ops (SDPA, SDPA_BWD; devices/cuda/attention.cu) without
+ * StarPU: ptrs[i] = element 0 of operand i (inputs then outputs, offsets
+ * already applied), queued on @p s. em_cuda_attention calls it; so does the
+ * standalone harness (bench/attention_harness.cu). Reports through check() /
+ * unsupported(). */
+void attention_launch(const em_kargs *k, void *const *ptrs, cudaStream_t s);
+
 /* Records a failed launch / CUDA call as the running op's sticky error. */
 void check(cudaError_t e, const char *what);
 inline void check_launch(const char *what) { check(cudaGetLastError(), what); }
@@ -205,5 +212,6 @@ void em_cuda_optim(void *buffers[], void *cl_arg);
 void em_cuda_conv(void *buffers[], void *cl_arg);
 void em_cuda_pool(void *buffers[], void *cl_arg);
 void em_cuda_norm(void *buffers[], void *cl_arg);
+void em_cuda_attention(void *buffers[], void *cl_arg);
 
 #endif
