@@ -88,3 +88,49 @@ double em_clip_grad_norm(em_grads *grads, em_tensor *const *params, int n, doubl
     free(parts);
     return st == EM_OK ? total : (double)st;
 }
+
+em_tensor *em_clip_grad_norm_nowait(em_grads *grads, em_tensor *const *params, int n, double max_norm, double norm_type)
+{
+    const char *fn = "em_clip_grad_norm_nowait";
+    if (!grads || (n > 0 && !params)) return em__fail(EM_ERR_INVALID, "%s: %s is NULL", fn, !grads ? "grads" : "params");
+    if (!(max_norm >= 0)) return em__fail(EM_ERR_INVALID, "%s: max_norm must be >= 0, got %g", fn, max_norm);
+    if (!(norm_type > 0)) return em__fail(EM_ERR_INVALID, "%s: norm_type must be > 0 (or INFINITY), got %g", fn, norm_type);
+    const bool inf = isinf(norm_type);
+    em_tensor *acc = NULL, *out = NULL;
+    bool ok = true;
+    em_no_grad_begin();
+    em_scope_begin();
+    for (int i = 0; i < n && ok; i++) {
+        em_tensor *g = params[i] ? em_grad(grads, params[i]) : NULL;
+        if (!g) continue;
+        /* 16-bit gradients' powers in f32, as em_clip_grad_norm */
+        if (em_tensor_dtype(g) != EM_F32) g = em_cast(g, EM_F32);
+        em_tensor *r;
+        if (inf) r = em_max(em_abs(g), NULL, 0, false);
+        else if (norm_type == 2.0) r = em_sum_all(em_square(g));
+        else if (norm_type == 1.0) r = em_sum_all(em_abs(g));
+        else r = em_sum_all(em_pow_scalar(em_abs(g), norm_type));
+        acc = !r ? NULL : !acc ? r : inf ? em_maximum(acc, r) : em_add(acc, r);
+        ok = acc != NULL;
+    }
+    if (ok && !acc) {
+        out = em_scalar(0.0, EM_F32); /* no gradient: nothing to clip */
+    } else if (ok) {
+        em_tensor *total = inf || norm_type == 1.0 ? acc : norm_type == 2.0 ? em_sqrt(acc) : em_pow_scalar(acc, 1.0 / norm_type);
+        /* coef = clamp(max_norm / (total + 1e-6), max = 1), torch's clip_coef_clamped */
+        em_tensor *coef = total ? em_minimum_scalar(em_mul_scalar(em_reciprocal(em_add_scalar(total, 1e-6)), max_norm), 1.0) : NULL;
+        ok = coef != NULL;
+        for (int i = 0; i < n && ok; i++) {
+            em_tensor *g = params[i] ? em_grad(grads, params[i]) : NULL;
+            if (!g) continue;
+            em_tensor *c = em_tensor_dtype(coef) == em_tensor_dtype(g) ? coef : em_cast(coef, em_tensor_dtype(g));
+            em_tensor *scaled = c ? em_mul(g, c) : NULL;
+            ok = scaled && em_grads_set(grads, params[i], scaled) == EM_OK;
+        }
+        out = ok ? total : NULL;
+    }
+    if (out) em_keep(out);
+    em_scope_end();
+    em_no_grad_end();
+    return out;
+}

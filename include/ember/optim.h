@@ -126,6 +126,20 @@ EM_API double em_optim_get_lr(const em_optim *opt);
 /** Sets the learning rate used from the next step on (schedulers call this). */
 EM_API em_status em_optim_set_lr(em_optim *opt, double lr);
 EM_API const em_optim_config *em_optim_get_config(const em_optim *opt);
+/** Gives parameter @p i (0-based, in the list given at construction) its own
+ *  weight decay, used by every later step instead of the config's
+ *  weight_decay (the same decay rule of the kind: decoupled for AdamW, L2
+ *  for the others). This is torch.optim's two parameter groups of the
+ *  nanoGPT recipe, e.g. decay 0.1 on matrices and embeddings and 0 on biases
+ *  and norm weights: em_optim_set_param_weight_decay(opt, i, 0.0) for every
+ *  i whose parameter has fewer than 2 dims. Not part of the optimizer's
+ *  state (a checkpoint does not record it: set it again after rebuilding
+ *  the optimizer). Errors: NULL optimizer, @p i out of range, a weight decay
+ *  that is negative, inf or NaN (EM_ERR_INVALID naming it). */
+EM_API em_status em_optim_set_param_weight_decay(em_optim *opt, int i, double weight_decay);
+/** Parameter @p i's weight decay (its own, else the config's); NAN for a
+ *  NULL optimizer or a bad index. */
+EM_API double em_optim_get_param_weight_decay(const em_optim *opt, int i);
 EM_API int em_optim_num_params(const em_optim *opt);
 /** i-th parameter (borrowed), NULL when out of range. */
 EM_API em_tensor *em_optim_param(const em_optim *opt, int i);
@@ -214,6 +228,22 @@ EM_API em_status em_clip_grad_value(em_grads *grads, em_tensor *const *params, i
  *  by coef. Returns total (this waits for the norm), or a negative em_status
  *  (as double) on error with em_last_error() set. No gradients: returns 0. */
 EM_API double em_clip_grad_norm(em_grads *grads, em_tensor *const *params, int n, double max_norm, double norm_type);
+/** em_clip_grad_norm without waiting: the total norm and the clip
+ *  coefficient stay on the device, as torch's clip_grad_norm_ (which never
+ *  synchronises): total as above (the powers of 16-bit gradients summed in
+ *  f32), coef = min(max_norm / (total + 1e-6), 1) as a 0-d float32 tensor,
+ *  and every gradient found is replaced by gradient * coef (cast to the
+ *  gradient's dtype), also when coef is 1, so a NaN or inf norm propagates
+ *  into the gradients as torch's. The numbers are torch's (f32 arithmetic
+ *  on the device), which may differ in the last bits from
+ *  em_clip_grad_norm's, computed in double on the host. Costs about four
+ *  tasks per gradient and no host read: meant for a training loop's every
+ *  step. Returns the total norm, a new 0-d float32 reference (tensor.h
+ *  rules: owned by the current scope), not computed yet when it returns:
+ *  reading it (em_item) waits. No gradient found: a 0-d zero and nothing
+ *  changes. Errors (NULL): NULL grads or params with n > 0, max_norm < 0 or
+ *  NaN, norm_type <= 0 or NaN (EM_ERR_INVALID), and op errors. */
+EM_API em_tensor *em_clip_grad_norm_nowait(em_grads *grads, em_tensor *const *params, int n, double max_norm, double norm_type);
 
 #ifdef __cplusplus
 }
