@@ -94,6 +94,20 @@ static em_status gpt_batch(em_batch_split split, int64_t iter, int64_t k, em_ten
     return *x && *y ? EM_OK : em_last_status();
 }
 
+/* After each evaluation: the last one and the best one of this run, for the closing line. */
+typedef struct gpt_summary {
+    em_epoch_metrics last, best;
+    int n;
+} gpt_summary;
+
+static void on_eval(const em_epoch_metrics *m, void *ctx)
+{
+    gpt_summary *s = ctx;
+    if (!s->n || m->val_loss < s->best.val_loss) s->best = *m;
+    s->last = *m;
+    s->n++;
+}
+
 /* ---- help ---- */
 
 static void gpt_help(void)
@@ -212,10 +226,11 @@ static int settings_parse(const char *text, gpt_settings *s, const bool *given, 
             break;
         }
         if (errno || !end || *end || end == v) return -1;
-        if (k != G_ITERS) { /* --iters is the total of the resumed run: not "from the checkpoint" unless left out */
-            size_t l = strlen(shown);
+        size_t l = strlen(shown);
+        if (k >= G_LR && k <= G_CLIP) /* reals as %g (stored with 17 digits) */
+            snprintf(shown + l, nshown - l, "%s%s %g", l ? ", " : "", SET_KEYS[k], strtod(v, NULL));
+        else
             snprintf(shown + l, nshown - l, "%s%s %s", l ? ", " : "", SET_KEYS[k], v);
-        }
     }
     em_precision p;
     if (s->iters < 1 || s->eval_interval < 0 || s->eval_iters < 0 || s->batch < 1 || s->batch > EM_TOOL_MAX_BATCH || s->warmup < 0 ||
@@ -576,10 +591,11 @@ int em_tool_train_gpt(int argc, char **argv)
         }
         if (removed > 0) printf("--overwrite: removed %d file%s of the earlier run in %s\n", removed, removed == 1 ? "" : "s", out);
     }
-    em_epoch_metrics hist[4096];
-    int nhist = 0;
+    gpt_summary sum = {.n = 0};
+    cfg.on_epoch = on_eval;
+    cfg.on_epoch_ctx = &sum;
     em_tool_install_stop_handlers();
-    em_status fit = em_learner_fit(model, opt, sched, NULL, NULL, &cfg, hist, 4096, &nhist);
+    em_status fit = em_learner_fit(model, opt, sched, NULL, NULL, &cfg, NULL, 0, NULL);
     em_tool_restore_stop_handlers();
     volatile sig_atomic_t sig = *em_tool_stop_flag();
     if (fit == EM_ERR_INTERRUPTED) {
@@ -601,10 +617,8 @@ int em_tool_train_gpt(int argc, char **argv)
         fprintf(stderr, "ember train: %s\n", em_last_error());
         goto done;
     }
-    if (nhist > 0) {
-        const em_epoch_metrics *m = &hist[nhist - 1], *best = m;
-        for (int i = 0; i < nhist; i++)
-            if (hist[i].val_loss < best->val_loss) best = &hist[i];
+    if (sum.n > 0) {
+        const em_epoch_metrics *m = &sum.last, *best = &sum.best;
         const size_t ol = strlen(out);
         printf("final val loss %.4f at iteration %lld (best this run %.4f at iteration %lld); %.1fs; checkpoints in %.*s/\n", m->val_loss,
                (long long)m->iter, best->val_loss, (long long)best->iter, m->elapsed_s,
