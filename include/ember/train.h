@@ -7,7 +7,9 @@
  * metric, plus caller-supplied entries such as the model's configuration).
  * It is written atomically, so an interrupted save never leaves a partial
  * file. Resuming restores all of it, so a resumed run continues exactly
- * where the saved one stopped (data order is a function of seed and epoch).
+ * where the saved one stopped (data order is a function of seed and epoch;
+ * in the Learner's iteration mode, of the batch source's (split, iteration,
+ * batch number)).
  */
 #ifndef EMBER_TRAIN_H
 #define EMBER_TRAIN_H
@@ -26,11 +28,11 @@ extern "C" {
 
 /** What a checkpoint records besides tensors. */
 typedef struct em_checkpoint_info {
-    int64_t epoch;        /**< epochs completed                         */
-    int64_t step;         /**< optimizer steps completed                */
+    int64_t epoch;        /**< epochs completed (0 in iteration mode)   */
+    int64_t step;         /**< optimizer steps completed (iteration mode: the iterations) */
     double best_metric;   /**< best monitored validation metric so far  */
-    int64_t best_epoch;   /**< epoch (1-based) that reached best_metric */
-    int64_t bad_epochs;   /**< epochs without improvement (early stopping) */
+    int64_t best_epoch;   /**< epoch (1-based) that reached best_metric; iteration mode: its iteration */
+    int64_t bad_epochs;   /**< epochs (iteration mode: evaluations) without improvement (early stopping) */
     uint64_t rng_seed, rng_offset; /**< global generator (em_rng_get_state) */
 } em_checkpoint_info;
 
