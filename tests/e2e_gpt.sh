@@ -54,7 +54,12 @@ grep -aqF '"ember.tokenizer":"bytes"' "$T/a/checkpoint.safetensors" || fail "che
 grep -aqF '"ember.model":"gpt:vocab_size=256,n_positions=16,n_embd=16,n_layer=1,n_head=2,' "$T/a/checkpoint.safetensors" ||
   fail "checkpoint lacks the GPT config in ember.model"
 grep -aqF '"ember.step":"30"' "$T/a/checkpoint.safetensors" || fail "checkpoint lacks ember.step 30"
-ok "a short run: one row per evaluation, metrics.csv, checkpoint with ember.model / ember.tokenizer, best"
+# the lr column: the anchor's lr_at(i) for the row's last iteration i (warm-up 3, cosine over 30 to 1e-4; row 0: lr_at(0))
+bad_lr=$(awk -F, 'NR > 1 { i = ($1 > 0 ? $1 - 1 : 0); W = 3; N = 30
+  want = (i < W) ? 1e-3 * (i + 1) / W : 1e-4 + 0.5 * (1 + cos(3.141592653589793 * (i - W) / (N - W))) * (1e-3 - 1e-4)
+  d = $4 - want; if (d < 0) d = -d; if (d > 1e-7 * want) print "iter " $1 ": lr " $4 ", lr_at " want }' "$T/a/metrics.csv")
+[ -z "$bad_lr" ] || fail "the lr column is not the anchor's lr_at: $bad_lr"
+ok "a short run: one row per evaluation, metrics.csv (lr = the anchor's lr_at), checkpoint with ember.model / ember.tokenizer, best"
 
 # ---- bad options: exit 2, the flag named, nothing written ----
 cases=(

@@ -620,9 +620,13 @@ int em_tool_train_gpt(int argc, char **argv)
     if (sum.n > 0) {
         const em_epoch_metrics *m = &sum.last, *best = &sum.best;
         const size_t ol = strlen(out);
-        printf("final val loss %.4f at iteration %lld (best this run %.4f at iteration %lld); %.1fs; checkpoints in %.*s/\n", m->val_loss,
-               (long long)m->iter, best->val_loss, (long long)best->iter, m->elapsed_s,
-               (int)(ol > 1 && out[ol - 1] == '/' ? ol - 1 : ol), out);
+        if (S.eval_iters > 0)
+            printf("final val loss %.4f at iteration %lld (best this run %.4f at iteration %lld); %.1fs; checkpoints in %.*s/\n",
+                   m->val_loss, (long long)m->iter, best->val_loss, (long long)best->iter, m->elapsed_s,
+                   (int)(ol > 1 && out[ol - 1] == '/' ? ol - 1 : ol), out);
+        else /* no validation: the training loss of the last interval */
+            printf("final train loss %.4f at iteration %lld (no validation: --eval-iters 0); %.1fs; checkpoints in %.*s/\n",
+                   m->train_loss, (long long)m->iter, m->elapsed_s, (int)(ol > 1 && out[ol - 1] == '/' ? ol - 1 : ol), out);
     }
     rc = 0;
 done:

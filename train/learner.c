@@ -1096,7 +1096,7 @@ static em_status fit_iters(em_module *model, em_optim *opt, em_lr_scheduler *sch
                 info.best_metric = metric;
                 info.best_epoch = it;
                 info.bad_epochs = 0;
-            } else if (!isnan(metric)) {
+            } else if (!(it == 0 && isnan(metric))) { /* a NaN counts as no improvement, except train loss at 0 */
                 info.bad_epochs++;
             }
             info.step = it;
