@@ -15,6 +15,8 @@ typedef struct pstate {
     em_tensor *param;          /* retained */
     em_tensor *st[MAX_SLOTS];  /* state buffers in kernel order, NULL until created */
     int64_t step;
+    double wd;                 /* this parameter's weight decay (cfg.weight_decay unless overridden) */
+    bool wd_own;               /* wd was set by em_optim_set_param_weight_decay */
 } pstate;
 
 struct em_optim {
@@ -293,7 +295,7 @@ em_status em_optim_step(em_optim *o, const em_grads *grads)
         for (int s = 0; s < o->nslots; s++) op.out[1 + s] = ps->st[s];
         int32_t fl = c->maximize ? EM_OPTIM_F_MAXIMIZE : 0;
         op.p.optim.lr = c->lr;
-        op.p.optim.weight_decay = c->weight_decay;
+        op.p.optim.weight_decay = ps->wd_own ? ps->wd : c->weight_decay;
         op.p.optim.eps = c->eps;
         op.p.optim.step = step;
         switch (c->kind) {
@@ -348,6 +350,25 @@ em_status em_optim_set_lr(em_optim *o, double lr)
 }
 
 const em_optim_config *em_optim_get_config(const em_optim *o) { return o ? &o->cfg : NULL; }
+
+em_status em_optim_set_param_weight_decay(em_optim *o, int i, double weight_decay)
+{
+    if (!o) return em__set_error(EM_ERR_INVALID, "em_optim_set_param_weight_decay: optimizer is NULL");
+    if (i < 0 || i >= o->n)
+        return em__set_error(EM_ERR_INVALID, "em_optim_set_param_weight_decay: parameter index %d out of range [0, %d)", i, o->n);
+    if (!(weight_decay >= 0) || isinf(weight_decay))
+        return em__set_error(EM_ERR_INVALID, "em_optim_set_param_weight_decay: invalid weight_decay %g (must be finite and >= 0)",
+                             weight_decay);
+    o->ps[i].wd = weight_decay;
+    o->ps[i].wd_own = true;
+    return EM_OK;
+}
+
+double em_optim_get_param_weight_decay(const em_optim *o, int i)
+{
+    if (!o || i < 0 || i >= o->n) return NAN;
+    return o->ps[i].wd_own ? o->ps[i].wd : o->cfg.weight_decay;
+}
 int em_optim_num_params(const em_optim *o) { return o ? o->n : 0; }
 
 em_tensor *em_optim_param(const em_optim *o, int i)

@@ -9,6 +9,13 @@
 #include <stddef.h>
 
 int em_tool_train(int argc, char **argv);
+/** `ember train --model gpt` (tools/train_gpt.c): a GPT-2 language model on a text file. */
+int em_tool_train_gpt(int argc, char **argv);
+/** Whether `ember train ARGS` is a GPT run: --model gpt, or --resume of a
+ *  checkpoint whose 'ember.model' is a GPT's ("gpt:..."). Reads that file's
+ *  header only; a file it cannot read is not a GPT run (the classifier's
+ *  path then reports the error). */
+bool em_tool_train_wants_gpt(int argc, char **argv);
 int em_tool_eval(int argc, char **argv);
 int em_tool_predict(int argc, char **argv);
 /** `ember generate` (tools/generate.c): text from a GPT checkpoint with a KV cache. */
@@ -145,5 +152,30 @@ int em_tool_bad_option(const char *cmd, int c, int argc, char **argv);
 /** 0 when getopt_long left no operands; else prints the first and returns
  *  EM_TOOL_EXIT_USAGE (no subcommand takes operands). */
 int em_tool_no_operands(const char *cmd, int argc, char **argv);
+
+/* ---- shared by the two training commands (tools/train_cmds.c) ---- */
+#include <getopt.h>
+#include <signal.h>
+#include <stdio.h>
+/** The flag the Ctrl-C handlers set (em_learner_config.stop_flag). */
+volatile sig_atomic_t *em_tool_stop_flag(void);
+/** SIGINT / SIGTERM: the first asks the Learner to stop between steps, a second quits. */
+void em_tool_install_stop_handlers(void);
+void em_tool_restore_stop_handlers(void);
+/** @p base when it holds no run, else the first of base-2, base-3, ... that holds none. */
+int em_tool_next_run_dir(const char *base, char *out, size_t n);
+void em_tool_dir_of(const char *path, char *out, size_t n);
+bool em_tool_same_dir(const char *a, const char *b);
+/** A bad --device: prints why, returns EM_TOOL_EXIT_USAGE; 0 when fine or NULL. */
+int em_tool_check_device(const char *cmd, const char *device);
+/** em_init on @p device (NULL: the default): 0, or 1 after printing why. */
+int em_tool_init_runtime(const char *device);
+/** Copies a file atomically: 0, 1 when @p src is missing, -1 after printing why. */
+int em_tool_copy_file(const char *src, const char *dst);
+/** Prints "ember train ARGS --resume CKPT" (the command line without its --resume / --overwrite). */
+void em_tool_print_resume_command(FILE *f, int argc, char **argv, const char *shortopts, const struct option *opts, int o_resume,
+                                  int o_overwrite, const char *ckpt);
+/** Records a run folder this process created: removed at exit when the run wrote nothing into it. */
+void em_tool_note_made_run_dir(const char *dir);
 
 #endif

@@ -644,13 +644,38 @@ static void print_resume_command(FILE *f, int argc, char **argv, const char *sho
     free(skip);
 }
 
+/* ---- the pieces `ember train --model gpt` (tools/train_gpt.c) shares (tools.h) ---- */
+volatile sig_atomic_t *em_tool_stop_flag(void) { return &g_stop; }
+void em_tool_install_stop_handlers(void) { install_stop_handlers(); }
+void em_tool_restore_stop_handlers(void) { restore_stop_handlers(); }
+int em_tool_next_run_dir(const char *base, char *out, size_t n) { return next_run_dir(base, out, n); }
+void em_tool_dir_of(const char *path, char *out, size_t n) { dir_of(path, out, n); }
+bool em_tool_same_dir(const char *a, const char *b) { return same_dir(a, b); }
+int em_tool_check_device(const char *cmd, const char *device) { return check_device(cmd, device); }
+int em_tool_init_runtime(const char *device) { return init_runtime(device); }
+int em_tool_copy_file(const char *src, const char *dst) { return copy_file(src, dst); }
+void em_tool_print_resume_command(FILE *f, int argc, char **argv, const char *shortopts, const struct option *opts, int o_resume,
+                                  int o_overwrite, const char *ckpt)
+{
+    print_resume_command(f, argc, argv, shortopts, opts, o_resume, o_overwrite, ckpt);
+}
+void em_tool_note_made_run_dir(const char *dir)
+{
+    if (strlen(dir) >= sizeof g_made_run_dir) return;
+    if (!g_made_run_dir[0]) atexit(remove_unused_run_dir);
+    snprintf(g_made_run_dir, sizeof g_made_run_dir, "%s", dir);
+}
+
 static void train_help(void)
 {
-    printf("usage: ember train [options]\n\n"
+    printf("usage: ember train [options]\n"
+           "       ember train --model gpt [options]   (a character-level language model: see\n"
+           "                                           ember train --model gpt --help)\n\n"
            "Trains an MLP or CNN classifier on Fashion-MNIST (or any MNIST-layout folder)\n"
            "and prints per-epoch metrics; checkpoints and metrics.csv go to --out.\n\n"
            "  --data DIR             MNIST-layout folder (default $EMBER_DATA_DIR or %s)\n"
-           "  --model NAME           mlp (default), cnn, or a full model spec (below)\n"
+           "  --model NAME           mlp (default), cnn, or a full model spec (below); gpt: a language\n"
+           "                         model with its own options (ember train --model gpt --help)\n"
            "  --hidden LIST          mlp: hidden layer sizes (default 256,128)\n"
            "  --dropout P            mlp: dropout after each hidden layer (default 0);\n"
            "                         cnn: dropout of the classifier's hidden layer (default 0.25)\n"
@@ -774,6 +799,7 @@ static void plot_after_epoch(const em_epoch_metrics *m, void *ctx)
 
 int em_tool_train(int argc, char **argv)
 {
+    if (em_tool_train_wants_gpt(argc, argv)) return em_tool_train_gpt(argc, argv); /* tools/train_gpt.c */
     const char *data = default_data_dir(), *hidden = "256,128", *optname = "adam", *schedname = "cosine";
     const char *device = NULL, *out = NULL, *resume = NULL, *init_from = NULL; /* out: NULL = the default run folder (below) */
     bool overwrite = false;

@@ -28,7 +28,7 @@ static double now_s(void)
 em_learner_config em_learner_config_default(void)
 {
     return (em_learner_config){.epochs = 10, .progress = -1, .loss = em_cross_entropy_opts_default(),
-                               .precision = EM_PRECISION_F32};
+                               .precision = EM_PRECISION_F32, .eval_iters = 100};
 }
 
 static const char *const PRECISION_NAMES[EM_PRECISION_COUNT] = {"f32", "tf32", "bf16", "f16"};
@@ -569,7 +569,7 @@ int em_run_dir_clear(const char *dir)
 /* With --resume: drops the rows of metrics.csv of epochs after @p epoch (the
  * checkpoint's), rewriting the file atomically (metrics.csv.tmp.XXXXXX, then a
  * rename). An absent file, or one with nothing to drop, is left untouched. */
-static em_status trim_metrics(const char *dir, int64_t epoch, FILE *log)
+static em_status trim_metrics(const char *dir, int64_t epoch, FILE *log, const char *unit)
 {
     char path[4096], tmpbuf[4096 + 16], *tmp = NULL;
     if (snprintf(path, sizeof path, "%s/metrics.csv", dir) >= (int)sizeof path)
@@ -645,8 +645,8 @@ static em_status trim_metrics(const char *dir, int64_t epoch, FILE *log)
         goto done;
     }
     tmp = NULL; /* renamed */
-    if (log) fprintf(log, "%s: dropped %lld row%s of epochs after the checkpoint's epoch %lld\n", path, (long long)dropped,
-                     dropped == 1 ? "" : "s", (long long)epoch);
+    if (log) fprintf(log, "%s: dropped %lld row%s of %ss after the checkpoint's %s %lld\n", path, (long long)dropped,
+                     dropped == 1 ? "" : "s", unit, unit, (long long)epoch);
 done:
     if (fd >= 0) close(fd);
     if (tmp) unlink(tmp);
@@ -700,13 +700,26 @@ static em_status load_scaler_state(const char *path, em_grad_scaler *scaler)
 static em_status fit(em_module *model, em_optim *opt, em_lr_scheduler *sched, em_loader *train, em_loader *val,
                      const em_learner_config *cfg_in, em_epoch_metrics *history, int max_history, int *n_history,
                      em_grad_scaler *scaler);
+static em_status fit_iters(em_module *model, em_optim *opt, em_lr_scheduler *sched, const em_learner_config *cfg_in,
+                           em_epoch_metrics *history, int max_history, int *n_history, em_grad_scaler *scaler);
 
 em_status em_learner_fit(em_module *model, em_optim *opt, em_lr_scheduler *sched, em_loader *train, em_loader *val,
                          const em_learner_config *cfg_in, em_epoch_metrics *history, int max_history, int *n_history)
 {
-    if (!model || !opt || !train)
-        return em__set_error(EM_ERR_INVALID, "em_learner_fit: %s is NULL", !model ? "model" : !opt ? "optimizer" : "train loader");
     const em_learner_config cfg = cfg_in ? *cfg_in : em_learner_config_default();
+    const bool iters = cfg.max_iters > 0;
+    if (!model || !opt || (!train && !iters))
+        return em__set_error(EM_ERR_INVALID, "em_learner_fit: %s is NULL", !model ? "model" : !opt ? "optimizer" : "train loader");
+    if (cfg.max_iters < 0 || cfg.eval_interval < 0 || cfg.eval_iters < 0 || cfg.stop_after_iter < 0)
+        return em__set_error(EM_ERR_INVALID, "em_learner_fit: negative %s (%lld)",
+                             cfg.max_iters < 0 ? "max_iters" : cfg.eval_interval < 0 ? "eval_interval" : cfg.eval_iters < 0 ? "eval_iters"
+                                                                                                               : "stop_after_iter",
+                             (long long)(cfg.max_iters < 0 ? cfg.max_iters : cfg.eval_interval < 0 ? cfg.eval_interval
+                                         : cfg.eval_iters < 0 ? cfg.eval_iters : cfg.stop_after_iter));
+    if (iters && !cfg.batch_source)
+        return em__set_error(EM_ERR_INVALID, "em_learner_fit: iteration mode (max_iters %lld) needs a batch_source", (long long)cfg.max_iters);
+    if (iters && ((cfg.replicas && em_replicas_count(cfg.replicas) > 1) || em_dist_world_size() > 1))
+        return em__set_error(EM_ERR_UNSUPPORTED, "em_learner_fit: iteration mode (max_iters) with replicas or several ranks is not supported yet");
     if ((unsigned)cfg.precision >= EM_PRECISION_COUNT)
         return em__set_error(EM_ERR_INVALID, "em_learner_fit: precision %d is not an em_precision", (int)cfg.precision);
     if (cfg.precision == EM_PRECISION_TF32) { /* f32 matmuls and convs on TF32 tensor cores for this fit, then as before */
@@ -732,6 +745,7 @@ static em_status fit(em_module *model, em_optim *opt, em_lr_scheduler *sched, em
                      const em_learner_config *cfg_in, em_epoch_metrics *history, int max_history, int *n_history,
                      em_grad_scaler *scaler)
 {
+    if (cfg_in->max_iters > 0) return fit_iters(model, opt, sched, cfg_in, history, max_history, n_history, scaler);
     em_learner_config cfg = *cfg_in;
     FILE *log = cfg.log ? cfg.log : stdout;
     bool bar = cfg.progress == 1 || (cfg.progress < 0 && isatty(fileno(log)));
@@ -756,7 +770,7 @@ static em_status fit(em_module *model, em_optim *opt, em_lr_scheduler *sched, em
     if (cfg.out_dir && ensure_dir(cfg.out_dir) != EM_OK) return em_last_status();
     /* a kill during a write leaves NAME.tmp.XXXXXX behind; with --resume, rows after the checkpoint's epoch go */
     if (cfg.out_dir && em_run_dir_remove_stale_tmp(cfg.out_dir, log) < 0) return em_last_status();
-    if (cfg.out_dir && cfg.resume && trim_metrics(cfg.out_dir, info.epoch, log) != EM_OK) return em_last_status();
+    if (cfg.out_dir && cfg.resume && trim_metrics(cfg.out_dir, info.epoch, log, "epoch") != EM_OK) return em_last_status();
     char last_ckpt[4096]; /* for the interruption message */
     snprintf(last_ckpt, sizeof last_ckpt, "%s", cfg.resume ? cfg.resume : "");
     int64_t last_ckpt_epoch = info.epoch;
@@ -775,7 +789,8 @@ static em_status fit(em_module *model, em_optim *opt, em_lr_scheduler *sched, em
     }
     bool warned_diverged = false; /* the divergence warning is printed once */
     for (int64_t epoch = info.epoch + 1; epoch <= cfg.epochs; epoch++) {
-        em_epoch_metrics m = {.epoch = epoch, .val_loss = NAN, .val_accuracy = NAN, .val_top5 = NAN};
+        em_epoch_metrics m = {.epoch = epoch, .val_loss = NAN, .val_accuracy = NAN, .val_top5 = NAN, .tokens_per_s = NAN,
+                              .elapsed_s = NAN};
         running r[EM_LEARNER_MAX_REPLICAS] = {{0}};
         double t0 = now_s();
         em_status st = run_epoch(model, opt, sched, train, &cfg, true, epoch, &info.step, r, NULL, 0, bar, log, scaler);
@@ -854,6 +869,294 @@ static em_status fit(em_module *model, em_optim *opt, em_lr_scheduler *sched, em
         }
     }
     return EM_OK;
+}
+
+
+/* ---- iteration mode (cfg.max_iters > 0) ---------------------------------------------- */
+
+/* Cross-entropy of logits [N, C] against y [N], or of logits [..., C] of rank > 2 against y of the
+ * leading shape, both flattened ([B, T, V] -> [B*T, V], [B, T] -> [B*T]). */
+static em_tensor *lm_loss(em_tensor *logits, em_tensor *y, const em_cross_entropy_opts *o)
+{
+    const int nd = em_tensor_ndim(logits);
+    if (nd <= 2) return em_cross_entropy(logits, y, o);
+    const int64_t C = em_tensor_dim(logits, -1), N = C > 0 ? em_tensor_numel(logits) / C : 0;
+    if (em_tensor_numel(y) != N) {
+        char sl[160], sy[160];
+        return em__fail(EM_ERR_SHAPE, "em_learner_fit: targets %s do not match logits %s (expected the logits' leading dims)",
+                        em_shape_str(em_tensor_shape(y), em_tensor_ndim(y), sy, sizeof sy),
+                        em_shape_str(em_tensor_shape(logits), nd, sl, sizeof sl));
+    }
+    const int64_t s2[2] = {N, C}, s1[1] = {N};
+    return em_cross_entropy(em_reshape(logits, s2, 2), em_reshape(y, s1, 1), o);
+}
+
+/* Device-side sum of batch-mean losses, read only at evaluations. */
+typedef struct iter_sum {
+    em_tensor *sum; /* f32 0-d, owned */
+    int64_t n;      /* batches summed */
+} iter_sum;
+
+static void iter_sum_add(iter_sum *r, em_tensor *loss) /* inside the step's scope */
+{
+    em_tensor *l = em_cast(em_detach(loss), EM_F32);
+    em_tensor *nl = l ? em_tensor_retain(r->sum ? em_add(r->sum, l) : l) : NULL;
+    em_tensor_release(r->sum);
+    r->sum = nl;
+    r->n++;
+}
+
+/* The mean (a host read: waits), NAN when empty or unreadable. */
+static double iter_sum_mean(const iter_sum *r)
+{
+    double v;
+    if (!r->n || !r->sum || em_item(r->sum, &v) != EM_OK) return NAN;
+    return v / (double)r->n;
+}
+
+static void iter_sum_clear(iter_sum *r)
+{
+    em_tensor_release(r->sum);
+    r->sum = NULL;
+    r->n = 0;
+}
+
+/* One batch: forward and loss (autocast per cfg->precision); train: backward, clipping (no host
+ * read), the optimizer step. Adds the loss to @p r and y's element count to @p ntargets. */
+static em_status iter_step(em_module *model, em_optim *opt, const em_learner_config *cfg, bool train, int64_t iter, int64_t k,
+                           em_tensor *const *params, int np, em_grad_scaler *scaler, iter_sum *r, int64_t *ntargets)
+{
+    em_status st;
+    em_scope_begin();
+    em_tensor *x = NULL, *y = NULL;
+    const em_batch_split split = train ? EM_BATCH_TRAIN : EM_BATCH_VAL;
+    st = cfg->batch_source(split, iter, k, &x, &y, cfg->batch_source_ctx);
+    if (st == EM_OK && (!x || !y))
+        st = em__set_error(EM_ERR_INVALID, "em_learner_fit: the batch source returned no %s for %s batch %lld of iteration %lld",
+                           !x ? "inputs" : "targets", train ? "training" : "validation", (long long)k, (long long)iter);
+    else if (st != EM_OK && em_last_status() == EM_OK)
+        st = em__set_error(st, "em_learner_fit: the batch source failed (%s batch %lld of iteration %lld)",
+                           train ? "training" : "validation", (long long)k, (long long)iter);
+    if (st == EM_OK) *ntargets += em_tensor_numel(y);
+    const em_dtype ac = precision_autocast(cfg->precision);
+    bool opened = false;
+    if (st == EM_OK && ac != EM_F32) opened = (st = em_autocast_begin(ac)) == EM_OK;
+    em_tensor *logits = st == EM_OK ? em_module_forward(model, x) : NULL;
+    em_tensor *loss = logits ? lm_loss(logits, y, &cfg->loss) : NULL;
+    if (opened) em_autocast_end();
+    if (st == EM_OK && !loss) st = em_last_status() ? em_last_status() : EM_ERR_RUNTIME;
+    if (st == EM_OK && train) {
+        em_tensor *l = scaler ? em_grad_scaler_scale(scaler, loss) : loss; /* f16: backward of loss * scale */
+        em_grads *g = l ? em_backward(l) : NULL;
+        if (!g) st = em_last_status() ? em_last_status() : EM_ERR_RUNTIME;
+        /* f16: unscale before clipping (PyTorch's recipe) */
+        if (st == EM_OK && scaler && cfg->clip_grad_norm > 0) st = em_grad_scaler_unscale(scaler, opt, g);
+        if (st == EM_OK && cfg->clip_grad_norm > 0 && !em_clip_grad_norm_tensor(g, params, np, cfg->clip_grad_norm, 2.0))
+            st = em_last_status();
+        if (st == EM_OK && scaler) {
+            st = em_grad_scaler_step(scaler, opt, g, NULL); /* one host read: a step with inf/NaN gradients is skipped */
+            if (st == EM_OK) st = em_grad_scaler_update(scaler);
+        } else if (st == EM_OK) {
+            st = em_optim_step(opt, g);
+        }
+        em_grads_free(g);
+    }
+    if (st == EM_OK) iter_sum_add(r, loss);
+    em_scope_end();
+    return st;
+}
+
+/* "1,234,567" (NAN or negative: "-"). */
+static const char *grouped(double v, char *buf, size_t n)
+{
+    if (!(v >= 0) || v > 9e18) {
+        snprintf(buf, n, "-");
+        return buf;
+    }
+    char raw[32];
+    int len = snprintf(raw, sizeof raw, "%.0f", v), o = 0;
+    for (int i = 0; i < len && o + 2 < (int)n; i++) {
+        if (i > 0 && (len - i) % 3 == 0) buf[o++] = ',';
+        buf[o++] = raw[i];
+    }
+    buf[o] = 0;
+    return buf;
+}
+
+static em_status append_iter_metrics(const char *dir, const em_epoch_metrics *m)
+{
+    char path[4096];
+    snprintf(path, sizeof path, "%s/metrics.csv", dir);
+    struct stat sb;
+    bool fresh = stat(path, &sb) != 0 || sb.st_size == 0;
+    FILE *f = fopen(path, "a");
+    if (!f) return em__set_error(EM_ERR_IO, "cannot open %s: %s", path, strerror(errno));
+    if (fresh) fprintf(f, "iter,train_loss,val_loss,lr,tokens_per_s,elapsed_s\n");
+    fprintf(f, "%lld,%.6f,%.6f,%.8g,%.1f,%.3f\n", (long long)m->iter, m->train_loss, m->val_loss, m->lr, m->tokens_per_s,
+            m->elapsed_s);
+    return fclose(f) == 0 ? EM_OK : em__set_error(EM_ERR_IO, "cannot write %s", path);
+}
+
+static em_status fit_iters(em_module *model, em_optim *opt, em_lr_scheduler *sched, const em_learner_config *cfg_in,
+                           em_epoch_metrics *history, int max_history, int *n_history, em_grad_scaler *scaler)
+{
+    em_learner_config cfg = *cfg_in;
+    FILE *log = cfg.log ? cfg.log : stdout;
+    const bool bar = cfg.progress == 1 || (cfg.progress < 0 && isatty(fileno(log)));
+    if (n_history) *n_history = 0;
+    em_checkpoint_info info = {.best_metric = INFINITY};
+    if (cfg.resume) {
+        em_status st = em_checkpoint_load(cfg.resume, model, opt, sched, &info);
+        if (st != EM_OK) return st;
+        if (info.step > cfg.max_iters)
+            return em__set_error(EM_ERR_INVALID, "%s: the checkpoint has done %lld iterations, more than max_iters %lld", cfg.resume,
+                                 (long long)info.step, (long long)cfg.max_iters);
+        em_rng_set_state(info.rng_seed, info.rng_offset);
+        if (log) fprintf(log, "resumed from %s at iteration %lld\n", cfg.resume, (long long)info.step);
+    }
+    if (cfg.out_dir && ensure_dir(cfg.out_dir) != EM_OK) return em_last_status();
+    if (cfg.out_dir && em_run_dir_remove_stale_tmp(cfg.out_dir, log) < 0) return em_last_status();
+    if (cfg.out_dir && cfg.resume && trim_metrics(cfg.out_dir, info.step, log, "iteration") != EM_OK) return em_last_status();
+    char last_ckpt[4096];
+    snprintf(last_ckpt, sizeof last_ckpt, "%s", cfg.resume ? cfg.resume : "");
+    int64_t last_ckpt_iter = info.step;
+    const int np = em_module_num_param_tensors(model);
+    em_tensor **params = malloc(sizeof *params * (size_t)(np > 0 ? np : 1));
+    if (!params) return em__set_error(EM_ERR_NOMEM, "out of memory");
+    em_module_parameters(model, params, np);
+    if (sched) em_optim_set_lr(opt, em_lr_scheduler_get_lr(sched)); /* iteration i runs at lr_at(i), also after a resume */
+    char it_s[64];
+    const int iw = snprintf(it_s, sizeof it_s, "iter %lld/%lld", (long long)cfg.max_iters, (long long)cfg.max_iters);
+    if (log && (info.step < cfg.max_iters || !cfg.resume)) {
+        fprintf(log, "%*s  %10s  %8s  %8s  %10s  %9s\n", iw, "", "train_loss", "val_loss", "lr", "tokens/s", "elapsed");
+        fflush(log);
+    }
+    const int64_t interval = cfg.eval_interval > 0 ? cfg.eval_interval : cfg.max_iters;
+    const int64_t report_every = interval / 20 > 0 ? interval / 20 : 1;
+    const bool can_stop = cfg.stop_flag != NULL;
+    em_module_train(model, true);
+    iter_sum tr = {0};
+    int64_t it = info.step, ntok = 0, done = 0;
+    bool need_eval = !cfg.resume, warned = false;
+    em_status st = EM_OK;
+    const double t_start = now_s();
+    double t_int = t_start;
+    for (;;) {
+        if (need_eval) {
+            need_eval = false;
+            em_epoch_metrics m = {.iter = it, .train_accuracy = NAN, .val_loss = NAN, .val_accuracy = NAN, .val_top5 = NAN};
+            m.train_loss = iter_sum_mean(&tr); /* a host read: the interval's steps have run */
+            em_sync();
+            const double t_train = now_s() - t_int;
+            m.tokens_per_s = tr.n > 0 && t_train > 0 ? (double)ntok / t_train : NAN;
+            m.samples_per_s = NAN;
+            iter_sum_clear(&tr);
+            if (cfg.eval_iters > 0) {
+                iter_sum va = {0};
+                int64_t vtok = 0;
+                const int64_t vreport = cfg.eval_iters / 10 > 0 ? cfg.eval_iters / 10 : 1;
+                const double tv = now_s();
+                em_module_train(model, false);
+                em_no_grad_begin();
+                for (int64_t k = 0; k < cfg.eval_iters && st == EM_OK; k++) {
+                    if (can_stop && *cfg.stop_flag) {
+                        st = em__set_error(EM_ERR_INTERRUPTED, "interrupted at iteration %lld (validation, after %lld of %lld batches)",
+                                           (long long)it, (long long)k, (long long)cfg.eval_iters);
+                        break;
+                    }
+                    st = iter_step(model, opt, &cfg, false, it, k, params, np, NULL, &va, &vtok);
+                    if (st == EM_OK && log && bar && ((k + 1) % vreport == 0 || k + 1 == cfg.eval_iters))
+                        progress(log, "valid", it, cfg.max_iters, k + 1, cfg.eval_iters, now_s() - tv, iter_sum_mean(&va));
+                }
+                em_no_grad_end();
+                em_module_train(model, true);
+                if (bar && log) progress_clear(log);
+                if (st == EM_OK) m.val_loss = iter_sum_mean(&va);
+                iter_sum_clear(&va);
+            }
+            if (st != EM_OK) break;
+            m.lr = sched ? em_lr_scheduler_lr_at(sched, it > 0 ? it - 1 : 0) : em_optim_get_lr(opt);
+            m.elapsed_s = now_s() - t_start;
+            m.epoch_time_s = now_s() - t_int;
+            snprintf(it_s, sizeof it_s, "iter %lld/%lld", (long long)it, (long long)cfg.max_iters);
+            char tl[32], vl[32], tk[32];
+            if (isnan(m.train_loss)) snprintf(tl, sizeof tl, "-");
+            else snprintf(tl, sizeof tl, "%.4f", m.train_loss);
+            if (isnan(m.val_loss) && cfg.eval_iters == 0) snprintf(vl, sizeof vl, "-");
+            else snprintf(vl, sizeof vl, "%.4f", m.val_loss);
+            if (log) fprintf(log, "%-*s  %10s  %8s  %8.2e  %10s  %8.1fs\n", iw, it_s, tl, vl, m.lr, grouped(m.tokens_per_s, tk, sizeof tk),
+                             m.elapsed_s);
+            const double metric = cfg.eval_iters > 0 ? m.val_loss : m.train_loss;
+            if (log && !warned && it > 0 && (!isfinite(m.train_loss) || (cfg.eval_iters > 0 && !isfinite(m.val_loss)))) {
+                fprintf(log, "warning: the %s loss is not finite at iteration %lld: the run has diverged (lower --lr?)\n",
+                        !isfinite(m.train_loss) ? "training" : "validation", (long long)it);
+                warned = true;
+            }
+            if (log) fflush(log);
+            if (history && n_history && *n_history < max_history) history[(*n_history)++] = m;
+            const bool better = metric < info.best_metric;
+            if (better) {
+                info.best_metric = metric;
+                info.best_epoch = it;
+                info.bad_epochs = 0;
+            } else if (!(it == 0 && isnan(metric))) { /* a NaN counts as no improvement, except train loss at 0 */
+                info.bad_epochs++;
+            }
+            info.step = it;
+            em_rng_get_state(&info.rng_seed, &info.rng_offset);
+            if (cfg.out_dir) { /* best, then the checkpoint (the commit point), then the metrics row */
+                char path[4096];
+                if (better) {
+                    snprintf(path, sizeof path, "%s/best.safetensors", cfg.out_dir);
+                    if ((st = em_checkpoint_save(path, model, NULL, NULL, &info, cfg.meta, cfg.n_meta)) != EM_OK) break;
+                }
+                snprintf(path, sizeof path, "%s/checkpoint.safetensors", cfg.out_dir);
+                if ((st = save_checkpoint(path, model, opt, sched, &info, &cfg, scaler)) != EM_OK) break;
+                snprintf(last_ckpt, sizeof last_ckpt, "%s", path);
+                last_ckpt_iter = it;
+                if ((st = append_iter_metrics(cfg.out_dir, &m)) != EM_OK) break;
+            }
+            if (cfg.on_epoch) cfg.on_epoch(&m, cfg.on_epoch_ctx);
+            if (it >= cfg.max_iters) break;
+            if (cfg.stop_after_iter > 0 && it >= cfg.stop_after_iter) {
+                if (log) fprintf(log, "stopping after iteration %lld as asked (resume with --resume)\n", (long long)it);
+                break;
+            }
+            if (cfg.early_stopping_patience > 0 && info.bad_epochs >= cfg.early_stopping_patience) {
+                if (log) fprintf(log, "early stopping: no improvement for %lld evaluations (best %.4f at iteration %lld)\n",
+                                 (long long)info.bad_epochs, info.best_metric, (long long)info.best_epoch);
+                break;
+            }
+            ntok = done = 0;
+            t_int = now_s();
+        }
+        if (it >= cfg.max_iters) break;
+        if (can_stop && *cfg.stop_flag) {
+            st = em__set_error(EM_ERR_INTERRUPTED, "interrupted at iteration %lld", (long long)it);
+            break;
+        }
+        st = iter_step(model, opt, &cfg, true, it, 0, params, np, scaler, &tr, &ntok);
+        if (st != EM_OK) break;
+        it++;
+        done++;
+        if (sched) em_lr_scheduler_step(sched, opt);
+        need_eval = it % interval == 0 || it == cfg.max_iters || (cfg.stop_after_iter > 0 && it == cfg.stop_after_iter);
+        if (log && bar && !need_eval && (done == 1 || done % report_every == 0)) { /* each redraw reads the loss: a sync */
+            progress(log, "train", it, cfg.max_iters, it % interval, interval, now_s() - t_int, iter_sum_mean(&tr));
+        }
+    }
+    if (bar && log) progress_clear(log);
+    iter_sum_clear(&tr);
+    free(params);
+    if (st == EM_ERR_INTERRUPTED) {
+        char why[512];
+        snprintf(why, sizeof why, "%s", em_last_error());
+        if (last_ckpt[0])
+            return em__set_error(EM_ERR_INTERRUPTED, "%s; the iterations since the last evaluation were not saved, the last "
+                                 "checkpoint is %s (iteration %lld)", why, last_ckpt, (long long)last_ckpt_iter);
+        return em__set_error(EM_ERR_INTERRUPTED, "%s; no checkpoint was written yet", why);
+    }
+    return st;
 }
 
 em_status em_evaluate(em_module *model, em_loader *data, int64_t num_classes, em_eval_result *out, int64_t *confusion)

@@ -126,6 +126,20 @@ EM_API double em_optim_get_lr(const em_optim *opt);
 /** Sets the learning rate used from the next step on (schedulers call this). */
 EM_API em_status em_optim_set_lr(em_optim *opt, double lr);
 EM_API const em_optim_config *em_optim_get_config(const em_optim *opt);
+/** Gives parameter @p i (0-based, in the list given at construction) its own
+ *  weight decay, used by every later step instead of the config's
+ *  weight_decay (the same decay rule of the kind: decoupled for AdamW, L2
+ *  for the others). This is torch.optim's two parameter groups of the
+ *  nanoGPT recipe, e.g. decay 0.1 on matrices and embeddings and 0 on biases
+ *  and norm weights: em_optim_set_param_weight_decay(opt, i, 0.0) for every
+ *  i whose parameter has fewer than 2 dims. Not part of the optimizer's
+ *  state (a checkpoint does not record it: set it again after rebuilding
+ *  the optimizer). Errors: NULL optimizer, @p i out of range, a weight decay
+ *  that is negative, inf or NaN (EM_ERR_INVALID naming it). */
+EM_API em_status em_optim_set_param_weight_decay(em_optim *opt, int i, double weight_decay);
+/** Parameter @p i's weight decay (its own, else the config's); NAN for a
+ *  NULL optimizer or a bad index. */
+EM_API double em_optim_get_param_weight_decay(const em_optim *opt, int i);
 EM_API int em_optim_num_params(const em_optim *opt);
 /** i-th parameter (borrowed), NULL when out of range. */
 EM_API em_tensor *em_optim_param(const em_optim *opt, int i);

@@ -7,7 +7,9 @@
  * metric, plus caller-supplied entries such as the model's configuration).
  * It is written atomically, so an interrupted save never leaves a partial
  * file. Resuming restores all of it, so a resumed run continues exactly
- * where the saved one stopped (data order is a function of seed and epoch).
+ * where the saved one stopped (data order is a function of seed and epoch;
+ * in the Learner's iteration mode, of the batch source's (split, iteration,
+ * batch number)).
  */
 #ifndef EMBER_TRAIN_H
 #define EMBER_TRAIN_H
@@ -26,11 +28,11 @@ extern "C" {
 
 /** What a checkpoint records besides tensors. */
 typedef struct em_checkpoint_info {
-    int64_t epoch;        /**< epochs completed                         */
-    int64_t step;         /**< optimizer steps completed                */
+    int64_t epoch;        /**< epochs completed (0 in iteration mode)   */
+    int64_t step;         /**< optimizer steps completed (iteration mode: the iterations) */
     double best_metric;   /**< best monitored validation metric so far  */
-    int64_t best_epoch;   /**< epoch (1-based) that reached best_metric */
-    int64_t bad_epochs;   /**< epochs without improvement (early stopping) */
+    int64_t best_epoch;   /**< epoch (1-based) that reached best_metric; iteration mode: its iteration */
+    int64_t bad_epochs;   /**< epochs (iteration mode: evaluations) without improvement (early stopping) */
     uint64_t rng_seed, rng_offset; /**< global generator (em_rng_get_state) */
 } em_checkpoint_info;
 
@@ -62,7 +64,36 @@ typedef struct em_epoch_metrics {
                                  stepped per batch: the epoch's last step's) */
     double samples_per_s;   /**< training samples per second            */
     double epoch_time_s;    /**< wall time of the train + validation phases */
+    /* iteration mode (em_learner_config.max_iters > 0); epoch mode: iter 0, the others NAN */
+    int64_t iter;           /**< iterations (optimizer steps) done at this evaluation, 0 .. max_iters */
+    double tokens_per_s;    /**< training targets per second over the iterations since the last
+                                 evaluation (elements of y: B x T for a language model); NAN at 0 */
+    double elapsed_s;       /**< wall time since the run (or the resumed run) started */
 } em_epoch_metrics;
+
+/** Which part of the data a batch source is asked for (iteration mode). */
+typedef enum em_batch_split {
+    EM_BATCH_TRAIN = 0, /**< a training batch                 */
+    EM_BATCH_VAL = 1,   /**< a validation (evaluation) batch  */
+} em_batch_split;
+
+/** Iteration mode's batch source (em_learner_config.batch_source): makes
+ *  batch @p k of @p split for iteration @p iter and returns its inputs and
+ *  targets as new tensors in *@p x and *@p y (tensor.h rules: the Learner
+ *  calls it inside the step's scope, which then owns them). Training: @p iter
+ *  is the 0-based iteration the batch is for and @p k is 0; validation:
+ *  @p iter is the number of iterations done at that evaluation and @p k runs
+ *  over 0 .. eval_iters - 1. The batch must be a pure function of (split,
+ *  iter, k) and the source's own settings (e.g. a seed): that is what makes
+ *  --resume continue exactly without saving any data-loader state.
+ *  x is whatever the model's forward takes (token ids [B, T] for a GPT); y
+ *  the integer class targets of the logits: for logits [N, C], y [N]; for
+ *  logits [..., C] of rank > 2 (a language model's [B, T, V]), y of the
+ *  leading shape ([B, T]): both are flattened to [B*T, V] / [B*T]. Return
+ *  EM_OK, or an error status with em_last_error set (training stops with
+ *  it). Called on the Learner's thread. */
+typedef em_status (*em_batch_source_fn)(em_batch_split split, int64_t iter, int64_t k, em_tensor **x, em_tensor **y,
+                                        void *ctx);
 
 /** Training precision (em_learner_config.precision). */
 typedef enum em_precision {
@@ -145,12 +176,52 @@ typedef struct em_learner_config {
      *  and OpenCL compute f32 as always), the previous setting restored
      *  when it returns. Default EM_PRECISION_F32. */
     em_precision precision;
+    /* ---- iteration mode -------------------------------------------------------
+     * max_iters > 0 trains for that many iterations (optimizer steps) on
+     * batches from batch_source instead of epochs over loaders, as nanoGPT's
+     * loop: the train and val loaders of em_learner_fit are not used (pass
+     * NULL), epochs and sched_per_step are ignored, the scheduler (if any) is
+     * stepped after every iteration (iteration i runs at lr_at(i)). An
+     * evaluation (eval_iters validation batches, no-grad, eval mode) runs at
+     * iteration 0, every eval_interval iterations and at max_iters; each one
+     * prints a row of a table under a header printed once ("iter I/N",
+     * train_loss = the mean loss of the iterations since the previous
+     * evaluation (nan at 0), val_loss = the mean of the eval_iters batch
+     * losses, lr = the last iteration's, tokens/s = training targets per
+     * second since the previous evaluation, elapsed = wall time since start),
+     * appends a row "iter,train_loss,val_loss,lr,tokens_per_s,elapsed_s" to
+     * out_dir/metrics.csv, saves out_dir/best.safetensors when val_loss
+     * improved (train_loss when eval_iters is 0) and
+     * out_dir/checkpoint.safetensors (the checkpoint's step = iterations done,
+     * best_epoch = the best evaluation's iteration, epoch 0), then calls
+     * on_epoch. Between evaluations the loss stays on the device: no host
+     * read per step (the progress bar, when on, reads it about 20 times per
+     * interval), and gradient clipping uses em_clip_grad_norm_tensor.
+     * early_stopping_patience counts evaluations without improvement. The
+     * metrics carry no accuracy (NAN). Ctrl-C (stop_flag): the iterations
+     * since the last evaluation are dropped, nothing is written, and
+     * EM_ERR_INTERRUPTED names the iteration and the last checkpoint.
+     * Resume: the checkpoint's iteration, optimizer, scheduler and RNG state
+     * are restored and the batches are the source's pure function of the
+     * iteration, so a resumed run is byte-identical to an uninterrupted one.
+     * Not with replicas or several ranks yet (EM_ERR_UNSUPPORTED). */
+    int64_t max_iters;        /**< > 0: iteration mode with this many iterations; 0 (default): epochs */
+    int64_t eval_interval;    /**< iterations between evaluations; 0 (default): only at 0 and at the end */
+    int64_t eval_iters;       /**< validation batches per evaluation (default 100, the anchor's); 0: none */
+    int64_t stop_after_iter;  /**< > 0: evaluate, save and return after this iteration as if
+                                   interrupted (the schedule still spans max_iters), an extra
+                                   evaluation when it is not an evaluation iteration */
+    em_batch_source_fn batch_source; /**< iteration mode's batches (required then); see em_batch_source_fn */
+    void *batch_source_ctx;   /**< passed to batch_source (BORROWED) */
 } em_learner_config;
 
 EM_API em_learner_config em_learner_config_default(void);
 
 /** Trains @p model with cross-entropy on @p train (and evaluates on @p val
- *  when non-NULL) for cfg->epochs epochs: per epoch it prints one row of a
+ *  when non-NULL) for cfg->epochs epochs, or, with cfg->max_iters > 0, for
+ *  that many iterations on cfg->batch_source's batches (iteration mode: see
+ *  the config's fields; @p train and @p val are then unused and may be
+ *  NULL): per epoch it prints one row of a
  *  table of metrics under a header printed once (columns train_loss,
  *  train_acc, val_loss, val_acc, val_top5, lr, samples/s, time; each row
  *  starts "epoch E/N" and is 91 columns wide for N < 100), saves
@@ -172,8 +243,11 @@ EM_API em_learner_config em_learner_config_default(void);
  *  cfg->precision picks the precision of the steps (see the field).
  *
  *  Errors: the status of what failed (loading the checkpoint, a write, a
- *  kernel); EM_ERR_INTERRUPTED when cfg->stop_flag was raised; a precision
- *  outside the enum -> EM_ERR_INVALID; a malformed grad-scaler entry in the
+ *  kernel, the batch source); EM_ERR_INTERRUPTED when cfg->stop_flag was
+ *  raised; a precision outside the enum, iteration mode without a
+ *  batch_source, a negative max_iters / eval_interval / eval_iters /
+ *  stop_after_iter -> EM_ERR_INVALID; iteration mode with replicas or
+ *  several ranks -> EM_ERR_UNSUPPORTED; a malformed grad-scaler entry in the
  *  resumed checkpoint -> EM_ERR_FORMAT naming it. */
 EM_API em_status em_learner_fit(em_module *model, em_optim *opt, em_lr_scheduler *sched, em_loader *train,
                                 em_loader *val, const em_learner_config *cfg, em_epoch_metrics *history,
