@@ -785,8 +785,9 @@ static bool case_scatter(ctx *c)
 }
 
 /* index_add: duplicates (in range: out of range is a CPU error, tested in
- * test_index), dim 0, a middle dim, and long segments (~50 rows per output
- * slice: CUDA's sorted segments, its batches of 8 and the tail). */
+ * test_index), dim 0, a middle dim, long segments (~50 rows per output
+ * slice: CUDA's sorted segments, its batches of 8 and the tail) and a long
+ * index (CUDA's fallback). */
 static bool case_index_add(ctx *c)
 {
     const int fl = grad_flag(c->dt);
@@ -811,6 +812,15 @@ static bool case_index_add(ctx *c)
     OUT(c, em_index_add(self, 0, i0, src));
     OUT(c, em_index_add(self1, 1, i1, src1));
     OUT(c, em_index_add(self2, 0, i2, src2));
+    /* N = 270000 > the default 4 MiB CUDA workspace's 16 N bytes: CUDA's
+     * fallback (the fibre walk), ~90000 rows summed per output element */
+    em_tensor *self3 = IN(c, c->dt, (3), -3, 3, 0);
+    em_tensor *src3 = IN(c, c->dt, (270000), -3, 3, 0);
+    em_tensor *i3 = index_input(c, S(270000), 1, 0, 2);
+    REQ(c, self3);
+    REQ(c, src3);
+    REQ(c, i3);
+    OUT(c, em_index_add(self3, 0, i3, src3));
     return true;
 }
 
