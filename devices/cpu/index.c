@@ -185,6 +185,15 @@ static void scatter(const em_kargs *k, void **bufs)
             const int64_t v_ = I[j * si];                                                             \
             T *yb_ = Y_ + O->offset + v_ * sdo;                                                       \
             const T *sb_ = S_ + Sr->offset + j * sds;                                                 \
+            if (R0.ndim == 1) { /* one row (a contiguous slice): no iterator copy */                  \
+                const int64_t so_ = R0.inner_st[0], ss_ = R0.inner_st[1];                             \
+                if (so_ == 1 && ss_ == 1) {                                                           \
+                    for (int64_t c = 0; c < R0.inner; c++) OP(yb_[c], sb_[c]);                        \
+                } else {                                                                              \
+                    for (int64_t c = 0; c < R0.inner; c++) OP(yb_[c * so_], sb_[c * ss_]);            \
+                }                                                                                     \
+                continue;                                                                             \
+            }                                                                                         \
             em_iter it = R0;                                                                          \
             EM_ITER_FOREACH_ROW(&it)                                                                  \
             {                                                                                         \
