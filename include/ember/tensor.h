@@ -330,9 +330,11 @@ EM_API em_tensor *em_scatter_add(const em_tensor *a, int dim, const em_tensor *i
 EM_API em_tensor *em_index_select(const em_tensor *a, int dim, const em_tensor *index);
 /** Copy of @p self with the slices of @p src added at @p index along dim
  *  (torch.index_add, alpha 1): out = self; out.select(dim, index[j]) +=
- *  src.select(dim, j) for every j. self [.., V, ..] (any dtype but f16 /
- *  bf16 are computed as f32 on CUDA, like the other indexing ops; bool
- *  adds as logical or); index 1-D [N] or 0-d (one element), int64 or int32;
+ *  src.select(dim, j) for every j. self [.., V, ..], at least 1-D
+ *  (EM_ERR_SHAPE otherwise), any dtype (f16 / bf16 are computed in f32 and
+ *  rounded once, like the other indexing ops; bool adds as logical or);
+ *  index 1-D [N] or 0-d (one element; more dims: EM_ERR_SHAPE), int64 or
+ *  int32 (EM_ERR_DTYPE otherwise);
  *  src of self's dtype (EM_ERR_DTYPE otherwise) and rank, self's shape with
  *  dim of size N (EM_ERR_SHAPE otherwise, naming both shapes). Duplicate
  *  indices accumulate in ascending j on every device, so f32 / f64 results
