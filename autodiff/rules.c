@@ -391,14 +391,17 @@ BW(bw_scatter)
     if (src->requires_grad && !(gin[2] = em_gather(g, d, idx))) return em_last_status();
     return EM_OK;
 }
-BW(bw_index_select)
+/* index_select's gradient: g's slices added at index (index_add sums
+ * duplicates in ascending j on every device: deterministic, no expanded
+ * index copy). */
+BW1(bw_index_select, em_index_add(em_zeros(x->shape, x->ndim, dt), n->p.axis.dim, n->in[1], g))
+/* index_add: self's gradient is g, src's the slices of g that it was added to */
+BW(bw_index_add)
 {
     BW_ARGS;
-    int d = n->p.axis.dim;
-    int64_t ishape[EM_MAX_DIMS];
-    for (int i = 0; i < g->ndim; i++) ishape[i] = i == d ? g->shape[d] : 1;
-    em_tensor *ie = em_expand(em_reshape(em_cast(n->in[1], EM_I64), ishape, g->ndim), g->shape, g->ndim);
-    gin[0] = em_scatter_add(em_zeros(x->shape, x->ndim, dt), d, em_contiguous(ie), g);
+    em_tensor *src = n->in[2];
+    if (x->requires_grad) gin[0] = g;
+    if (src->requires_grad && !(gin[2] = em_index_select(g, n->p.axis.dim, n->in[1]))) return em_last_status();
     return EM_OK;
 }
 

@@ -5,8 +5,12 @@
  *   4. MLP 784-256-10 training step throughput (Adam, cross-entropy, random
  *      data) at batch 64 and 512, in f32 and under bf16 autocast — the
  *      PyTorch side is bench/mlp_torch_gpu.py.
+ *   5. (index_add mode only) the embedding backward: em_index_add of
+ *      src [N, C] into zeros [V, C] vs the former path (the index expanded
+ *      to [N, C], then scatter_add), with a bit-equality check of the two.
  * Usage: bench_cuda [gemm sizes...]   (needs a CUDA device; prints ratios)
- *        bench_cuda mlp|mlp-f32|mlp-bf16   the MLP rows only (all, f32, bf16) */
+ *        bench_cuda mlp|mlp-f32|mlp-bf16   the MLP rows only (all, f32, bf16)
+ *        bench_cuda index_add              the index_add rows only */
 #include "bench/bench_util.h"
 #include "ember/ember.h"
 
@@ -171,6 +175,50 @@ static void mlp(int64_t batch, int steps, bool bf16)
     em_module_free(m);
 }
 
+/* Microseconds per call of 20 calls issued back to back (one sync):
+ * em_index_add (old = false) or the expanded index + scatter_add. */
+static double time_embedding_bw(const em_tensor *self, const em_tensor *idx, const em_tensor *src, bool old)
+{
+    const int reps = 20;
+    const int64_t N = em_tensor_shape(src)[0], C = em_tensor_shape(src)[1];
+    em_sync();
+    double t0 = now();
+    em_scope_begin();
+    for (int r = 0; r < reps; r++) {
+        if (old)
+            CK(em_scatter_add(self, 0, em_contiguous(em_expand(em_reshape(idx, (int64_t[]){N, 1}, 2), (int64_t[]){N, C}, 2)), src));
+        else
+            CK(em_index_add(self, 0, idx, src));
+    }
+    em_sync();
+    double t = now() - t0;
+    em_scope_end();
+    return t / reps * 1e6;
+}
+
+static void index_add_rows(int64_t V, int64_t N, int64_t C)
+{
+    em_scope_begin();
+    em_tensor *self = em_zeros((int64_t[]){V, C}, 2, EM_F32);
+    em_tensor *src = em_rand_uniform((int64_t[]){N, C}, 2, EM_F32, -1, 1);
+    em_tensor *idx = em_cast(em_floor(em_rand_uniform((int64_t[]){N}, 1, EM_F32, 0, (double)V)), EM_I64);
+    CK(self && src && idx);
+    em_tensor *ie = em_contiguous(em_expand(em_reshape(idx, (int64_t[]){N, 1}, 2), (int64_t[]){N, C}, 2));
+    em_tensor *a = em_index_add(self, 0, idx, src), *b = em_scatter_add(self, 0, ie, src); /* warm-up */
+    CK(a && b);
+    size_t bytes = sizeof(float) * (size_t)(V * C);
+    float *ha = malloc(bytes), *hb = malloc(bytes);
+    CK(ha && hb && em_to_host(a, ha, bytes) == EM_OK && em_to_host(b, hb, bytes) == EM_OK);
+    const bool same = !memcmp(ha, hb, bytes);
+    free(ha);
+    free(hb);
+    const double t_ia = time_embedding_bw(self, idx, src, false), t_old = time_embedding_bw(self, idx, src, true);
+    printf("index_add V %lld, N %lld, C %lld (f32, dim 0): %.1f us/call; expanded index + scatter_add %.1f us/call "
+           "(ratio %.1f); results %s\n",
+           (long long)V, (long long)N, (long long)C, t_ia, t_old, t_old / t_ia, same ? "bit-identical" : "DIFFER");
+    em_scope_end();
+}
+
 int main(int argc, char **argv)
 {
     em_config cfg = em_config_default();
@@ -182,6 +230,12 @@ int main(int argc, char **argv)
     int64_t sizes[8] = {2048, 4096, 8192};
     int ns = 3;
     const char *mlp_only = NULL; /* "all", "f32", "bf16": the MLP rows only */
+    if (argc > 1 && !strcmp(argv[1], "index_add")) {
+        index_add_rows(256, 16384, 384);
+        index_add_rows(50257, 16384, 768);
+        em_shutdown();
+        return 0;
+    }
     if (argc > 1 && !strncmp(argv[1], "mlp", 3)) {
         mlp_only = !strcmp(argv[1], "mlp-f32") ? "f32" : !strcmp(argv[1], "mlp-bf16") ? "bf16" : "all";
         ns = 0;

@@ -1,4 +1,5 @@
-/* Indexing ops: gather, scatter, scatter_add, index_select, one_hot.
+/* Indexing ops: gather, scatter, scatter_add, index_select, index_add,
+ * one_hot.
  *
  * Kernel contracts (devices/cpu/index.c implements them; p.axis.dim is the
  * normalised dim for all but ONE_HOT, which uses p.onehot.num_classes):
@@ -17,6 +18,15 @@
  *                out[i][index[i][j][k]][k] += src[i][j][k]  (scatter_add)
  *                Duplicate indices: scatter keeps the last write in C order
  *                of index (PyTorch leaves it unspecified).
+ *   INDEX_ADD    in[0] = self (strided) [.., V, ..], in[1] = index (1-D
+ *                i64 [N]), in[2] = src (self's dtype and shape but dim of
+ *                size N, strided); out[0] = result of self's shape,
+ *                contiguous, written whole (W access):
+ *                out = self; out[i][index[j]][k] += src[i][j][k]  (dim 1)
+ *                Duplicate indices accumulate in ascending j (the CPU's C
+ *                order) on every device: f32 / f64 results are the CPU's
+ *                bits (CUDA sorts (index[j], j) with a stable radix sort and
+ *                sums each output's segment in order; bool: logical or).
  *   ONE_HOT      in[0] = index (i64, any shape), out[0] = i64 of shape
  *                index.shape + [num_classes]: out[..., c] = (index[...] == c).
  *
@@ -28,10 +38,10 @@
  * size, reported by the next em_sync / em_to_host / em_item. On CUDA and
  * OpenCL (asynchronous kernels that cannot report a per-element condition
  * without a synchronisation) it is not reported: the value yields 0 in
- * gather / index_select, is skipped in scatter / scatter_add, and gives an
- * all-zero row in one_hot.
+ * gather / index_select, is skipped in scatter / scatter_add / index_add,
+ * and gives an all-zero row in one_hot.
  *
- * src of scatter / scatter_add must have self's dtype (EM_ERR_DTYPE
+ * src of scatter / scatter_add / index_add must have self's dtype (EM_ERR_DTYPE
  * otherwise, as PyTorch).
  *
  * Index tensors may be i64 or i32 (i32 is cast to i64 first, by a task the
@@ -171,6 +181,51 @@ em_tensor *em_index_select(const em_tensor *a, int dim, const em_tensor *index)
     em_tensor *in[2] = {(em_tensor *)a, idx};
     const em_tensor *orig[2] = {a, index};
     em_tensor *r = em__run1(EM_OP_INDEX_SELECT, in, 2, out, &p, orig);
+    em_tensor_release(idx);
+    return r;
+}
+
+em_tensor *em_index_add(const em_tensor *self, int dim, const em_tensor *index, const em_tensor *src)
+{
+    const char *op = "em_index_add";
+    if (!self || !index || !src) return em__fail_null("%s: input %s is NULL", op, !self ? "self" : !index ? "index" : "src");
+    if (!supported(self->dtype)) return em__fail(EM_ERR_DTYPE, "%s: dtype %s is not supported", op, em_dtype_name(self->dtype));
+    if (!supported(src->dtype)) return em__fail(EM_ERR_DTYPE, "%s: src dtype %s is not supported", op, em_dtype_name(src->dtype));
+    if (src->dtype != self->dtype)
+        return em__fail(EM_ERR_DTYPE, "%s: src dtype %s must be self's dtype %s (as PyTorch): cast src first", op,
+                        em_dtype_name(src->dtype), em_dtype_name(self->dtype));
+    char sa[200], si[200], ss[200];
+    if (self->ndim < 1) return em__fail(EM_ERR_SHAPE, "%s: self must have at least one dim, got shape %s", op, SHAPE_STR(self, sa));
+    int d = em__norm_dim(self, dim, 0, op);
+    if (d < 0) return NULL;
+    if (index->ndim > 1) return em__fail(EM_ERR_SHAPE, "%s: index must be 1-D, got shape %s", op, SHAPE_STR(index, si));
+    const int64_t n = index->ndim == 0 ? 1 : index->shape[0];
+    bool ok = src->ndim == self->ndim;
+    for (int k = 0; ok && k < self->ndim; k++) ok = src->shape[k] == (k == d ? n : self->shape[k]);
+    if (!ok)
+        return em__fail(EM_ERR_SHAPE,
+                        "%s: src of shape %s must be self's shape %s with dim %d of the index's length %lld (index shape %s)", op,
+                        SHAPE_STR(src, ss), SHAPE_STR(self, sa), d, (long long)n, SHAPE_STR(index, si));
+    em_tensor *idx = index_i64(index, op);
+    if (!idx) return NULL;
+    if (idx->ndim == 0) { /* a 0-d index adds one slice, as a 1-element index */
+        int64_t one = 1, st = 1;
+        em_tensor *v = em__tensor_view(idx, &one, &st, 1, idx->offset);
+        em_tensor_release(idx);
+        if (!v) return NULL;
+        idx = v;
+    }
+    em_tensor *out = em__tensor_new(self->dtype, self->shape, self->ndim);
+    if (!out) {
+        em_tensor_release(idx);
+        return NULL;
+    }
+    union em_op_params p;
+    memset(&p, 0, sizeof p);
+    p.axis.dim = d;
+    em_tensor *in[3] = {(em_tensor *)self, idx, (em_tensor *)src};
+    const em_tensor *orig[3] = {self, index, src};
+    em_tensor *r = em__run1(EM_OP_INDEX_ADD, in, 3, out, &p, orig);
     em_tensor_release(idx);
     return r;
 }

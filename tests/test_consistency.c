@@ -785,6 +785,46 @@ static bool case_scatter(ctx *c)
     return true;
 }
 
+/* index_add: duplicates (in range: out of range is a CPU error, tested in
+ * test_index), dim 0, a middle dim, long segments (~50 rows per output
+ * slice: CUDA's sorted segments, its batches of 8 and the tail) and a long
+ * index (CUDA's fallback). */
+static bool case_index_add(ctx *c)
+{
+    const int fl = grad_flag(c->dt);
+    em_tensor *self = IN(c, c->dt, (7, 5), -3, 3, fl);
+    em_tensor *src = IN(c, c->dt, (9, 5), -3, 3, fl);
+    em_tensor *i0 = index_input(c, S(9), 1, 0, 6);
+    em_tensor *self1 = IN(c, c->dt, (3, 4, 5), -3, 3, fl);
+    em_tensor *src1 = IN(c, c->dt, (3, 6, 5), -3, 3, fl);
+    em_tensor *i1 = index_input(c, S(6), 1, 0, 3);
+    em_tensor *self2 = IN(c, c->dt, (4, 6), -3, 3, fl);
+    em_tensor *src2 = IN(c, c->dt, (203, 6), -3, 3, fl);
+    em_tensor *i2 = index_input(c, S(203), 1, 0, 3);
+    REQ(c, self);
+    REQ(c, src);
+    REQ(c, i0);
+    REQ(c, self1);
+    REQ(c, src1);
+    REQ(c, i1);
+    REQ(c, self2);
+    REQ(c, src2);
+    REQ(c, i2);
+    OUT(c, em_index_add(self, 0, i0, src));
+    OUT(c, em_index_add(self1, 1, i1, src1));
+    OUT(c, em_index_add(self2, 0, i2, src2));
+    /* N = 270000 > the default 4 MiB CUDA workspace's 16 N bytes: CUDA's
+     * fallback (the fibre walk), ~90000 rows summed per output element */
+    em_tensor *self3 = IN(c, c->dt, (3), -3, 3, 0);
+    em_tensor *src3 = IN(c, c->dt, (270000), -3, 3, 0);
+    em_tensor *i3 = index_input(c, S(270000), 1, 0, 2);
+    REQ(c, self3);
+    REQ(c, src3);
+    REQ(c, i3);
+    OUT(c, em_index_add(self3, 0, i3, src3));
+    return true;
+}
+
 static bool case_one_hot(ctx *c)
 {
     em_tensor *i = index_input(c, S(4, 6), 2, 0, 4);
@@ -1545,6 +1585,7 @@ static op_case g_cases[EM_OP_COUNT] = {
     [EM_OP_SCATTER_ADD] = {case_scatter, {D_F32, D_F64, D_I32, END}, 1},
     [EM_OP_INDEX_SELECT] = {case_index_select, {D_F32, D_F64, D_I64, D_U8, END}, 1},
     [EM_OP_ONE_HOT] = {case_one_hot, {D_I64, END}, 1},
+    [EM_OP_INDEX_ADD] = {case_index_add, {D_F32, D_F64, D_I32, D_I64, END}, 1},
     [EM_OP_CONV2D] = {case_conv_all, {D_F32, D_F64, END}, 1},
     [EM_OP_CONV2D_BWD_DATA] = {case_conv_all, {D_F32, D_F64, END}, 1},
     [EM_OP_CONV2D_BWD_WEIGHT] = {case_conv_all, {D_F32, D_F64, END}, 1},

@@ -241,6 +241,9 @@ static em_tensor *forward(const fx_block *b, em_tensor **x, int nin)
     if (!strcmp(op, "scatter")) return em_scatter(x[0], kw_int(b, "dim"), aux_req(b, "index", EM_I64), x[1]);
     if (!strcmp(op, "scatter_add")) return em_scatter_add(x[0], kw_int(b, "dim"), aux_req(b, "index", EM_I64), x[1]);
     if (!strcmp(op, "index_select")) return em_index_select(x[0], kw_int(b, "dim"), aux_req(b, "index", EM_I64));
+    if (!strcmp(op, "index_add")) return em_index_add(x[0], kw_int(b, "dim"), aux_req(b, "index", EM_I64), x[1]);
+    if (!strcmp(op, "index_add_mul"))
+        return em_mul(em_index_add(x[0], kw_int(b, "dim"), aux_req(b, "index", EM_I64), x[1]), x[0]);
     if (!strcmp(op, "reuse")) return em_mul(em_add(x[0], em_exp(x[0])), em_sin(x[0]));
     if (!strcmp(op, "masked_softmax"))
         return em_softmax(em_masked_fill(x[0], aux_req(b, "mask", EM_BOOL), -INFINITY), kw_int(b, "dim"));
@@ -431,7 +434,7 @@ static void test_covers_gradcheck_table(void **state)
         "mean", "prod", "max", "min_keepdim", "logsumexp", "var", "std", "softmax", "log_softmax", "matmul_2d",
         "matmul_batched", "matmul_bcast", "matmul_vec_mat", "matmul_mat_vec", "matmul_dot", "reshape", "transpose", "permute",
         "expand", "slice_step", "narrow", "flatten_unsqueeze_squeeze", "cat", "stack", "split", "pad", "contiguous", "gather",
-        "index_select", "scatter", "scatter_add", "reuse_accumulates",
+        "index_select", "scatter", "scatter_add", "index_add", "index_add_dim1", "reuse_accumulates",
     };
     fx_block *bs;
     int n = fx_load("grad_fixtures.txt", &bs);

@@ -207,6 +207,16 @@ static em_tensor *f_scatter_add(em_tensor **x)
     em_tensor *idx = em_from_host((const int64_t[]){2, 0, 2}, SHAPE(1, 3), 2, EM_I64);
     return em_scatter_add(x[0], 0, idx, x[1]);
 }
+static em_tensor *f_index_add(em_tensor **x)
+{
+    em_tensor *idx = em_from_host((const int64_t[]){2, 0, 2}, SHAPE(3), 1, EM_I64);
+    return em_index_add(x[0], 0, idx, x[1]);
+}
+static em_tensor *f_index_add_mid(em_tensor **x)
+{
+    em_tensor *idx = em_from_host((const int64_t[]){1, 1}, SHAPE(2), 1, EM_I64);
+    return em_mul(em_index_add(x[0], 1, idx, x[1]), x[0]); /* a non-constant gradient for self */
+}
 U(f_alias, em_contiguous(x[0])) /* already contiguous: an alias view */
 U(f_remainder, em_remainder(em_add_scalar(x[0], 3.0), x[1]))
 U(f_remainder_s, em_remainder_scalar(x[0], 0.7))
@@ -352,6 +362,8 @@ static const gcase cases[] = {
     {"gather", NULL, f_gather, S1(2, 3), R(-2, 2)}, {"index_select", NULL, f_index_select, S1(3, 2), R(-2, 2)},
     {"scatter", NULL, f_scatter, .nin = 2, .ndim = {2, 2}, .shape = {{3, 3}, {1, 3}}, R(-2, 2)},
     {"scatter_add", NULL, f_scatter_add, .nin = 2, .ndim = {2, 2}, .shape = {{3, 3}, {1, 3}}, R(-2, 2)},
+    {"index_add", NULL, f_index_add, .nin = 2, .ndim = {2, 2}, .shape = {{3, 2}, {3, 2}}, R(-2, 2)},
+    {"index_add_dim1", "index_add", f_index_add_mid, .nin = 2, .ndim = {3, 3}, .shape = {{2, 3, 2}, {2, 2, 2}}, R(-2, 2)},
     {"reuse_accumulates", NULL, f_reuse, S1(2, 3), R(-2, 2)},
     {"conv2d", NULL, f_conv2d, .nin = 3, .ndim = {4, 4, 1}, .shape = {{1, 2, 4, 5}, {3, 2, 3, 2}, {3}}, R(-2, 2)},
     {"conv2d_groups", "conv2d", f_conv2d_groups, .nin = 2, .ndim = {4, 4}, .shape = {{1, 4, 4, 4}, {4, 2, 3, 3}}, R(-2, 2)},

@@ -1,4 +1,4 @@
-/* Indexing ops: gather, scatter, scatter_add, index_select, one_hot
+/* Indexing ops: gather, scatter, scatter_add, index_select, index_add, one_hot
  * (tasks/index.c, devices/cpu/index.c). Expected values follow PyTorch
  * (several are the examples of the PyTorch documentation). */
 #include "testutil.h"
@@ -159,6 +159,81 @@ static void test_index_select(void **state)
     em_scope_end();
 }
 
+/* em_index_add against torch.index_add (values worked out by hand) */
+static void test_index_add(void **state)
+{
+    (void)state;
+    em_scope_begin();
+    /* PyTorch docs: ones(5, 3).index_add_(0, [0, 4, 2], [[1,2,3],[4,5,6],[7,8,9]]) */
+    em_tensor *x = em_ones(SHAPE(5, 3), 2, EM_F32);
+    em_tensor *t = F32((3, 3), 1, 2, 3, 4, 5, 6, 7, 8, 9);
+    em_tensor *r = em_index_add(x, 0, I64((3), 0, 4, 2), t);
+    ASSERT_SHAPE(r, 5, 3);
+    assert_int_equal(em_tensor_dtype(r), EM_F32);
+    CLOSE(r, 2, 3, 4, 1, 1, 1, 8, 9, 10, 1, 1, 1, 5, 6, 7);
+    /* dim 1 (= -1), duplicates accumulate, an i32 index: out[:, 0] += src[:, 1];
+     * out[:, 2] += src[:, 0] + src[:, 2] + src[:, 3] */
+    em_tensor *a = F32((2, 3), 1, 2, 3, 4, 5, 6);
+    em_tensor *src = F32((2, 4), 1, 2, 3, 4, 5, 6, 7, 8);
+    CLOSE(em_index_add(a, 1, I32((4), 2, 0, 2, 2), src), 3, 2, 11, 10, 5, 26);
+    CLOSE(em_index_add(a, -1, I64((4), 2, 0, 2, 2), src), 3, 2, 11, 10, 5, 26);
+    /* a middle dim of a 3-D tensor: out[i][1][k] = src[i][0][k] + src[i][1][k] */
+    em_tensor *r3 = em_index_add(em_zeros(SHAPE(2, 3, 2), 3, EM_F32), 1, I64((2), 1, 1), F32((2, 2, 2), 1, 2, 3, 4, 5, 6, 7, 8));
+    ASSERT_SHAPE(r3, 2, 3, 2);
+    CLOSE(r3, 0, 0, 4, 6, 0, 0, 0, 0, 12, 14, 0, 0);
+    /* ascending j on every device: in f32, (0 + 1) + 1e8 rounds to 1e8, then
+     * - 1e8 gives 0 (another order, e.g. 1e8 - 1e8 first, would give 1) */
+    CLOSE(em_index_add(F32((1), 0), 0, I64((3), 0, 0, 0), F32((3), 1, 1e8f, -1e8f)), 0);
+    /* strided self and src (transposed views), and a strided index
+     * (every other element of [1, 7, 0, 7]) */
+    em_tensor *st = em_transpose(F32((3, 2), 1, 4, 2, 5, 3, 6), 0, 1);       /* [[1,2,3],[4,5,6]] */
+    em_tensor *ss = em_transpose(F32((2, 2), 10, 30, 20, 40), 0, 1);          /* [[10,20],[30,40]] */
+    em_tensor *si = em_slice(I64((4), 1, 7, 0, 7), 0, 0, 4, 2);               /* [1, 0] */
+    CLOSE(em_index_add(st, 1, si, ss), 21, 12, 3, 44, 35, 6);
+    /* integer and bool dtypes (bool: logical or) */
+    em_tensor *ri = em_index_add(T(EM_I64, (3), 0, 0, 0), 0, I64((3), 2, 2, 0), T(EM_I64, (3), 5, 6, 7));
+    assert_int_equal(em_tensor_dtype(ri), EM_I64);
+    CLOSE(ri, 7, 0, 11);
+    em_tensor *rb = em_index_add(T(EM_BOOL, (3), 0, 1, 0), 0, I64((2), 0, 0), T(EM_BOOL, (2), 0, 1));
+    assert_int_equal(em_tensor_dtype(rb), EM_BOOL);
+    CLOSE(rb, 1, 1, 0);
+    /* f64 */
+    CLOSE(em_index_add(F64((2), 0.5, 0.25), 0, I64((2), 1, 1), F64((2), 1, 2)), 0.5, 3.25);
+    /* a 0-d index adds one slice; an empty index leaves self */
+    int64_t one = 1;
+    CLOSE(em_index_add(a, 0, em_from_host(&one, NULL, 0, EM_I64), F32((1, 3), 1, 1, 1)), 1, 2, 3, 5, 6, 7);
+    em_tensor *r0 = em_index_add(a, 0, em_zeros(SHAPE(0), 1, EM_I64), em_zeros(SHAPE(0, 3), 2, EM_F32));
+    ASSERT_SHAPE(r0, 2, 3);
+    CLOSE(r0, 1, 2, 3, 4, 5, 6);
+    /* an out-of-range index (3 in a dim of 2, and -1): an error on the CPU,
+     * skipped on CUDA / OpenCL (as scatter_add) */
+    assert_range_error(em_index_add(a, 0, I64((3), 3, 1, -1), F32((3, 3), 1, 1, 1, 2, 2, 2, 3, 3, 3)), "index_add", "index 3",
+                       (const float[]){1, 2, 3, 6, 7, 8}, 6);
+    /* errors at the call */
+    em_test_assert_error(em_index_add(NULL, 0, I64((1), 0), a), "em_index_add", "self", "NULL", NULL);
+    em_test_assert_error(em_index_add(a, 0, NULL, a), "em_index_add", "index", "NULL", NULL);
+    em_test_assert_error(em_index_add(a, 0, I64((1), 0), NULL), "em_index_add", "src", "NULL", NULL);
+    em_test_assert_error(em_index_add(a, 2, I64((2), 0, 1), a), "em_index_add", "dim 2", NULL);
+    assert_int_equal(em_last_status(), EM_ERR_INVALID);
+    em_test_assert_error(em_index_add(a, 0, F32((2), 0, 1), a), "em_index_add", "float32", NULL);
+    assert_int_equal(em_last_status(), EM_ERR_DTYPE);
+    em_test_assert_error(em_index_add(a, 0, I64((2), 0, 1), T(EM_F64, (2, 3), 1, 2, 3, 4, 5, 6)), "em_index_add", "float64",
+                         "float32", NULL);
+    assert_int_equal(em_last_status(), EM_ERR_DTYPE);
+    em_test_assert_error(em_index_add(a, 0, I64((1, 2), 0, 1), a), "em_index_add", "1-D", "[1, 2]", NULL);
+    assert_int_equal(em_last_status(), EM_ERR_SHAPE);
+    /* src's dim must be the index's length, its other dims self's */
+    em_test_assert_error(em_index_add(a, 0, I64((3), 0, 1, 1), a), "em_index_add", "[2, 3]", "length 3", NULL);
+    assert_int_equal(em_last_status(), EM_ERR_SHAPE);
+    em_test_assert_error(em_index_add(a, 0, I64((1), 0), F32((1, 2), 1, 2)), "em_index_add", "[1, 2]", "[2, 3]", NULL);
+    em_test_assert_error(em_index_add(a, 0, I64((2), 0, 1), F32((6), 1, 2, 3, 4, 5, 6)), "em_index_add", "[6]", NULL);
+    float f = 1;
+    em_tensor *s0 = em_from_host(&f, NULL, 0, EM_F32);
+    em_test_assert_error(em_index_add(s0, 0, I64((1), 0), s0), "em_index_add", "at least one dim", NULL);
+    assert_int_equal(em_last_status(), EM_ERR_SHAPE);
+    em_scope_end();
+}
+
 static void test_one_hot(void **state)
 {
     (void)state;
@@ -218,6 +293,7 @@ int main(void)
         cmocka_unit_test(test_scatter),
         cmocka_unit_test(test_scatter_add),
         cmocka_unit_test(test_index_select),
+        cmocka_unit_test(test_index_add),
         cmocka_unit_test(test_one_hot),
         cmocka_unit_test(test_errors),
     };

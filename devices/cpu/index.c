@@ -1,5 +1,5 @@
 /* CPU kernels for the indexing ops: gather, index_select, scatter,
- * scatter_add, one_hot. The contracts are described at the top of
+ * scatter_add, index_add, one_hot. The contracts are described at the top of
  * tasks/index.c. Index operands are i64. Every index value is checked against
  * the size of its dim before anything is written: an out-of-range (or
  * negative) value is the sticky kernel error EM_ERR_INVALID (reported by the
@@ -171,6 +171,83 @@ static void scatter(const em_kargs *k, void **bufs)
     }
 }
 
+/* ---- index_add ---------------------------------------------------------------- */
+
+/* For j = 0..N-1 in order, the slice j of src (dim removed) is added to the
+ * slice index[j] of out; R0 is an iterator over the slice's shape with
+ * operands (out, src) and offsets 0, copied for every j. Each output element
+ * thus sums its contributions in ascending j. */
+#define INDEX_ADD_T(T, OP)                                                                            \
+    do {                                                                                              \
+        const T *S_ = (const T *)src;                                                                 \
+        T *Y_ = (T *)y;                                                                               \
+        for (int64_t j = 0; j < N; j++) {                                                             \
+            const int64_t v_ = I[j * si];                                                             \
+            T *yb_ = Y_ + O->offset + v_ * sdo;                                                       \
+            const T *sb_ = S_ + Sr->offset + j * sds;                                                 \
+            if (R0.ndim == 1) { /* one row (a contiguous slice): no iterator copy */                  \
+                const int64_t so_ = R0.inner_st[0], ss_ = R0.inner_st[1];                             \
+                if (so_ == 1 && ss_ == 1) {                                                           \
+                    for (int64_t c = 0; c < R0.inner; c++) OP(yb_[c], sb_[c]);                        \
+                } else {                                                                              \
+                    for (int64_t c = 0; c < R0.inner; c++) OP(yb_[c * so_], sb_[c * ss_]);            \
+                }                                                                                     \
+                continue;                                                                             \
+            }                                                                                         \
+            em_iter it = R0;                                                                          \
+            EM_ITER_FOREACH_ROW(&it)                                                                  \
+            {                                                                                         \
+                T *yp_ = yb_ + it.off[0];                                                             \
+                const T *sp_ = sb_ + it.off[1];                                                       \
+                const int64_t so_ = it.inner_st[0], ss_ = it.inner_st[1];                             \
+                if (so_ == 1 && ss_ == 1) {                                                           \
+                    for (int64_t c = 0; c < it.inner; c++) OP(yp_[c], sp_[c]);                        \
+                } else {                                                                              \
+                    for (int64_t c = 0; c < it.inner; c++) OP(yp_[c * so_], sp_[c * ss_]);            \
+                }                                                                                     \
+            }                                                                                         \
+        }                                                                                             \
+    } while (0)
+
+static void index_add(const em_kargs *k, void **bufs)
+{
+    const em_tdesc *Sf = &k->in[0], *Ix = &k->in[1], *Sr = &k->in[2], *O = &k->out[0];
+    const int dim = k->p.axis.dim;
+    const int64_t *I = (const int64_t *)bufs[1] + Ix->offset;
+    const void *src = bufs[2];
+    void *y = bufs[3];
+    if (dim < 0 || dim >= O->ndim || Ix->ndim != 1 || Sr->ndim != O->ndim) {
+        em_cpu_bad_kind("index_add operands (dim / rank)", dim);
+        return;
+    }
+    if (!index_in_range(k, Ix, (const int64_t *)bufs[1], O->shape[dim], dim)) return;
+    copy_same(Sf, bufs[0], O, y);
+    const int64_t N = Ix->shape[0], si = Ix->strides[0], sdo = O->strides[dim], sds = Sr->strides[dim];
+    int64_t shp[EM_KARGS_MAX_DIMS], sto[EM_KARGS_MAX_DIMS], sts[EM_KARGS_MAX_DIMS];
+    int nr = 0;
+    for (int d = 0; d < O->ndim; d++) {
+        if (d == dim) continue;
+        shp[nr] = O->shape[d];
+        sto[nr] = O->strides[d];
+        sts[nr] = Sr->strides[d];
+        nr++;
+    }
+    const int64_t *st[2] = {sto, sts};
+    const int64_t off[2] = {0, 0};
+    em_iter R0;
+    em_iter_init(&R0, nr, shp, 2, st, off);
+    if (R0.done || N == 0) return;
+    switch (O->dtype) {
+    case EM_F32: INDEX_ADD_T(float, ADD_); break;
+    case EM_F64: INDEX_ADD_T(double, ADD_); break;
+    case EM_I32: INDEX_ADD_T(int32_t, ADD_); break;
+    case EM_I64: INDEX_ADD_T(int64_t, ADD_); break;
+    case EM_U8: INDEX_ADD_T(uint8_t, ADD_); break;
+    case EM_BOOL: INDEX_ADD_T(uint8_t, OR_); break;
+    default: em_cpu_bad_kind("index_add dtype", O->dtype);
+    }
+}
+
 /* ---- one_hot ---------------------------------------------------------------- */
 
 static void one_hot(const em_kargs *k, void **bufs)
@@ -207,6 +284,7 @@ void em_cpu_index(void *buffers[], void *cl_arg)
     case EM_OP_INDEX_SELECT: gather(k, bufs, true); break;
     case EM_OP_SCATTER:
     case EM_OP_SCATTER_ADD: scatter(k, bufs); break;
+    case EM_OP_INDEX_ADD: index_add(k, bufs); break;
     case EM_OP_ONE_HOT: one_hot(k, bufs); break;
     default: em_cpu_bad_kind("index", k->kind);
     }

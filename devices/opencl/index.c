@@ -1,5 +1,5 @@
 /* OpenCL host function for the indexing ops (GATHER, INDEX_SELECT, SCATTER,
- * SCATTER_ADD, ONE_HOT). Operand contracts: tasks/index.c; kernel contracts:
+ * SCATTER_ADD, INDEX_ADD, ONE_HOT). Operand contracts: tasks/index.c; kernel contracts:
  * devices/opencl/index.cl. Index operands are i64. */
 #include "devices/opencl/opencl.h"
 
@@ -38,9 +38,11 @@ static void gather(em_ocl_ctx *c, void *buffers[], const em_kargs *k, bool index
     em_ocl_launch_1d(&a, n, "gather");
 }
 
-static void scatter(em_ocl_ctx *c, void *buffers[], const em_kargs *k)
+/* Ix: the index operand's descriptor (INDEX_ADD: its 1-D index broadcast to
+ * src's shape, see em_ocl_index). */
+static void scatter(em_ocl_ctx *c, void *buffers[], const em_kargs *k, const em_tdesc *Ix, bool add)
 {
-    const em_tdesc *Sf = &k->in[0], *Ix = &k->in[1], *Sr = &k->in[2], *O = &k->out[0];
+    const em_tdesc *Sf = &k->in[0], *Sr = &k->in[2], *O = &k->out[0];
     const int dim = k->p.axis.dim;
     /* out <- self, then the scatter on the same in-order queue */
     if (!em_ocl_copy_enqueue(c, buffers[0], Sf, buffers[3], O)) return;
@@ -70,7 +72,7 @@ static void scatter(em_ocl_ctx *c, void *buffers[], const em_kargs *k)
     em_ocl_arg_i64(&a, O->shape[dim]);
     em_ocl_arg_i64(&a, O->strides[dim]);
     em_ocl_arg_i32(&a, O->dtype);
-    em_ocl_arg_i32(&a, k->kind == EM_OP_SCATTER_ADD);
+    em_ocl_arg_i32(&a, add);
     em_ocl_launch_1d(&a, n, "scatter");
 }
 
@@ -96,7 +98,8 @@ void em_ocl_index(void *buffers[], void *cl_arg)
 {
     const em_kargs *k = cl_arg;
     const int kind = k->kind;
-    const bool is_scatter = kind == EM_OP_SCATTER || kind == EM_OP_SCATTER_ADD;
+    const bool is_index_add = kind == EM_OP_INDEX_ADD;
+    const bool is_scatter = kind == EM_OP_SCATTER || kind == EM_OP_SCATTER_ADD || is_index_add;
     const bool is_gather = kind == EM_OP_GATHER || kind == EM_OP_INDEX_SELECT;
     const em_tdesc *O = &k->out[0];
     bool ok = is_scatter || is_gather || kind == EM_OP_ONE_HOT;
@@ -107,6 +110,7 @@ void em_ocl_index(void *buffers[], void *cl_arg)
         ok = dim >= 0 && dim < O->ndim && (es == 1 || es == 4 || es == 8) && O->dtype <= EM_BOOL &&
              k->in[1].dtype == EM_I64 && dim < k->in[0].ndim;
     }
+    if (ok && is_index_add) ok = k->in[1].ndim == 1 && k->in[2].ndim == O->ndim;
     if (!ok) {
         em_ocl_error("index: unsupported op %d / operands", kind);
         return;
@@ -119,6 +123,15 @@ void em_ocl_index(void *buffers[], void *cl_arg)
         return;
     }
     if (is_gather) gather(&c, buffers, k, kind == EM_OP_INDEX_SELECT);
-    else if (is_scatter) scatter(&c, buffers, k);
+    else if (is_index_add) {
+        /* index_add is scatter_add with the 1-D index broadcast over src's
+         * shape (stride 0 but along dim): the same fibre walk, j in order */
+        em_tdesc ix = k->in[2];
+        ix.dtype = EM_I64;
+        ix.offset = k->in[1].offset;
+        for (int d = 0; d < ix.ndim; d++) ix.strides[d] = d == k->p.axis.dim ? k->in[1].strides[0] : 0;
+        scatter(&c, buffers, k, &ix, true);
+    } else if (is_scatter)
+        scatter(&c, buffers, k, &k->in[1], kind == EM_OP_SCATTER_ADD);
     else one_hot(&c, buffers, k);
 }

@@ -328,6 +328,21 @@ EM_API em_tensor *em_scatter(const em_tensor *a, int dim, const em_tensor *index
 EM_API em_tensor *em_scatter_add(const em_tensor *a, int dim, const em_tensor *index, const em_tensor *src);
 /** Rows (dim) of a picked by the 1-D (or 0-d) @p index. */
 EM_API em_tensor *em_index_select(const em_tensor *a, int dim, const em_tensor *index);
+/** Copy of @p self with the slices of @p src added at @p index along dim
+ *  (torch.index_add, alpha 1): out = self; out.select(dim, index[j]) +=
+ *  src.select(dim, j) for every j. self [.., V, ..], at least 1-D
+ *  (EM_ERR_SHAPE otherwise), any dtype (f16 / bf16 are computed in f32 and
+ *  rounded once, like the other indexing ops; bool adds as logical or);
+ *  index 1-D [N] or 0-d (one element; more dims: EM_ERR_SHAPE), int64 or
+ *  int32 (EM_ERR_DTYPE otherwise);
+ *  src of self's dtype (EM_ERR_DTYPE otherwise) and rank, self's shape with
+ *  dim of size N (EM_ERR_SHAPE otherwise, naming both shapes). Duplicate
+ *  indices accumulate in ascending j on every device, so f32 / f64 results
+ *  are the CPU's bits everywhere. Out-of-range values: as the other
+ *  indexing ops (above: an error on the CPU, skipped on CUDA / OpenCL).
+ *  Differentiable in self (the gradient) and src (index_select of it).
+ *  NULL input, bad dim (EM_ERR_INVALID): NULL with the error set. */
+EM_API em_tensor *em_index_add(const em_tensor *self, int dim, const em_tensor *index, const em_tensor *src);
 /** One-hot encoding of integer @p index (any shape) -> shape + [num_classes], i64;
  *  num_classes >= 1 (EM_ERR_INVALID otherwise). */
 EM_API em_tensor *em_one_hot(const em_tensor *index, int64_t num_classes);
