@@ -65,6 +65,12 @@ if [ "$DO_BUILD" = 1 ]; then
   cmake --build "$BUILD" -j"$(nproc)"
 fi
 [ -f "$BUILD/libember.so" ] || { echo "gpu-pack: $BUILD/libember.so missing (build first)" >&2; exit 1; }
+# the standalone attention harness (gpu-run.sh step attention)
+if [ "${1:-}" != --no-build ] && command -v nvcc >/dev/null; then
+  OUTD="$BUILD/attn" STARPU_INC="$PREFIX/include/starpu/1.4" bash "$ROOT/bench/attention_build.sh" >"$BUILD/attn-build.log" 2>&1 ||
+    { tail -20 "$BUILD/attn-build.log"; exit 1; }
+  rm -f "$BUILD"/attn/*.o
+fi
 # the GPU machine needs binaries and CTest files, not object files
 find "$BUILD" -name '*.o' -delete
 find "$BUILD" -name '*.o.d' -delete

@@ -22,6 +22,9 @@
 #   gpt          issue #16 side by side (not in the default list): the char-level
 #                GPT and GPT-2 124M training steps, bench_gpt vs bench/gpt_torch.py
 #                (eager f32/TF32/bf16, compiled bf16)
+#   gpttrain     `ember train --model gpt` (the anchor run; GPT_ITERS, GPT_PRECISION)
+#                then `ember generate` on cuda:0 and the CPU (not in the default list)
+#   attention    the attention kernels' harness and torch's SDPA (not in the default list)
 #   sanitizer    test_consistency under compute-sanitizer memcheck (out-of-bounds
 #                accesses in CUDA kernels), when compute-sanitizer exists
 # Time: the whole run stays within GPU_RUN_BUDGET_S seconds (default 560, the
@@ -260,14 +263,15 @@ run_gpt() {
           --precision "$(tp "$p")" >>"$log" 2>&1
     done
   done
-  [ $have_torch = 1 ] && timeout "$(tlimit 150)" python3 "$ROOT/bench/gpt_torch.py" --config char --mode compile --steps 50 \
+  [ $have_torch = 1 ] && [ "${GPT_COMPILE:-1}" = 1 ] && timeout "$(tlimit 150)" python3 "$ROOT/bench/gpt_torch.py" --config char --mode compile --steps 50 \
       --warmup 5 --precision bf16 >>"$log" 2>&1
   for p in f32 tf32 bf16; do
+    [ "${GPT_124M:-1}" = 1 ] || break
     timeout "$(tlimit 120)" "$BUILD/bench/bench_gpt" --device cuda:0 --config 124m --steps 10 --precision $p >>"$log" 2>&1
     [ $have_torch = 1 ] && timeout "$(tlimit 120)" python3 "$ROOT/bench/gpt_torch.py" --config 124m --steps 10 \
         --precision "$(tp "$p")" >>"$log" 2>&1
   done
-  [ $have_torch = 1 ] && timeout "$(tlimit 150)" python3 "$ROOT/bench/gpt_torch.py" --config 124m --mode compile --steps 10 \
+  [ $have_torch = 1 ] && [ "${GPT_124M:-1}" = 1 ] && timeout "$(tlimit 150)" python3 "$ROOT/bench/gpt_torch.py" --config 124m --mode compile --steps 10 \
       --warmup 5 --precision bf16 >>"$log" 2>&1
   grep -E "tokens/s|Error|error" "$log" >>"$SUMMARY"
   status gpt 0
@@ -281,6 +285,50 @@ run_gptprofile() {
   python3 "$ROOT/scripts/trace-summary.py" "$WORK/gpt.json" --skip 0.4 --top 40 >>"$OUT/gptprofile.log" 2>&1
   cat "$OUT/gptprofile.log" >>"$SUMMARY"
   status gptprofile 0
+}
+
+# The language-model main job (issue #16): `ember train --model gpt` with the
+# anchor's defaults on the carried Shakespeare corpus (GPT_ITERS, default
+# 5000; GPT_PRECISION, default f32), then `ember generate` from its best
+# checkpoint on cuda:0 and on the CPU (decode tokens/s with the KV cache).
+run_gpttrain() {
+  local data="$DEPS/share/ember/shakespeare.txt" prec="${GPT_PRECISION:-f32}"
+  if [ ! -f "$data" ]; then
+    say "step gpttrain: skipped (no $data: gpu-pack.sh carries it from the installed corpus)"
+    return
+  fi
+  ( cd "$WORK" && timeout "$(tlimit "${GPT_TRAIN_S:-520}")" "$BUILD/ember" train --model gpt --device cuda:0 --precision "$prec" \
+      --no-progress --data "$data" --iters "${GPT_ITERS:-5000}" --out "$WORK/gpt" ) >"$OUT/gpttrain.log" 2>&1
+  local rc=$?
+  say "ember train --model gpt --precision $prec (cuda:0): rc $rc"
+  grep -E "^iter|^final|^ember train" "$OUT/gpttrain.log" >>"$SUMMARY"
+  if [ -f "$WORK/gpt/best.safetensors" ]; then
+    for dev in cuda:0 cpu; do
+      timeout "$(tlimit 60)" "$BUILD/ember" generate --checkpoint "$WORK/gpt/best.safetensors" --device "$dev" \
+        --prompt $'ROMEO:\n' --max-new-tokens 240 --seed 1337 >"$OUT/generate-$dev.log" 2>&1
+      say "ember generate ($dev): rc $?"
+      cat "$OUT/generate-$dev.log" >>"$SUMMARY"
+    done
+  fi
+  status gpttrain "$rc"
+}
+
+# The attention kernels alone (bench/attention_harness.cu, built by
+# scripts/gpu-pack.sh into build-gpu/attn): correctness against a double
+# reference and forward+backward times, then torch's SDPA at the same shapes.
+run_attention() {
+  local d="$BUILD/attn"
+  if [ ! -x "$d/attention_harness_v0" ]; then
+    say "step attention: skipped (no $d/attention_harness_v0)"
+    return
+  fi
+  timeout "$(tlimit 150)" "$d/attention_harness_v0" --times "$OUT/attn_times.txt" >"$OUT/attention.log" 2>&1
+  local rc=$?
+  python3 -c 'import torch' 2>/dev/null &&
+    timeout "$(tlimit 120)" python3 "$d/attention_torch.py" --ember "v0=$OUT/attn_times.txt" >>"$OUT/attention.log" 2>&1
+  grep -E "^FAIL|TOTAL" "$OUT/attention.log" >>"$SUMMARY"
+  sed -n '/^Timing/,$p' "$OUT/attention.log" >>"$SUMMARY"
+  status attention "$rc"
 }
 
 run_train() {
@@ -324,6 +372,8 @@ for s in $STEPS; do
     vision) run_vision ;;
     precision) run_precision ;;
     gpt) run_gpt ;;
+    gpttrain) run_gpttrain ;;
+    attention) run_attention ;;
     gptprofile) run_gptprofile ;;
     cnnprofile) run_cnnprofile ;;
     train) run_train ;;
