@@ -102,4 +102,11 @@ typedef struct em__upsample_impl {
 EM_TEST_API em_tensor *em__sdpa_math(const em_tensor *q, const em_tensor *k, const em_tensor *v, const em_tensor *mask,
                                      bool is_causal, double dropout_p, double scale, bool training);
 
+/* The checks shared by the encoder and decoder layer configs (nn/transformer.c):
+ * d_model a positive multiple of nhead, dim_feedforward > 0, dropout in
+ * [0, 1], layer_norm_eps >= 0, activation relu (NULL) or gelu (*gelu set);
+ * EM_ERR_INVALID naming the value, prefixed by fn. */
+em_status em__tf_layer_check(int64_t d_model, int64_t nhead, int64_t dim_feedforward, double dropout, const char *activation,
+                             double layer_norm_eps, const char *fn, bool *gelu);
+
 #endif

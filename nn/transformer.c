@@ -597,18 +597,18 @@ typedef struct enc_layer_impl {
     bool gelu; /* activation: false relu, true exact-erf gelu */
 } enc_layer_impl;
 
-static em_status enc_check(const em_transformer_encoder_layer_config *c, const char *fn, bool *gelu)
+em_status em__tf_layer_check(int64_t d_model, int64_t nhead, int64_t dim_feedforward, double dropout, const char *activation,
+                             double layer_norm_eps, const char *fn, bool *gelu)
 {
-    if (!c) return em__set_error(EM_ERR_INVALID, "%s: config is NULL", fn);
-    if (c->d_model <= 0 || c->nhead <= 0 || c->d_model % c->nhead)
-        return em__set_error(EM_ERR_INVALID, "%s: d_model (%lld) must be a positive multiple of nhead (%lld)", fn, (long long)c->d_model,
-                             (long long)c->nhead);
-    if (c->dim_feedforward <= 0)
-        return em__set_error(EM_ERR_INVALID, "%s: dim_feedforward must be > 0, got %lld", fn, (long long)c->dim_feedforward);
-    if (!(c->dropout >= 0 && c->dropout <= 1) || !(c->layer_norm_eps >= 0))
-        return em__set_error(EM_ERR_INVALID, "%s: dropout (%g) must be in [0, 1] and layer_norm_eps (%g) >= 0", fn, c->dropout,
-                             c->layer_norm_eps);
-    const char *a = c->activation ? c->activation : "relu";
+    if (d_model <= 0 || nhead <= 0 || d_model % nhead)
+        return em__set_error(EM_ERR_INVALID, "%s: d_model (%lld) must be a positive multiple of nhead (%lld)", fn, (long long)d_model,
+                             (long long)nhead);
+    if (dim_feedforward <= 0)
+        return em__set_error(EM_ERR_INVALID, "%s: dim_feedforward must be > 0, got %lld", fn, (long long)dim_feedforward);
+    if (!(dropout >= 0 && dropout <= 1) || !(layer_norm_eps >= 0))
+        return em__set_error(EM_ERR_INVALID, "%s: dropout (%g) must be in [0, 1] and layer_norm_eps (%g) >= 0", fn, dropout,
+                             layer_norm_eps);
+    const char *a = activation ? activation : "relu";
     if (!strcmp(a, "relu"))
         *gelu = false;
     else if (!strcmp(a, "gelu"))
@@ -616,6 +616,12 @@ static em_status enc_check(const em_transformer_encoder_layer_config *c, const c
     else
         return em__set_error(EM_ERR_INVALID, "%s: activation should be relu/gelu, not %s", fn, a); /* torch's words */
     return EM_OK;
+}
+
+static em_status enc_check(const em_transformer_encoder_layer_config *c, const char *fn, bool *gelu)
+{
+    if (!c) return em__set_error(EM_ERR_INVALID, "%s: config is NULL", fn);
+    return em__tf_layer_check(c->d_model, c->nhead, c->dim_feedforward, c->dropout, c->activation, c->layer_norm_eps, fn, gelu);
 }
 
 static em_tensor *enc_layer_forward_plain(em_module *m, const em_tensor *x)
