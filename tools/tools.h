@@ -172,9 +172,11 @@ int em_tool_check_device(const char *cmd, const char *device);
 int em_tool_init_runtime(const char *device);
 /** Copies a file atomically: 0, 1 when @p src is missing, -1 after printing why. */
 int em_tool_copy_file(const char *src, const char *dst);
-/** Prints "ember train ARGS --resume CKPT" (the command line without its --resume / --overwrite). */
-void em_tool_print_resume_command(FILE *f, int argc, char **argv, const char *shortopts, const struct option *opts, int o_resume,
-                                  int o_overwrite, const char *ckpt);
+/** After a run interrupted by Ctrl-C (em_learner_fit returned EM_ERR_INTERRUPTED):
+ *  prints the error and the command that resumes from OUT/checkpoint.safetensors
+ *  (or from @p resume when the run wrote none), or that nothing can be resumed. */
+void em_tool_report_interrupt(const char *out, const char *resume, int argc, char **argv, const char *shortopts,
+                              const struct option *opts, int o_resume, int o_overwrite);
 /** Records a run folder this process created: removed at exit when the run wrote nothing into it. */
 void em_tool_note_made_run_dir(const char *dir);
 

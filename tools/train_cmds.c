@@ -654,10 +654,20 @@ bool em_tool_same_dir(const char *a, const char *b) { return same_dir(a, b); }
 int em_tool_check_device(const char *cmd, const char *device) { return check_device(cmd, device); }
 int em_tool_init_runtime(const char *device) { return init_runtime(device); }
 int em_tool_copy_file(const char *src, const char *dst) { return copy_file(src, dst); }
-void em_tool_print_resume_command(FILE *f, int argc, char **argv, const char *shortopts, const struct option *opts, int o_resume,
-                                  int o_overwrite, const char *ckpt)
+void em_tool_report_interrupt(const char *out, const char *resume, int argc, char **argv, const char *shortopts,
+                              const struct option *opts, int o_resume, int o_overwrite)
 {
-    print_resume_command(f, argc, argv, shortopts, opts, o_resume, o_overwrite, ckpt);
+    char ck[4200];
+    snprintf(ck, sizeof ck, "%s/checkpoint.safetensors", out);
+    if (access(ck, F_OK) != 0 && resume) snprintf(ck, sizeof ck, "%s", resume);
+    fflush(stdout);
+    fprintf(stderr, "ember train: %s\n", em_last_error());
+    if (access(ck, F_OK) == 0) {
+        fprintf(stderr, "interrupted: resume with: ");
+        print_resume_command(stderr, argc, argv, shortopts, opts, o_resume, o_overwrite, ck);
+    } else {
+        fprintf(stderr, "interrupted: no checkpoint was written, nothing to resume\n");
+    }
 }
 void em_tool_note_made_run_dir(const char *dir)
 {
@@ -1419,17 +1429,7 @@ int em_tool_train(int argc, char **argv)
     if (fit == EM_ERR_INTERRUPTED) { /* Ctrl-C: the files of the last finished epoch are kept */
         rc = 128 + (g_stop ? (int)g_stop : SIGINT); /* 130 for SIGINT, 143 for SIGTERM */
         if (lead) {
-            char ck[4200];
-            snprintf(ck, sizeof ck, "%s/checkpoint.safetensors", out);
-            if (access(ck, F_OK) != 0 && resume) snprintf(ck, sizeof ck, "%s", resume);
-            fflush(stdout);
-            fprintf(stderr, "ember train: %s\n", em_last_error());
-            if (access(ck, F_OK) == 0) {
-                fprintf(stderr, "interrupted: resume with: ");
-                print_resume_command(stderr, argc, argv, shortopts, opts, O_RESUME, O_OVERWRITE, ck);
-            } else {
-                fprintf(stderr, "interrupted: no checkpoint was written, nothing to resume\n");
-            }
+            em_tool_report_interrupt(out, resume, argc, argv, shortopts, opts, O_RESUME, O_OVERWRITE);
         }
         goto done;
     }

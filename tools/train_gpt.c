@@ -600,17 +600,7 @@ int em_tool_train_gpt(int argc, char **argv)
     volatile sig_atomic_t sig = *em_tool_stop_flag();
     if (fit == EM_ERR_INTERRUPTED) {
         rc = 128 + (sig ? (int)sig : SIGINT);
-        char ck[4200];
-        snprintf(ck, sizeof ck, "%s/checkpoint.safetensors", out);
-        if (access(ck, F_OK) != 0 && resume) snprintf(ck, sizeof ck, "%s", resume);
-        fflush(stdout);
-        fprintf(stderr, "ember train: %s\n", em_last_error());
-        if (access(ck, F_OK) == 0) {
-            fprintf(stderr, "interrupted: resume with: ");
-            em_tool_print_resume_command(stderr, argc, argv, shortopts, opts, O_RESUME, O_OVERWRITE, ck);
-        } else {
-            fprintf(stderr, "interrupted: no checkpoint was written, nothing to resume\n");
-        }
+        em_tool_report_interrupt(out, resume, argc, argv, shortopts, opts, O_RESUME, O_OVERWRITE);
         goto done;
     }
     if (fit != EM_OK) {
