@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #ifdef EMBER_HAVE_CAIRO
 #include <cairo.h>
@@ -334,6 +335,54 @@ static void no_validation(void **state)
     free(svg);
 }
 
+/* An iteration-mode metrics.csv (ember train --model gpt): one loss figure
+ * against the iteration (iter 0 has no train loss), no accuracy figure;
+ * overlaying it with an epoch run, iterations that do not increase and a
+ * negative iteration are refused. */
+static void iteration_run(void **state)
+{
+    const char *dir = subdir("iters");
+    write_file(join(dir, "metrics.csv"), "iter,train_loss,val_loss,lr,tokens_per_s,elapsed_s\n"
+                                         "0,nan,5.5154,6e-05,nan,2.7\n100,3.4052,2.6481,0.00292,2697.0,43.6\n"
+                                         "200,2.5751,2.5845,0.00233,2252.0,92.3\n");
+    char p0[1024], p1[1024]; /* join()'s buffers rotate: keep copies */
+    snprintf(p0, sizeof p0, "%s", join(dir, "metrics.csv"));
+    const char *csv[2] = {p0, NULL};
+    em_tool_metrics m;
+    char err[512], prefix[1100];
+    assert_int_equal(em_tool_read_metrics(csv[0], &m, err, sizeof err), 0);
+    assert_true(m.iterations);
+    assert_int_equal(m.n, 3);
+    assert_true(m.epoch[0] == 0 && m.epoch[2] == 200);
+    assert_true(isnan(m.train_loss[0]) && m.val_loss[1] == 2.6481 && isnan(m.val_accuracy[2]) && isnan(m.train_accuracy[0]));
+    em_tool_metrics_free(&m);
+    static const char *const bad[][2] = {
+        {"iter,train_loss,val_loss\n100,1,2\n100,1,2\n", "iteration 100 after iteration 100"},
+        {"iter,train_loss,val_loss\n-1,1,2\n", "whole number >= 0"},
+        {"iter,train_loss\n0,1\n", "'val_loss'"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        write_file(join(dir, "bad.csv"), bad[i][0]);
+        assert_int_equal(em_tool_read_metrics(join(dir, "bad.csv"), &m, err, sizeof err), -1);
+        if (!strstr(err, bad[i][1])) fail_msg("'%s' does not name '%s'", err, bad[i][1]);
+    }
+    if (!em_tool_plot_available()) return;
+    snprintf(prefix, sizeof prefix, "%s/", dir);
+    if (em_tool_plot_metrics(csv, NULL, 1, prefix, NULL, err, sizeof err) != 0) fail_msg("%s", err);
+    char *svg = read_all(join(dir, "loss.svg"));
+    assert_null(xml_check(svg));
+    assert_int_equal(count(svg, "<path class=\"curve\""), 2);
+    assert_non_null(strstr(svg, ">iteration</text>"));
+    free(svg);
+    assert_int_equal(access(join(dir, "accuracy.svg"), F_OK), -1);
+    const char *e = subdir("iters-epochs");
+    snprintf(p1, sizeof p1, "%s", join(e, "metrics.csv"));
+    write_run(p1, 3, 0);
+    csv[1] = p1;
+    assert_int_equal(em_tool_plot_metrics(csv, NULL, 2, prefix, NULL, err, sizeof err), EM_TOOL_PLOT_BAD_METRICS);
+    assert_non_null(strstr(err, "cannot share a plot"));
+}
+
 static void several_runs(void **state)
 {
     if (!em_tool_plot_available()) skip();
@@ -422,6 +471,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(one_run),
         cmocka_unit_test(no_validation),
+        cmocka_unit_test(iteration_run),
         cmocka_unit_test(several_runs),
         cmocka_unit_test(bad_metrics),
     };

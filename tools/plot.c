@@ -75,10 +75,21 @@ int em_tool_read_metrics(const char *path, em_tool_metrics *out, char *err, size
     }
     line[strcspn(line, "\r\n")] = 0;
     nhead = split_csv(line, fld, MAXF);
+    /* no epoch column but an iter one: the Learner's iteration mode (iter >= 0,
+     * losses only; the accuracy columns are absent and read as NaN) */
+    bool has_epoch = false, has_iter = false;
+    for (int i = 0; i < nhead && i < MAXF; i++) {
+        has_epoch |= !strcmp(fld[i], "epoch");
+        has_iter |= !strcmp(fld[i], "iter");
+    }
+    const bool iters = !has_epoch && has_iter;
+    out->iterations = iters;
     for (int c = 0; c < NCOL; c++) {
         col[c] = -1;
+        const char *name = iters && c == C_EPOCH ? "iter" : want[c];
         for (int i = 0; i < nhead && i < MAXF; i++)
-            if (!strcmp(fld[i], want[c])) col[c] = i;
+            if (!strcmp(fld[i], name)) col[c] = i;
+        if (col[c] < 0 && iters && (c == C_TA || c == C_VA)) continue;
         if (col[c] < 0) {
             snprintf(err, nerr, "%s: the header has no '%s' column (expected ember train's metrics.csv: epoch,train_loss,...)",
                      path, want[c]);
@@ -100,18 +111,26 @@ int em_tool_read_metrics(const char *path, em_tool_metrics *out, char *err, size
             goto out;
         }
         double v[NCOL];
-        for (int c = 0; c < NCOL; c++)
+        const char *xname = iters ? "iteration" : "epoch";
+        for (int c = 0; c < NCOL; c++) {
+            if (col[c] < 0) {
+                v[c] = NAN;
+                continue;
+            }
             if (!parse_double(fld[col[c]], &v[c])) {
-                snprintf(err, nerr, "%s line %d: %s '%s' is not a number", path, lineno, want[c], fld[col[c]]);
+                snprintf(err, nerr, "%s line %d: %s '%s' is not a number", path, lineno, iters && c == C_EPOCH ? "iter" : want[c],
+                         fld[col[c]]);
                 goto out;
             }
-        if (!(v[C_EPOCH] >= 1 && v[C_EPOCH] < 1e9 && v[C_EPOCH] == floor(v[C_EPOCH]))) {
-            snprintf(err, nerr, "%s line %d: epoch '%s' is not a whole number >= 1", path, lineno, fld[col[C_EPOCH]]);
+        }
+        const double x0 = iters ? 0 : 1;
+        if (!(v[C_EPOCH] >= x0 && v[C_EPOCH] < 1e12 && v[C_EPOCH] == floor(v[C_EPOCH]))) {
+            snprintf(err, nerr, "%s line %d: %s '%s' is not a whole number >= %.0f", path, lineno, xname, fld[col[C_EPOCH]], x0);
             goto out;
         }
         if (out->n > 0 && v[C_EPOCH] <= out->epoch[out->n - 1]) {
-            snprintf(err, nerr, "%s line %d: epoch %.0f after epoch %.0f (epochs must increase: two runs in one file?)", path, lineno,
-                     v[C_EPOCH], out->epoch[out->n - 1]);
+            snprintf(err, nerr, "%s line %d: %s %.0f after %s %.0f (they must increase: two runs in one file?)", path, lineno, xname,
+                     v[C_EPOCH], xname, out->epoch[out->n - 1]);
             goto out;
         }
         if (out->n == cap) {
@@ -389,7 +408,8 @@ static frame fit_frame(const curve *cs, int nc, bool unit_range)
     return fr;
 }
 
-static void draw_figure(canvas *cv, const curve *cs, int nc, const char *title, const char *ylabel, bool legend_bottom, bool unit_range)
+static void draw_figure(canvas *cv, const curve *cs, int nc, const char *title, const char *xlabel, const char *ylabel, bool legend_bottom,
+                        bool unit_range)
 {
     const double L = M_LEFT, R = PLOT_W - M_RIGHT, T = M_TOP, B = PLOT_H - M_BOTTOM;
     frame fr = fit_frame(cs, nc, unit_range);
@@ -413,11 +433,11 @@ static void draw_figure(canvas *cv, const curve *cs, int nc, const char *title, 
         double x = PX(v);
         cv_line(cv, x, T, x, B, GRID, 1);
         cv_line(cv, x, B, x, B + 5, BLACK, 1);
-        snprintf(lab, sizeof lab, "%.0f", v);
+        snprintf(lab, sizeof lab, "%.0f", fabs(v) < 0.5 ? 0.0 : v); /* no "-0" from a rounding residue */
         cv_text(cv, x, B + 19, lab, 12, 0.5, false, false, BLACK);
     }
     cv_rect(cv, L, T, R - L, B - T, NULL, &BLACK, 1);
-    cv_text(cv, (L + R) / 2, PLOT_H - 14, "epoch", 13, 0.5, false, false, BLACK);
+    cv_text(cv, (L + R) / 2, PLOT_H - 14, xlabel, 13, 0.5, false, false, BLACK);
     cv_text(cv, 22, (T + B) / 2, ylabel, 13, 0.5, false, true, BLACK);
     cv_text(cv, PLOT_W / 2.0, 28, title, 16, 0.5, true, false, BLACK);
     /* curves */
@@ -511,7 +531,7 @@ static int finish_tmp(const char *tmp, const char *path, bool ok, const char *wh
 }
 
 /* Writes @p path atomically (path.tmp.XXXXXX, then rename). */
-static int write_png(const char *path, const curve *cs, int nc, const char *title, const char *ylabel, bool legend_bottom,
+static int write_png(const char *path, const curve *cs, int nc, const char *title, const char *xlabel, const char *ylabel, bool legend_bottom,
                      bool unit_range, char *err, size_t nerr)
 {
     char tmp[4200];
@@ -521,7 +541,7 @@ static int write_png(const char *path, const curve *cs, int nc, const char *titl
     cairo_surface_t *s = cairo_image_surface_create(CAIRO_FORMAT_RGB24, PLOT_W, PLOT_H);
     cairo_t *cr = cairo_create(s);
     canvas cv = {.cr = cr};
-    draw_figure(&cv, cs, nc, title, ylabel, legend_bottom, unit_range);
+    draw_figure(&cv, cs, nc, title, xlabel, ylabel, legend_bottom, unit_range);
     cairo_status_t st = cairo_status(cr);
     cairo_destroy(cr);
     if (st == CAIRO_STATUS_SUCCESS) st = cairo_surface_write_to_png(s, tmp);
@@ -530,7 +550,7 @@ static int write_png(const char *path, const curve *cs, int nc, const char *titl
                       st == CAIRO_STATUS_WRITE_ERROR ? strerror(errno) : cairo_status_to_string(st), err, nerr);
 }
 
-static int write_svg(const char *path, const curve *cs, int nc, const char *title, const char *ylabel, bool legend_bottom,
+static int write_svg(const char *path, const curve *cs, int nc, const char *title, const char *xlabel, const char *ylabel, bool legend_bottom,
                      bool unit_range, char *err, size_t nerr)
 {
     char tmp[4200];
@@ -545,7 +565,7 @@ static int write_svg(const char *path, const curve *cs, int nc, const char *titl
             PLOT_W, PLOT_H, PLOT_W, PLOT_H);
     svg_escape(f, title);
     fputs("</title>\n", f);
-    draw_figure(&cv, cs, nc, title, ylabel, legend_bottom, unit_range);
+    draw_figure(&cv, cs, nc, title, xlabel, ylabel, legend_bottom, unit_range);
     fputs("</svg>\n", f);
     cairo_destroy(cr);
     cairo_surface_destroy(s);
@@ -641,7 +661,17 @@ int em_tool_plot_metrics(const char *const *metrics_csv, const char *const *labe
     }
     /* a folder prefix ("runs/cmp/") that does not exist yet is created, once every file has been read */
     if (rc == 0 && make_prefix_dir(out_prefix, err, nerr) != 0) rc = EM_TOOL_PLOT_WRITE;
-    for (int fig = 0; fig < 2 && rc == 0; fig++) {
+    /* an iteration-mode metrics.csv (ember train --model gpt) has losses only:
+     * one figure against the iteration */
+    for (int r = 1; r < nruns && rc == 0; r++)
+        if (m[r].iterations != m[0].iterations) {
+            snprintf(err, nerr, "%s counts %s and %s counts %s: runs of both kinds cannot share a plot", metrics_csv[0],
+                     m[0].iterations ? "iterations" : "epochs", metrics_csv[r], m[r].iterations ? "iterations" : "epochs");
+            rc = EM_TOOL_PLOT_BAD_METRICS;
+        }
+    const char *xlabel = nruns > 0 && m[0].iterations ? "iteration" : "epoch";
+    const int nfig = nruns > 0 && m[0].iterations ? 1 : 2;
+    for (int fig = 0; fig < nfig && rc == 0; fig++) {
         const bool acc = fig == 1;
         curve cs[2 * EM_TOOL_PLOT_MAX_RUNS];
         int nc = 0;
@@ -668,10 +698,10 @@ int em_tool_plot_metrics(const char *const *metrics_csv, const char *const *labe
         snprintf(t, sizeof t, "%s: %s", ttl, acc ? "accuracy" : "loss");
         const char *stem = acc ? "accuracy" : "loss";
         snprintf(path, sizeof path, "%s%s.png", out_prefix, stem);
-        rc = write_png(path, cs, nc, t, acc ? "accuracy" : "loss", acc, acc, err, nerr);
+        rc = write_png(path, cs, nc, t, xlabel, acc ? "accuracy" : "loss", acc, acc, err, nerr);
         if (rc == 0) {
             snprintf(path, sizeof path, "%s%s.svg", out_prefix, stem);
-            rc = write_svg(path, cs, nc, t, acc ? "accuracy" : "loss", acc, acc, err, nerr);
+            rc = write_svg(path, cs, nc, t, xlabel, acc ? "accuracy" : "loss", acc, acc, err, nerr);
         }
     }
 #else
@@ -696,7 +726,9 @@ static void plot_help(void)
            "loss.png and accuracy.png (and loss.svg, accuracy.svg), train and validation\n"
            "against the epoch. 'ember train' already writes them next to metrics.csv after\n"
            "every epoch; this redraws them, or overlays several runs (one colour per run,\n"
-           "train dashed, validation solid). A RUN_DIR may also be a metrics.csv file.\n\n"
+           "train dashed, validation solid). A RUN_DIR may also be a metrics.csv file.\n"
+           "A language-model run (ember train --model gpt) has losses only: loss.png and\n"
+           "loss.svg against the iteration; it cannot share a plot with an epoch run.\n\n"
            "  --out PREFIX   where the images go: a folder (ending in / or existing) or a\n"
            "                 file-name prefix (--out cmp- writes cmp-loss.png, ...);\n"
            "                 default: RUN_DIR/ for one run, plot- (in the current folder)\n"
@@ -781,6 +813,12 @@ int em_tool_plot(int argc, char **argv)
         fprintf(stderr, "ember plot: %s\n", err);
         return 1;
     }
-    printf("wrote %sloss.png, %saccuracy.png, %sloss.svg, %saccuracy.svg\n", prefix, prefix, prefix, prefix);
+    em_tool_metrics m0; /* read fine above: which figures were drawn */
+    const bool iters = em_tool_read_metrics(paths[0], &m0, err, sizeof err) == 0 && m0.iterations;
+    em_tool_metrics_free(&m0);
+    if (iters)
+        printf("wrote %sloss.png, %sloss.svg\n", prefix, prefix);
+    else
+        printf("wrote %sloss.png, %saccuracy.png, %sloss.svg, %saccuracy.svg\n", prefix, prefix, prefix, prefix);
     return 0;
 }

@@ -76,13 +76,17 @@ int64_t em_tool_default_warmup(int64_t total_steps);
 typedef struct em_tool_metrics {
     int n;
     double *epoch, *train_loss, *train_accuracy, *val_loss, *val_accuracy;
+    bool iterations; /**< an iteration-mode file: epoch[] holds the iterations (>= 0), the accuracies are NaN */
 } em_tool_metrics;
 
 /** Reads an `ember train` metrics.csv (train/learner.c append_metrics: a
  *  header naming at least epoch, train_loss, train_accuracy, val_loss,
  *  val_accuracy, in any order, then one row per epoch). Every row must have
  *  the header's field count, numbers in those columns ("nan" allowed) and
- *  strictly increasing whole epochs >= 1; at least one row. 0, or -1 with the
+ *  strictly increasing whole epochs >= 1; at least one row. A header with
+ *  no epoch column but an iter one is the Learner's iteration mode (`ember
+ *  train --model gpt`: iter, train_loss, val_loss, ...): whole iterations
+ *  >= 0, accuracies NaN, `iterations` set. 0, or -1 with the
  *  file, line and reason in @p err (@p out is then empty). Free with
  *  em_tool_metrics_free. */
 int em_tool_read_metrics(const char *path, em_tool_metrics *out, char *err, size_t nerr);
