@@ -50,6 +50,14 @@ grep -q "^final val loss [0-9.]* at iteration 30 " "$T/a.log" || fail "no final 
 [ "$(head -1 "$T/a/metrics.csv")" = "iter,train_loss,val_loss,lr,tokens_per_s,elapsed_s" ] || fail "metrics.csv header: $(head -1 "$T/a/metrics.csv")"
 [ "$(cut -d, -f1 "$T/a/metrics.csv" | tr '\n' ' ')" = "iter 0 10 20 30 " ] || fail "metrics.csv rows: $(cat "$T/a/metrics.csv")"
 [ -f "$T/a/checkpoint.safetensors" ] && [ -f "$T/a/best.safetensors" ] || fail "no checkpoint / best: $(ls "$T/a")"
+# the loss plot after each evaluation, against the iteration (unless built without cairo)
+if [ -f "$T/a/loss.svg" ]; then
+  grep -q '>iteration</text>' "$T/a/loss.svg" || fail "loss.svg has no iteration axis"
+  [ ! -e "$T/a/accuracy.svg" ] || fail "an accuracy plot for a language model"
+else
+  "$EMBER" plot "$T/a" > "$T/plot.out" 2>&1 || true
+  grep -q "plotting is unavailable" "$T/plot.out" || fail "no loss.svg and plotting is available: $(ls "$T/a")"
+fi
 grep -aqF '"ember.tokenizer":"bytes"' "$T/a/checkpoint.safetensors" || fail "checkpoint lacks ember.tokenizer = bytes"
 grep -aqF '"ember.model":"gpt:vocab_size=256,n_positions=16,n_embd=16,n_layer=1,n_head=2,' "$T/a/checkpoint.safetensors" ||
   fail "checkpoint lacks the GPT config in ember.model"

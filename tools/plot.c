@@ -717,6 +717,18 @@ int em_tool_plot_metrics(const char *const *metrics_csv, const char *const *labe
     return rc;
 }
 
+void em_tool_plot_run_dir(const char *out, bool *reported)
+{
+    char csv[4096], prefix[4096], err[1024];
+    snprintf(csv, sizeof csv, "%s/metrics.csv", out);
+    snprintf(prefix, sizeof prefix, "%s/", out);
+    const char *paths[1] = {csv};
+    if (em_tool_plot_metrics(paths, NULL, 1, prefix, NULL, err, sizeof err) != 0 && !*reported) {
+        fprintf(stderr, "ember train: plots not written: %s\n", err);
+        *reported = true;
+    }
+}
+
 /* ---- ember plot ------------------------------------------------------------- */
 
 static void plot_help(void)

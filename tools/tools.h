@@ -111,6 +111,11 @@ enum {
  *  curve is one <path class="curve">. All files are read before anything is
  *  written, so a bad one writes nothing. Returns 0 or an EM_TOOL_PLOT_* code
  *  with the reason in @p err. */
+/** After an epoch or an evaluation of `ember train`: redraws OUT/loss.png
+ *  (and the others) from OUT/metrics.csv. A failure (or a build without
+ *  cairo) is printed once, when *reported is false, and sets it; training
+ *  goes on. */
+void em_tool_plot_run_dir(const char *out, bool *reported);
 int em_tool_plot_metrics(const char *const *metrics_csv, const char *const *labels, int nruns, const char *out_prefix,
                          const char *title, char *err, size_t nerr);
 /** Whether this build can plot (cairo found at build time). */

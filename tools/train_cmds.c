@@ -793,15 +793,9 @@ typedef struct plot_hook {
 
 static void plot_after_epoch(const em_epoch_metrics *m, void *ctx)
 {
+    (void)m;
     plot_hook *h = ctx;
-    char csv[4096], prefix[4096], err[1024];
-    snprintf(csv, sizeof csv, "%s/metrics.csv", h->out);
-    snprintf(prefix, sizeof prefix, "%s/", h->out);
-    const char *paths[1] = {csv};
-    if (em_tool_plot_metrics(paths, NULL, 1, prefix, NULL, err, sizeof err) != 0 && !h->reported) {
-        fprintf(stderr, "ember train: plots not written: %s\n", err);
-        h->reported = true;
-    }
+    em_tool_plot_run_dir(h->out, &h->reported);
 }
 
 /* The largest --epochs, --patience and --stop-after-epoch. */

@@ -98,6 +98,8 @@ static em_status gpt_batch(em_batch_split split, int64_t iter, int64_t k, em_ten
 typedef struct gpt_summary {
     em_epoch_metrics last, best;
     int n;
+    const char *out;    /* the run folder: loss.png / loss.svg redrawn after each evaluation */
+    bool plot_reported; /* a plotting failure was printed */
 } gpt_summary;
 
 static void on_eval(const em_epoch_metrics *m, void *ctx)
@@ -106,6 +108,7 @@ static void on_eval(const em_epoch_metrics *m, void *ctx)
     if (!s->n || m->val_loss < s->best.val_loss) s->best = *m;
     s->last = *m;
     s->n++;
+    em_tool_plot_run_dir(s->out, &s->plot_reported);
 }
 
 /* ---- help ---- */
@@ -591,7 +594,7 @@ int em_tool_train_gpt(int argc, char **argv)
         }
         if (removed > 0) printf("--overwrite: removed %d file%s of the earlier run in %s\n", removed, removed == 1 ? "" : "s", out);
     }
-    gpt_summary sum = {.n = 0};
+    gpt_summary sum = {.n = 0, .out = out};
     cfg.on_epoch = on_eval;
     cfg.on_epoch_ctx = &sum;
     em_tool_install_stop_handlers();
