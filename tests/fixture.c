@@ -1,5 +1,6 @@
 #include "fixture.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -121,4 +122,40 @@ em_tensor *fx_new(const fx_tensor *t, em_dtype dt)
     em_tensor_release(f);
     assert_non_null(c);
     return c;
+}
+
+double fx_check_close(const em_tensor *t, const fx_tensor *want, double rtol, double stol, const char *what)
+{
+    if (!t) fail_msg("%s is NULL: %s", what, em_last_error());
+    char s1[160], s2[160];
+    if (em_tensor_ndim(t) != want->ndim || memcmp(em_tensor_shape(t), want->shape, sizeof(int64_t) * (size_t)want->ndim))
+        fail_msg("%s has shape %s, PyTorch %s", what, em_shape_str(em_tensor_shape(t), em_tensor_ndim(t), s1, sizeof s1),
+                 em_shape_str(want->shape, want->ndim, s2, sizeof s2));
+    double *v = em_test_values(t), amax = 0, emax = 0;
+    for (int64_t i = 0; i < want->n; i++) amax = fmax(amax, fabs(want->v[i]));
+    for (int64_t i = 0; i < want->n; i++) {
+        double e = fabs(v[i] - want->v[i]);
+        emax = fmax(emax, e);
+        if (!(e <= rtol * fabs(want->v[i]) + stol * amax)) {
+            double got = v[i];
+            free(v);
+            fail_msg("%s[%lld] = %.9g, PyTorch %.9g (max |want| %.3g)", what, (long long)i, got, want->v[i], amax);
+        }
+    }
+    free(v);
+    return amax > 0 ? emax / amax : emax;
+}
+
+em_tensor *fx_leaf(const fx_block *b, const char *name, bool grad)
+{
+    em_tensor *t = fx_new(fx_get(b, name), EM_F32);
+    if (grad) assert_int_equal(em_set_requires_grad(t, true), EM_OK);
+    return t;
+}
+
+em_tensor *fx_mask(const fx_block *b, const char *name, const char *kind)
+{
+    if (!strcmp(kind, "none")) return NULL;
+    em_tensor *m = fx_new(fx_get(b, name), EM_F32);
+    return !strcmp(kind, "bool") ? em_ne_scalar(m, 0.0) : m;
 }

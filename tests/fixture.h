@@ -44,5 +44,14 @@ const char *fx_kw_str(const fx_block *b, const char *key, char *out, size_t n);
 double fx_kw(const fx_block *b, const char *key, double def);
 /* A fixture tensor as an Ember tensor of dtype dt (current scope / caller). */
 em_tensor *fx_new(const fx_tensor *t, em_dtype dt);
+/* Fails (naming @p what) unless t has want's shape and every value is within
+ * rtol * |want[i]| + stol * max |want| of it; returns the max abs error
+ * relative to max |want| (the PyTorch-fixture check of the module tests). */
+double fx_check_close(const em_tensor *t, const fx_tensor *want, double rtol, double stol, const char *what);
+/* Fixture tensor @p name of block b as a new f32 leaf, requiring grad when @p grad. */
+em_tensor *fx_leaf(const fx_block *b, const char *name, bool grad);
+/* A mask fixture (stored as 0/1 or floats) as bool (kind "bool") or f32
+ * ("float"); "none": NULL. */
+em_tensor *fx_mask(const fx_block *b, const char *name, const char *kind);
 
 #endif

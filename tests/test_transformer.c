@@ -47,50 +47,13 @@ static const fx_block *find_block(const char *name)
 
 #define RTOL 1e-5
 #define STOL 1e-5 /* times max |want| */
-
-/* Fails unless t matches want (shape and values within the tolerance); returns the max abs error relative to max |want|. */
-static double check_vals(const em_tensor *t, const fx_tensor *want, const char *what)
-{
-    if (!t) fail_msg("%s is NULL: %s", what, em_last_error());
-    char s1[160], s2[160];
-    if (em_tensor_ndim(t) != want->ndim || memcmp(em_tensor_shape(t), want->shape, sizeof(int64_t) * (size_t)want->ndim))
-        fail_msg("%s has shape %s, PyTorch %s", what, em_shape_str(em_tensor_shape(t), em_tensor_ndim(t), s1, sizeof s1),
-                 em_shape_str(want->shape, want->ndim, s2, sizeof s2));
-    double *v = em_test_values(t), amax = 0, emax = 0;
-    for (int64_t i = 0; i < want->n; i++) amax = fmax(amax, fabs(want->v[i]));
-    for (int64_t i = 0; i < want->n; i++) {
-        double e = fabs(v[i] - want->v[i]);
-        emax = fmax(emax, e);
-        if (!(e <= RTOL * fabs(want->v[i]) + STOL * amax)) {
-            double got = v[i];
-            free(v);
-            fail_msg("%s[%lld] = %.9g, PyTorch %.9g (max |want| %.3g)", what, (long long)i, got, want->v[i], amax);
-        }
-    }
-    free(v);
-    return amax > 0 ? emax / amax : emax;
-}
+#define check_close(t, want, what) fx_check_close((t), (want), RTOL, STOL, (what))
 
 static double check(const em_tensor *t, const fx_block *b, const char *name)
 {
     char what[192];
     snprintf(what, sizeof what, "%s: %s", b->config, name);
-    return check_vals(t, fx_get(b, name), what);
-}
-
-static em_tensor *leaf(const fx_block *b, const char *name, bool grad)
-{
-    em_tensor *t = fx_new(fx_get(b, name), EM_F32);
-    if (grad) assert_int_equal(em_set_requires_grad(t, true), EM_OK);
-    return t;
-}
-
-/* A mask fixture (stored as 0/1 or floats) as bool or f32. */
-static em_tensor *mask_of(const fx_block *b, const char *name, const char *kind)
-{
-    if (!strcmp(kind, "none")) return NULL;
-    em_tensor *m = fx_new(fx_get(b, name), EM_F32);
-    return !strcmp(kind, "bool") ? em_ne_scalar(m, 0.0) : m;
+    return check_close(t, fx_get(b, name), what);
 }
 
 static em_grads *backward_weighted(em_tensor *out, const fx_block *b)
@@ -117,8 +80,8 @@ static void test_sdpa(void **state)
         char kind[16];
         assert_non_null(fx_kw_str(b, "mask", kind, sizeof kind));
         em_scope_begin();
-        em_tensor *q = leaf(b, "q", true), *k = leaf(b, "k", true), *v = leaf(b, "v", true);
-        em_tensor *out = em_scaled_dot_product_attention(q, k, v, mask_of(b, "mask", kind), fx_kw(b, "causal", 0) != 0, 0.0,
+        em_tensor *q = fx_leaf(b, "q", true), *k = fx_leaf(b, "k", true), *v = fx_leaf(b, "v", true);
+        em_tensor *out = em_scaled_dot_product_attention(q, k, v, fx_mask(b, "mask", kind), fx_kw(b, "causal", 0) != 0, 0.0,
                                                          fx_kw(b, "scale", 0), true);
         note(&worst_fwd, check(out, b, "out"));
         em_grads *g = backward_weighted(out, b);
@@ -216,8 +179,8 @@ static void test_mha(void **state)
         assert_non_null(fx_kw_str(b, "kpm", kk, sizeof kk));
         assert_non_null(fx_kw_str(b, "am", ak, sizeof ak));
         em_scope_begin();
-        em_tensor *x = leaf(b, "x", true), *key = self ? NULL : leaf(b, "key", true), *val = self ? NULL : leaf(b, "value", true);
-        em_tensor *kpm = mask_of(b, "kpm", kk), *am = mask_of(b, "am", ak);
+        em_tensor *x = fx_leaf(b, "x", true), *key = self ? NULL : fx_leaf(b, "key", true), *val = self ? NULL : fx_leaf(b, "value", true);
+        em_tensor *kpm = fx_mask(b, "kpm", kk), *am = fx_mask(b, "am", ak);
         em_tensor *out = em_multihead_attention_forward(m, x, key, val, kpm, am);
         note(&worst_fwd, check(out, b, "out"));
         if (self && !kpm && !am) note(&worst_fwd, check(em_module_forward(m, x), b, "out")); /* the module call */
@@ -384,7 +347,7 @@ static void test_gpt2_vs_pytorch(void **state)
         memcpy(ft2.shape, em_tensor_shape(want), sizeof(int64_t) * (size_t)ft2.ndim);
         char what[128];
         snprintf(what, sizeof what, "gpt2: grad %s", l.k[i]);
-        note(&worst_grad, check_vals(em_grad(g, l.t[i]), &ft2, what));
+        note(&worst_grad, check_close(em_grad(g, l.t[i]), &ft2, what));
         free(ft2.v);
     }
     em_safetensors_close(gf);
@@ -603,7 +566,7 @@ static void test_encoder_vs_pytorch(void **state)
         for (int j = 0; j < l.n; j++) set_param(m, l.k[j], b, enc_name(l.k[j], "", nm, sizeof nm));
         em_module_train(m, false);
         em_scope_begin();
-        em_tensor *x = leaf(b, "x", true), *kpm = mask_of(b, "kpm", "bool"), *am = fx_new(fx_get(b, "am"), EM_F32);
+        em_tensor *x = fx_leaf(b, "x", true), *kpm = fx_mask(b, "kpm", "bool"), *am = fx_new(fx_get(b, "am"), EM_F32);
         em_tensor *out = enc_fwd(m, layer, x, am, kpm, false);
         note(&ef, check(out, b, "out"));
         /* is_causal without a mask builds the same causal mask; a bool kpm equals its float form */

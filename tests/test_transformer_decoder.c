@@ -36,28 +36,7 @@ static void load_fixtures(void)
 
 #define RTOL 1e-5
 #define STOL 1e-5 /* times max |want| */
-
-static double check_vals(const em_tensor *t, const fx_tensor *want, const char *what)
-{
-    if (!t) fail_msg("%s is NULL: %s", what, em_last_error());
-    char s1[160], s2[160];
-    if (em_tensor_ndim(t) != want->ndim || memcmp(em_tensor_shape(t), want->shape, sizeof(int64_t) * (size_t)want->ndim))
-        fail_msg("%s has shape %s, PyTorch %s", what, em_shape_str(em_tensor_shape(t), em_tensor_ndim(t), s1, sizeof s1),
-                 em_shape_str(want->shape, want->ndim, s2, sizeof s2));
-    double *v = em_test_values(t), amax = 0, emax = 0;
-    for (int64_t i = 0; i < want->n; i++) amax = fmax(amax, fabs(want->v[i]));
-    for (int64_t i = 0; i < want->n; i++) {
-        double e = fabs(v[i] - want->v[i]);
-        emax = fmax(emax, e);
-        if (!(e <= RTOL * fabs(want->v[i]) + STOL * amax)) {
-            double got = v[i];
-            free(v);
-            fail_msg("%s[%lld] = %.9g, PyTorch %.9g (max |want| %.3g)", what, (long long)i, got, want->v[i], amax);
-        }
-    }
-    free(v);
-    return amax > 0 ? emax / amax : emax;
-}
+#define check_close(t, want, what) fx_check_close((t), (want), RTOL, STOL, (what))
 
 /* The fixture tensor @p name of block b, or of its companion block "grads_<b>"
  * (gen_decoder_fixtures.py moves the parameter gradients there when a block
@@ -77,14 +56,7 @@ static double check(const em_tensor *t, const fx_block *b, const char *name)
 {
     char what[192];
     snprintf(what, sizeof what, "%s: %s", b->config, name);
-    return check_vals(t, fx_get2(b, name), what);
-}
-
-static em_tensor *leaf(const fx_block *b, const char *name, bool grad)
-{
-    em_tensor *t = fx_new(fx_get(b, name), EM_F32);
-    if (grad) assert_int_equal(em_set_requires_grad(t, true), EM_OK);
-    return t;
+    return check_close(t, fx_get2(b, name), what);
 }
 
 /* A mask fixture (stored as 0/1 or floats) as bool or f32, per the head's "name kind". */
@@ -92,9 +64,7 @@ static em_tensor *mask_kw(const fx_block *b, const char *name)
 {
     char kind[16];
     assert_non_null(fx_kw_str(b, name, kind, sizeof kind));
-    if (!strcmp(kind, "none")) return NULL;
-    em_tensor *m = fx_new(fx_get(b, name), EM_F32);
-    return !strcmp(kind, "bool") ? em_ne_scalar(m, 0.0) : m;
+    return fx_mask(b, name, kind);
 }
 
 static double max_abs_diff(const em_tensor *a, const em_tensor *b)
@@ -223,7 +193,7 @@ static void test_decoder_vs_pytorch(void **state)
         for (int j = 0; j < l.n; j++) set_param(m, l.k[j], b, abbr(l.k[j], "", nm, sizeof nm));
         em_module_train(m, false);
         em_scope_begin();
-        em_tensor *tgt = leaf(b, "tgt", true), *mem = leaf(b, "mem", true);
+        em_tensor *tgt = fx_leaf(b, "tgt", true), *mem = fx_leaf(b, "mem", true);
         em_tensor *tm = mask_kw(b, "tm"), *mm = mask_kw(b, "mm"), *tk = mask_kw(b, "tk"), *mk = mask_kw(b, "mk");
         em_tensor *out = dec_fwd(m, layer, tgt, mem, tm, mm, tk, mk, false);
         note(&ef, check(out, b, "out"));
@@ -340,7 +310,7 @@ static void test_mha_weights(void **state)
         for (int j = 0; j < 4; j++) set_param(m, keys[j], b, names[j]);
         em_module_train(m, false);
         em_scope_begin();
-        em_tensor *x = leaf(b, "x", true), *key = leaf(b, "key", true), *val = leaf(b, "value", true);
+        em_tensor *x = fx_leaf(b, "x", true), *key = fx_leaf(b, "key", true), *val = fx_leaf(b, "value", true);
         em_mha_forward_opts o = em_mha_forward_opts_default();
         assert_true(o.need_weights && o.average_attn_weights && !o.key_padding_mask && !o.attn_mask); /* torch's defaults */
         o.key_padding_mask = mask_kw(b, "kpm");
@@ -456,7 +426,7 @@ static void test_rope_vs_reference(void **state)
         if (strncmp(b->config, "rope_", 5)) continue;
         n++;
         em_scope_begin();
-        em_tensor *x = leaf(b, "x", true);
+        em_tensor *x = fx_leaf(b, "x", true);
         em_tensor *pos = fx_kw(b, "positions", 0) != 0 ? fx_new(fx_get(b, "positions"), EM_I64) : NULL;
         const int64_t off = (int64_t)fx_kw(b, "offset", 0), rd = (int64_t)fx_kw(b, "rotary_dim", 0);
         const double base = fx_kw(b, "base", 0);
