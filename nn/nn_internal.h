@@ -109,4 +109,12 @@ EM_TEST_API em_tensor *em__sdpa_math(const em_tensor *q, const em_tensor *k, con
 em_status em__tf_layer_check(int64_t d_model, int64_t nhead, int64_t dim_feedforward, double dropout, const char *activation,
                              double layer_norm_eps, const char *fn, bool *gelu);
 
+/* Adds to m the "layers" ModuleList of num_layers layers made by make(cfg),
+ * every layer starting with layer 0's values (torch's _get_clones deep-copies
+ * one layer), and with final_norm "norm" = LayerNorm(d_model,
+ * layer_norm_eps): the body of TransformerEncoder and TransformerDecoder
+ * (nn/transformer.c). On an error (prefixed by fn) the caller frees m. */
+em_status em__tf_add_layer_stack(em_module *m, em_module *(*make)(const void *cfg), const void *cfg, int64_t num_layers, bool final_norm,
+                                int64_t d_model, double layer_norm_eps, const char *fn);
+
 #endif

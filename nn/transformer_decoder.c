@@ -311,7 +311,7 @@ static em_tensor *dec_forward_plain(em_module *m, const em_tensor *x)
 }
 
 static const em_module_vtable DEC_VT = {"TransformerDecoder", dec_forward_plain, free};
-static const em_module_vtable DEC_LIST_VT = {"ModuleList", NULL, NULL};
+static em_module *dec_layer_make(const void *cfg) { return em_transformer_decoder_layer_new(cfg); }
 
 em_module *em_transformer_decoder_new(const em_transformer_decoder_layer_config *cfg, int64_t num_layers, bool final_norm)
 {
@@ -327,28 +327,8 @@ em_module *em_transformer_decoder_new(const em_transformer_decoder_layer_config 
         free(di);
         return NULL;
     }
-    em_module *layers = em_module_new(&DEC_LIST_VT, NULL);
-    em_status st = layers ? EM_OK : em_last_status();
-    for (int64_t i = 0; i < num_layers && st == EM_OK; i++) {
-        char name[24];
-        snprintf(name, sizeof name, "%lld", (long long)i);
-        st = em_module_add_child(layers, name, em_transformer_decoder_layer_new(cfg));
-    }
-    /* torch's _get_clones deep-copies one layer: every layer starts equal */
-    em_tensor *p0[32], *pi[32];
-    const int np = layers && st == EM_OK ? em_module_parameters(em_module_child_at(layers, 0, NULL), p0, 32) : 0;
-    for (int64_t i = 1; i < num_layers && st == EM_OK; i++) {
-        if (em_module_parameters(em_module_child_at(layers, (int)i, NULL), pi, 32) != np) {
-            st = em__set_error(EM_ERR_RUNTIME, "em_transformer_decoder_new: layers differ in parameter count");
-            break;
-        }
-        for (int j = 0; j < np && st == EM_OK; j++) st = em_copy_(pi[j], p0[j]);
-    }
-    if (st == EM_OK)
-        st = em_module_add_child(m, "layers", layers);
-    else if (layers)
-        em_module_free(layers);
-    if (st == EM_OK && final_norm) st = em_module_add_child(m, "norm", em_layer_norm_new(&cfg->d_model, 1, cfg->layer_norm_eps, true));
+    const em_status st = em__tf_add_layer_stack(m, dec_layer_make, cfg, num_layers, final_norm, cfg->d_model, cfg->layer_norm_eps,
+                                                "em_transformer_decoder_new");
     if (st != EM_OK) {
         em_module_free(m);
         return NULL;
