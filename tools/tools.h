@@ -171,10 +171,6 @@ volatile sig_atomic_t *em_tool_stop_flag(void);
 /** SIGINT / SIGTERM: the first asks the Learner to stop between steps, a second quits. */
 void em_tool_install_stop_handlers(void);
 void em_tool_restore_stop_handlers(void);
-/** @p base when it holds no run, else the first of base-2, base-3, ... that holds none. */
-int em_tool_next_run_dir(const char *base, char *out, size_t n);
-void em_tool_dir_of(const char *path, char *out, size_t n);
-bool em_tool_same_dir(const char *a, const char *b);
 /** A bad --device: prints why, returns EM_TOOL_EXIT_USAGE; 0 when fine or NULL. */
 int em_tool_check_device(const char *cmd, const char *device);
 /** em_init on @p device (NULL: the default): 0, or 1 after printing why. */
@@ -186,6 +182,25 @@ int em_tool_copy_file(const char *src, const char *dst);
  *  (or from @p resume when the run wrote none), or that nothing can be resumed. */
 void em_tool_report_interrupt(const char *out, const char *resume, int argc, char **argv, const char *shortopts,
                               const struct option *opts, int o_resume, int o_overwrite);
+/** The run folder `ember train` writes (issue #20), chosen and claimed by
+ *  em_tool_claim_run_dir. */
+typedef struct em_tool_run_dir {
+    const char *out;     /**< the folder (out as given, or in buf) */
+    bool out_given;      /**< --out was given */
+    bool in_place;       /**< --resume continues in its own folder */
+    int lock;            /**< the lock held until exit, -1 when not locked */
+    char buf[4096];      /**< the default folder chosen */
+    char ckpt_dir[4096]; /**< --resume's folder ("" without --resume) */
+    char note[4200];     /**< why that folder (" (the folder of --resume)", ...), or "" */
+} em_tool_run_dir;
+/** Chooses the run folder: @p out, else --resume's folder, else @p base or its
+ *  first numbered sibling holding no run (--overwrite: @p base itself);
+ *  refuses --overwrite of the folder --resume continues from and a folder
+ *  that holds another run (unless --overwrite). With @p lock (not under MPI,
+ *  where only rank 0 writes) it also checks that the folder is writable and
+ *  claims it with em_run_dir_lock, moving a default folder in use to the next
+ *  number. 0, or an exit status after printing why. */
+int em_tool_claim_run_dir(em_tool_run_dir *rd, const char *base, const char *out, const char *resume, bool overwrite, bool lock);
 /** Records a run folder this process created: removed at exit when the run wrote nothing into it. */
 void em_tool_note_made_run_dir(const char *dir);
 

@@ -648,9 +648,6 @@ static void print_resume_command(FILE *f, int argc, char **argv, const char *sho
 volatile sig_atomic_t *em_tool_stop_flag(void) { return &g_stop; }
 void em_tool_install_stop_handlers(void) { install_stop_handlers(); }
 void em_tool_restore_stop_handlers(void) { restore_stop_handlers(); }
-int em_tool_next_run_dir(const char *base, char *out, size_t n) { return next_run_dir(base, out, n); }
-void em_tool_dir_of(const char *path, char *out, size_t n) { dir_of(path, out, n); }
-bool em_tool_same_dir(const char *a, const char *b) { return same_dir(a, b); }
 int em_tool_check_device(const char *cmd, const char *device) { return check_device(cmd, device); }
 int em_tool_init_runtime(const char *device) { return init_runtime(device); }
 int em_tool_copy_file(const char *src, const char *dst) { return copy_file(src, dst); }
@@ -669,6 +666,82 @@ void em_tool_report_interrupt(const char *out, const char *resume, int argc, cha
         fprintf(stderr, "interrupted: no checkpoint was written, nothing to resume\n");
     }
 }
+
+int em_tool_claim_run_dir(em_tool_run_dir *rd, const char *base, const char *out, const char *resume, bool overwrite, bool lock)
+{
+    memset(rd, 0, sizeof *rd);
+    rd->lock = -1;
+    const bool out_given = rd->out_given = out != NULL;
+    char *out_buf = rd->buf, *ckpt_dir = rd->ckpt_dir, *run_note = rd->note;
+    if (resume) dir_of(resume, ckpt_dir, sizeof rd->ckpt_dir);
+    if (!out_given) {
+        if (resume) {
+            snprintf(out_buf, sizeof rd->buf, "%s", ckpt_dir);
+            snprintf(run_note, sizeof rd->note, " (the folder of --resume)");
+        } else if (overwrite) {
+            snprintf(out_buf, sizeof rd->buf, "%s", base);
+        } else {
+            if (next_run_dir(base, out_buf, sizeof rd->buf) != 0) {
+                fprintf(stderr, "ember train: no free run folder %s-N; give --out DIR\n", base);
+                return EM_TOOL_EXIT_USAGE;
+            }
+            if (strcmp(out_buf, base) != 0)
+                snprintf(run_note, sizeof rd->note, " (%s holds an earlier run)", base);
+        }
+        out = out_buf;
+    }
+    const bool in_place = rd->in_place = resume && same_dir(out, ckpt_dir);
+    if (overwrite && in_place) {
+        fprintf(stderr, "ember train: --overwrite would remove the checkpoint that --resume %s continues from; give one of them\n", resume);
+        return EM_TOOL_EXIT_USAGE;
+    }
+    char found[64];
+    if (!in_place && !overwrite && em_run_dir_holds_run(out, found, sizeof found)) {
+        fprintf(stderr,
+                "ember train: %s already holds a run (%s/%s); continue it with --resume %s/checkpoint.safetensors, "
+                "replace it with --overwrite, or give another --out\n",
+                out, out, found, out);
+        return EM_TOOL_EXIT_USAGE;
+    }
+    /* an unwritable --out fails now, not after the first epoch */
+    if (lock && em_check_output_dir(out) != EM_OK) {
+        fprintf(stderr, "ember train: --out: %s\n", em_last_error());
+        return EM_TOOL_EXIT_RUNTIME;
+    }
+    /* claim the folder now (a lock held until exit), so that two runs started
+     * together never share one: a default folder taken by a running run moves
+     * on to the next number, an explicit --out in use is refused */
+    int run_lock = -1;
+    while (lock && run_lock < 0) {
+        struct stat ost;
+        const bool existed = stat(out, &ost) == 0;
+        run_lock = em_run_dir_lock(out);
+        if (run_lock >= 0 && !existed) em_tool_note_made_run_dir(out);
+        if (run_lock >= 0 && !in_place && !overwrite && em_run_dir_holds_run(out, found, sizeof found)) {
+            close(run_lock); /* another run finished its first epoch there meanwhile */
+            run_lock = -1;
+            if (out_given) {
+                fprintf(stderr, "ember train: %s already holds a run (%s/%s)\n", out, out, found);
+                return EM_TOOL_EXIT_USAGE;
+            }
+        } else if (run_lock < 0 && (out_given || resume || overwrite || em_last_status() != EM_ERR_STATE)) {
+            fprintf(stderr, "ember train: %s\n", em_last_error());
+            return em_last_status() == EM_ERR_STATE ? EM_TOOL_EXIT_USAGE : EM_TOOL_EXIT_RUNTIME;
+        }
+        if (run_lock < 0) { /* the default folder is busy: the next numbered one */
+            int k = 2;
+            const size_t bl = strlen(base);
+            if (!strncmp(out_buf, base, bl) && out_buf[bl] == '-') k = atoi(out_buf + bl + 1) + 1;
+            do snprintf(out_buf, sizeof rd->buf, "%s-%d", base, k++);
+            while (em_run_dir_holds_run(out_buf, NULL, 0) && k < 100000);
+            snprintf(run_note, sizeof rd->note, " (%s is in use or holds an earlier run)", base);
+        }
+    }
+    rd->out = out;
+    rd->lock = run_lock;
+    return 0;
+}
+
 void em_tool_note_made_run_dir(const char *dir)
 {
     if (strlen(dir) >= sizeof g_made_run_dir) return;
@@ -1063,77 +1136,16 @@ int em_tool_train(int argc, char **argv)
      * checkpoint's folder with --resume, else runs/fashion-mnist or its first numbered sibling that
      * holds no run (--overwrite: runs/fashion-mnist itself). With --out DIR holding a run: refused
      * unless it is --resume's folder or --overwrite is given. Checked before anything starts. */
-    const bool out_given = out != NULL;
-    char out_buf[4096], ckpt_dir[4096], run_note[4200] = "";
-    if (resume) dir_of(resume, ckpt_dir, sizeof ckpt_dir);
-    if (!out_given) {
-        if (resume) {
-            snprintf(out_buf, sizeof out_buf, "%s", ckpt_dir);
-            snprintf(run_note, sizeof run_note, " (the folder of --resume)");
-        } else if (overwrite) {
-            snprintf(out_buf, sizeof out_buf, "%s", EM_TOOL_RUN_DIR);
-        } else {
-            if (next_run_dir(EM_TOOL_RUN_DIR, out_buf, sizeof out_buf) != 0) {
-                fprintf(stderr, "ember train: no free run folder %s-N; give --out DIR\n", EM_TOOL_RUN_DIR);
-                return 2;
-            }
-            if (strcmp(out_buf, EM_TOOL_RUN_DIR) != 0)
-                snprintf(run_note, sizeof run_note, " (%s holds an earlier run)", EM_TOOL_RUN_DIR);
-        }
-        out = out_buf;
-    }
-    const bool in_place = resume && same_dir(out, ckpt_dir);
-    if (overwrite && in_place) {
-        fprintf(stderr, "ember train: --overwrite would remove the checkpoint that --resume %s continues from; give one of them\n", resume);
-        return 2;
-    }
-    char found[64];
-    if (!in_place && !overwrite && em_run_dir_holds_run(out, found, sizeof found)) {
-        fprintf(stderr,
-                "ember train: %s already holds a run (%s/%s); continue it with --resume %s/checkpoint.safetensors, "
-                "replace it with --overwrite, or give another --out\n",
-                out, out, found, out);
-        return 2;
-    }
     /* [dist] under mpirun (or --distributed): MPI first, then the runtime */
     bool dist = distributed || em_dist_launched();
-    /* an unwritable --out fails now, not after the first epoch (under MPI only rank 0 writes: checked below) */
-    if (!dist && em_check_output_dir(out) != EM_OK) {
-        fprintf(stderr, "ember train: --out: %s\n", em_last_error());
-        return EM_TOOL_EXIT_RUNTIME;
-    }
-    /* claim the folder now (a lock held until exit), so that two runs started
-     * together never share one: a default folder taken by a running run moves
-     * on to the next number, an explicit --out in use is refused */
-    int run_lock = -1;
-    while (!dist && run_lock < 0) {
-        struct stat ost;
-        const bool existed = stat(out, &ost) == 0;
-        run_lock = em_run_dir_lock(out);
-        if (run_lock >= 0 && !existed && strlen(out) < sizeof g_made_run_dir) {
-            if (!g_made_run_dir[0]) atexit(remove_unused_run_dir);
-            snprintf(g_made_run_dir, sizeof g_made_run_dir, "%s", out);
-        }
-        if (run_lock >= 0 && !in_place && !overwrite && em_run_dir_holds_run(out, found, sizeof found)) {
-            close(run_lock); /* another run finished its first epoch there meanwhile */
-            run_lock = -1;
-            if (out_given) {
-                fprintf(stderr, "ember train: %s already holds a run (%s/%s)\n", out, out, found);
-                return EM_TOOL_EXIT_USAGE;
-            }
-        } else if (run_lock < 0 && (out_given || resume || overwrite || em_last_status() != EM_ERR_STATE)) {
-            fprintf(stderr, "ember train: %s\n", em_last_error());
-            return em_last_status() == EM_ERR_STATE ? EM_TOOL_EXIT_USAGE : EM_TOOL_EXIT_RUNTIME;
-        }
-        if (run_lock < 0) { /* the default folder is busy: the next numbered one */
-            int k = 2;
-            const size_t bl = strlen(EM_TOOL_RUN_DIR);
-            if (!strncmp(out_buf, EM_TOOL_RUN_DIR, bl) && out_buf[bl] == '-') k = atoi(out_buf + bl + 1) + 1;
-            do snprintf(out_buf, sizeof out_buf, "%s-%d", EM_TOOL_RUN_DIR, k++);
-            while (em_run_dir_holds_run(out_buf, NULL, 0) && k < 100000);
-            snprintf(run_note, sizeof run_note, " (%s is in use or holds an earlier run)", EM_TOOL_RUN_DIR);
-        }
-    }
+    /* the run folder (issue #20): em_tool_claim_run_dir; under MPI only rank 0
+     * writes, so nothing is checked or locked here (see below) */
+    em_tool_run_dir rd;
+    const int rd_rc = em_tool_claim_run_dir(&rd, EM_TOOL_RUN_DIR, out, resume, overwrite, !dist);
+    if (rd_rc) return rd_rc;
+    out = rd.out;
+    const bool out_given = rd.out_given, in_place = rd.in_place;
+    const char *ckpt_dir = rd.ckpt_dir, *run_note = rd.note;
     if (dist) {
         em_config dc = em_config_default();
         if (device) dc.device = device;

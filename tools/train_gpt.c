@@ -428,46 +428,12 @@ int em_tool_train_gpt(int argc, char **argv)
         return EM_TOOL_EXIT_RUNTIME;
     }
     /* the run folder: as `ember train` (an earlier run is never silently replaced) */
-    const bool out_given = out != NULL;
-    char out_buf[4096], ckpt_dir[4096], run_note[4200] = "";
-    if (resume) em_tool_dir_of(resume, ckpt_dir, sizeof ckpt_dir);
-    if (!out_given) {
-        if (resume) {
-            snprintf(out_buf, sizeof out_buf, "%s", ckpt_dir);
-            snprintf(run_note, sizeof run_note, " (the folder of --resume)");
-        } else if (overwrite) {
-            snprintf(out_buf, sizeof out_buf, "%s", GPT_RUN_DIR);
-        } else if (em_tool_next_run_dir(GPT_RUN_DIR, out_buf, sizeof out_buf) != 0) {
-            fprintf(stderr, "ember train: no free run folder %s-N; give --out DIR\n", GPT_RUN_DIR);
-            return EM_TOOL_EXIT_USAGE;
-        } else if (strcmp(out_buf, GPT_RUN_DIR) != 0) {
-            snprintf(run_note, sizeof run_note, " (%s holds an earlier run)", GPT_RUN_DIR);
-        }
-        out = out_buf;
-    }
-    const bool in_place = resume && em_tool_same_dir(out, ckpt_dir);
-    if (overwrite && in_place) {
-        fprintf(stderr, "ember train: --overwrite would remove the checkpoint that --resume %s continues from; give one of them\n", resume);
-        return EM_TOOL_EXIT_USAGE;
-    }
-    char found[64];
-    if (!in_place && !overwrite && em_run_dir_holds_run(out, found, sizeof found)) {
-        fprintf(stderr, "ember train: %s already holds a run (%s/%s); continue it with --resume %s/checkpoint.safetensors, "
-                        "replace it with --overwrite, or give another --out\n", out, out, found, out);
-        return EM_TOOL_EXIT_USAGE;
-    }
-    if (em_check_output_dir(out) != EM_OK) {
-        fprintf(stderr, "ember train: --out: %s\n", em_last_error());
-        return EM_TOOL_EXIT_RUNTIME;
-    }
-    struct stat ost;
-    const bool existed = stat(out, &ost) == 0;
-    int run_lock = em_run_dir_lock(out); /* held until exit: two runs never share a folder */
-    if (run_lock < 0) {
-        fprintf(stderr, "ember train: %s\n", em_last_error());
-        return em_last_status() == EM_ERR_STATE ? EM_TOOL_EXIT_USAGE : EM_TOOL_EXIT_RUNTIME;
-    }
-    if (!existed) em_tool_note_made_run_dir(out);
+    em_tool_run_dir rd;
+    const int rd_rc = em_tool_claim_run_dir(&rd, GPT_RUN_DIR, out, resume, overwrite, true);
+    if (rd_rc) return rd_rc;
+    out = rd.out;
+    const bool out_given = rd.out_given, in_place = rd.in_place;
+    const char *ckpt_dir = rd.ckpt_dir, *run_note = rd.note;
     if (em_tool_init_runtime(device)) return EM_TOOL_EXIT_RUNTIME;
     if (resume && !in_place) { /* the new folder gets the run's history up to the checkpoint */
         const char *carry[] = {"metrics.csv", "best.safetensors"};
