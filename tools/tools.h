@@ -20,6 +20,8 @@ int em_tool_eval(int argc, char **argv);
 int em_tool_predict(int argc, char **argv);
 /** `ember generate` (tools/generate.c): text from a GPT checkpoint with a KV cache. */
 int em_tool_generate(int argc, char **argv);
+/** `ember serve` (tools/serve_cmd.c, serve/): the KServe v2 inference server. */
+int em_tool_serve(int argc, char **argv);
 
 /** Default run folder of `ember train` (numbered -2, -3, ... when it holds a run). */
 #define EM_TOOL_RUN_DIR "runs/fashion-mnist"

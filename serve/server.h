@@ -1,0 +1,79 @@
+/* `ember serve`: the inference server (issue #18; DESIGN.md §9).
+ *
+ *   HTTP (libmicrohttpd, a thread per connection)  serve/http.c
+ *     -> per-model bounded queue -> dynamic batcher  serve/model.c
+ *     -> model instances (a thread each, on the CPU workers or one GPU) that
+ *        run one forward per batch as Ember ops (StarPU tasks)
+ *     -> responses (KServe v2 JSON or binary tensors, serve/protocol.c).
+ *
+ * The model repository is laid out as Triton's:
+ *   DIR/<model>/config.json              optional (serve/repository.c)
+ *   DIR/<model>/<version>/model.safetensors
+ * where model.safetensors is a checkpoint of `ember train` (its metadata
+ * 'ember.model' names the architecture). The library above libember uses
+ * only Ember's public API.
+ */
+#ifndef EMBER_SERVE_SERVER_H
+#define EMBER_SERVE_SERVER_H
+
+#include "ember/ember.h"
+#include "serve/protocol.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/** Builds a classifier from an 'ember.model' spec that is not a GPT's
+ *  ("mlp:...", "cnn:..."; the `ember` program passes its spec builder).
+ *  On success also gives the per-sample input dims (without the batch dim:
+ *  [784] for "mlp:784-...", [C, H, W] for "cnn:CxHxW-..."). NULL with the
+ *  reason in @p err otherwise. */
+typedef em_module *(*ems_build_fn)(const char *spec, int64_t *dims, int *ndim, char *err, size_t nerr);
+
+/** Options of ems_serve (the flags of `ember serve`). */
+typedef struct ems_options {
+    const char *repository;   /**< the model repository folder (required) */
+    const char *host;         /**< address to listen on; "127.0.0.1" when NULL */
+    int port;                 /**< TCP port, 0 = any free port (the log line says which); 8000 by default */
+    const char *instances;    /**< default instances of every model: "cpu:1,cuda:all" when NULL (grammar: ems_parse_instances) */
+    size_t max_body_bytes;    /**< request bodies above this are answered 413 (default 64 MiB) */
+    ems_limits limits;        /**< tensor limits of the request decoder */
+    unsigned connection_limit;/**< open connections at most (default 1024); more are refused */
+    double drain_timeout_s;   /**< on SIGTERM/SIGINT: wait this long for in-flight requests (default 30) */
+    ems_build_fn build_classifier;
+    bool verbose;             /**< one log line per request */
+} ems_options;
+
+/** The defaults above, repository NULL. */
+ems_options ems_options_default(void);
+
+/** One model instance's place. */
+typedef struct ems_instance_spec {
+    em_device device;
+} ems_instance_spec;
+
+#define EMS_MAX_INSTANCES 64
+
+/** Parses an instance list: comma-separated entries
+ *    cpu[:N]        N instances (default 1) on the CPU workers; cpu:0 none
+ *    cuda:K         one instance on GPU K        (opencl:K likewise)
+ *    cuda:all       one instance on every GPU this process drives (none
+ *                   when there is no GPU: that is not an error)
+ *  An entry may repeat (cuda:0,cuda:0 = two instances on GPU 0). Needs the
+ *  runtime started (em_init) for "all" and to check that devices exist.
+ *  Returns the number of instances (>= 1), or -1 with the reason in @p err
+ *  (a bad entry, a device that does not exist, or no instance at all). */
+int ems_parse_instances(const char *list, ems_instance_spec *out, int max, char *err, size_t nerr);
+
+/** Runs the server: em_init must have been called; blocks SIGINT and
+ *  SIGTERM in every thread it starts and waits for one of them, then
+ *  drains (stops accepting connections, answers new requests 503, finishes
+ *  the in-flight ones within drain_timeout_s) and returns. Returns 0 after a
+ *  clean drain, 1 when it could not start (the reason printed on stderr:
+ *  bad repository, no model served, port in use) or the drain timed out;
+ *  a second signal during the drain returns 128 + the signal at once.
+ *  Call with SIGINT and SIGTERM already blocked in the calling thread
+ *  (pthread_sigmask) and in every thread started before (em_init's). */
+int ems_serve(const ems_options *o);
+
+#endif
