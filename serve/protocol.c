@@ -686,7 +686,7 @@ static bool sb_reserve(sbuf *b, size_t extra)
 
 static void sb_put(sbuf *b, const void *s, size_t n)
 {
-    if (!sb_reserve(b, n)) return;
+    if (n == 0 || !sb_reserve(b, n)) return;
     memcpy(b->p + b->len, s, n);
     b->len += n;
 }
@@ -756,10 +756,12 @@ static void sb_json_str(sbuf *b, const char *s)
     sb_put(b, "\"", 1);
 }
 
-/* A finite double with @p digits significant digits, or null. */
+/* A finite double with @p digits significant digits, or null. Negative zero
+ * prints as -0.0: "-0" would read back as the integer 0, losing the sign. */
 static void sb_real(sbuf *b, double x, int digits)
 {
     if (!isfinite(x)) sb_str(b, "null");
+    else if (x == 0 && signbit(x)) sb_str(b, "-0.0");
     else sb_printf(b, "%.*g", digits, x);
 }
 
