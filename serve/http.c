@@ -440,8 +440,7 @@ int ems_serve(const ems_options *o)
     s->d = MHD_start_daemon(flags, (uint16_t)o->port, NULL, NULL, handler, s, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL,
                             MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&ss,
                             MHD_OPTION_CONNECTION_LIMIT, o->connection_limit, MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)120,
-                            MHD_OPTION_NOTIFY_COMPLETED, completed, s,
-                            MHD_OPTION_LISTENING_ADDRESS_REUSE, (unsigned)1, MHD_OPTION_END);
+                            MHD_OPTION_NOTIFY_COMPLETED, completed, s, MHD_OPTION_END);
     if (!s->d) {
         fprintf(stderr, "ember serve: cannot listen on %s port %d: %s\n", host, o->port,
                 errno ? strerror(errno) : "libmicrohttpd could not start");
