@@ -797,6 +797,9 @@ static void sb_element(sbuf *b, const ems_tensor *t, int64_t i)
     }
 }
 
+/* Beyond allocation failure, NULL also for what cannot be encoded: a NULL or
+ * BYTES tensor, one with elements but no data, a bad rank. A NULL
+ * model_name prints as "". */
 char *ems_response_encode(const char *model_name, const char *model_version, const char *id, const ems_response_output *outs,
                           int nouts, size_t *len, int64_t *header_len)
 {
