@@ -348,7 +348,12 @@ static int plan_input(const json_t *in, int k, const ems_limits *lim, json_t *se
     }
     *total += numel;
     t->numel = numel;
-    t->nbytes = (size_t)numel * ems_dtype_size(t->dtype); /* <= 8 * max_elements, an int64: cannot overflow */
+    /* with the default limits this cannot overflow; a caller's huge max_elements might */
+    if (__builtin_mul_overflow((size_t)numel, ems_dtype_size(t->dtype), &t->nbytes) || t->nbytes > (size_t)INT64_MAX) {
+        set_err(err, nerr, "input '%s': shape %s of %s takes more bytes than can be addressed", nm,
+                shape_str(t->shape, t->ndim, sb, sizeof sb), ems_dtype_name(t->dtype));
+        return -1;
+    }
 
     const json_t *params = json_object_get(in, "parameters");
     const json_t *bds = NULL;
@@ -597,7 +602,10 @@ int ems_request_decode(const char *body, size_t len, int64_t header_len, const e
         if (!plans[k].data) {
             any_binary = true;
             plans[k].bin_offset = bin_total;
-            bin_total += plans[k].bin_size; /* each <= 8 * max_elements and total elements <= max_elements: no overflow */
+            if (__builtin_add_overflow(bin_total, plans[k].bin_size, &bin_total)) {
+                set_err(err, nerr, "input '%s': the binary inputs take more bytes than can be addressed", out->inputs[k].name);
+                goto fail;
+            }
         }
     }
     size_t bin_len = len - hl;
@@ -724,11 +732,12 @@ static size_t utf8_len(const unsigned char *s, size_t n)
     return l;
 }
 
-/* A JSON string: quotes, escapes, invalid UTF-8 as U+FFFD. */
-static void sb_json_str(sbuf *b, const char *s)
+/* A JSON string of at most @p max bytes of s (up to its NUL): quotes,
+ * escapes, invalid UTF-8 as U+FFFD. */
+static void sb_json_strn(sbuf *b, const char *s, size_t max)
 {
     const unsigned char *u = (const unsigned char *)(s ? s : "");
-    size_t n = strlen((const char *)u);
+    size_t n = strnlen((const char *)u, max);
     sb_put(b, "\"", 1);
     for (size_t i = 0; i < n;) {
         unsigned char c = u[i];
@@ -755,6 +764,8 @@ static void sb_json_str(sbuf *b, const char *s)
     }
     sb_put(b, "\"", 1);
 }
+
+static void sb_json_str(sbuf *b, const char *s) { sb_json_strn(b, s, SIZE_MAX); }
 
 /* A finite double with @p digits significant digits, or null. Negative zero
  * prints as -0.0: "-0" would read back as the integer 0, losing the sign. */
@@ -786,6 +797,9 @@ static void sb_element(sbuf *b, const ems_tensor *t, int64_t i)
     }
 }
 
+/* Beyond allocation failure, NULL also for what cannot be encoded: a NULL or
+ * BYTES tensor, one with elements but no data, a bad rank. A NULL
+ * model_name prints as "". */
 char *ems_response_encode(const char *model_name, const char *model_version, const char *id, const ems_response_output *outs,
                           int nouts, size_t *len, int64_t *header_len)
 {
@@ -794,7 +808,7 @@ char *ems_response_encode(const char *model_name, const char *model_version, con
         const ems_tensor *t = outs[k].tensor;
         /* BYTES cannot be encoded; a tensor must carry its data */
         if (!t || ems_dtype_size(t->dtype) == 0 || t->numel < 0 || t->ndim < 0 || t->ndim > EMS_MAX_RANK ||
-            (t->numel > 0 && !t->data))
+            (t->numel > 0 && !t->data) || (uint64_t)t->numel > SIZE_MAX / 8)
             return NULL;
     }
     sbuf b = {0};
@@ -814,8 +828,9 @@ char *ems_response_encode(const char *model_name, const char *model_version, con
     for (int k = 0; k < nouts; k++) {
         const ems_tensor *t = outs[k].tensor;
         size_t nbytes = (size_t)t->numel * ems_dtype_size(t->dtype);
+        if (outs[k].binary && __builtin_add_overflow(bin_total, nbytes, &bin_total)) b.oom = true;
         sb_str(&b, k ? ",{\"name\":" : "{\"name\":");
-        sb_json_str(&b, t->name);
+        sb_json_strn(&b, t->name, sizeof t->name);
         sb_str(&b, ",\"datatype\":\"");
         sb_str(&b, ems_dtype_name(t->dtype));
         sb_str(&b, "\",\"shape\":[");
@@ -823,7 +838,6 @@ char *ems_response_encode(const char *model_name, const char *model_version, con
         sb_str(&b, "]");
         if (outs[k].binary) {
             any_binary = true;
-            bin_total += nbytes;
             sb_printf(&b, ",\"parameters\":{\"binary_data_size\":%zu}}", nbytes);
         } else {
             sb_str(&b, ",\"data\":[");

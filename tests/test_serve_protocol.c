@@ -398,6 +398,20 @@ static void test_limits(void **state)
     const char *ov =
         "{\"inputs\":[{\"name\":\"ov\",\"shape\":[4294967296,4294967296,4294967296],\"datatype\":\"INT8\",\"data\":[]}]}";
     expect_bad_lim(ov, strlen(ov), -1, &lim, "has more than the limit of 9223372036854775807 elements");
+    /* elements within that limit whose bytes are not addressable (2^62 FP32) */
+    const char *nb = "{\"inputs\":[{\"name\":\"nb\",\"shape\":[4611686018427387904],\"datatype\":\"FP32\","
+                     "\"parameters\":{\"binary_data_size\":0}}]}";
+    expect_bad_lim(nb, strlen(nb), -1, &lim, "input 'nb': shape [4611686018427387904] of FP32 takes more bytes than can be addressed");
+    /* binary sizes that overflow together: four FP64 inputs of 2^59 elements, 2^62 bytes each */
+    char ovj[1024];
+    size_t k = (size_t)sprintf(ovj, "{\"inputs\":[");
+    for (int i = 0; i < 4; i++)
+        k += (size_t)sprintf(ovj + k,
+                             "%s{\"name\":\"p%d\",\"shape\":[576460752303423488],\"datatype\":\"FP64\","
+                             "\"parameters\":{\"binary_data_size\":4611686018427387904}}",
+                             i ? "," : "", i);
+    sprintf(ovj + k, "]}");
+    expect_bad_lim(ovj, strlen(ovj), (int64_t)strlen(ovj), &lim, "input 'p3': the binary inputs take more bytes than can be addressed");
     /* a zero dimension makes the tensor empty whatever the others say */
     const char *z = "{\"inputs\":[{\"name\":\"z\",\"shape\":[4294967296,0,4294967296],\"datatype\":\"INT8\",\"data\":[]}]}";
     decode_ok_lim(z, strlen(z), -1, &lim, &r);
