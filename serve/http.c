@@ -419,6 +419,12 @@ int ems_serve(const ems_options *o)
         free(s);
         return 1;
     }
+    if (o->benchmark_s > 0) {
+        rc = 0;
+        for (int i = 0; i < s->repo.n; i++)
+            if (ems_model_benchmark(s->repo.models[i], o->benchmark_s, stdout) != 0) rc = 1;
+        goto out;
+    }
     /* the listening address */
     struct sockaddr_storage ss;
     memset(&ss, 0, sizeof ss);

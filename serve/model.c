@@ -914,3 +914,108 @@ void ems_metrics_write(ems_repo *r, struct ems_buf *b, int64_t in_flight, uint64
         pthread_mutex_unlock(&m->mu);
     }
 }
+
+/* ---- the offline benchmark (ember serve --benchmark) --------------------------------------------- */
+
+typedef struct {
+    ems_instance *in;
+    int64_t rows, sample;
+    double seconds, elapsed;
+    int64_t batches;
+    int rc;
+    char err[512];
+} bench_arg;
+
+static void *bench_main(void *p)
+{
+    bench_arg *a = p;
+    ems_instance *in = a->in;
+    ems_model *m = in->model;
+    ems_job j;
+    memset(&j, 0, sizeof j);
+    j.rows = a->rows;
+    j.sample = a->sample;
+    j.want_probs = m->kind == EMS_KIND_CLASSIFIER;
+    if (m->kind == EMS_KIND_GPT) {
+        j.xi = malloc((size_t)(a->rows * a->sample) * sizeof(int64_t));
+        for (int64_t i = 0; j.xi && i < a->rows * a->sample; i++) j.xi[i] = (i * 7 + 3) % m->out_cols;
+    } else {
+        j.xf = malloc((size_t)(a->rows * a->sample) * sizeof(float));
+        for (int64_t i = 0; j.xf && i < a->rows * a->sample; i++) j.xf[i] = (float)((i * 37) % 101) / 100.0f;
+    }
+    a->rc = -1;
+    if ((!j.xi && !j.xf) || em_set_thread_device(in->device) != EM_OK) {
+        snprintf(a->err, sizeof a->err, "cannot start on %s: %s", in->device_name, em_last_error());
+        goto out;
+    }
+    double t0 = ems_now();
+    do {
+        free(j.out[0]);
+        free(j.out[1]);
+        j.out[0] = j.out[1] = NULL;
+        if (run_batch(in, &j, a->rows, a->err, sizeof a->err) != 0) goto out;
+        a->batches++;
+        a->elapsed = ems_now() - t0;
+    } while (a->elapsed < a->seconds);
+    a->rc = 0;
+out:
+    em_clear_thread_device();
+    free(j.xi);
+    free(j.xf);
+    free(j.out[0]);
+    free(j.out[1]);
+    return NULL;
+}
+
+int ems_model_benchmark(ems_model *m, double seconds, FILE *out)
+{
+    bench_arg *a = calloc((size_t)m->ninstances, sizeof *a);
+    pthread_t *th = calloc((size_t)m->ninstances, sizeof *th);
+    if (!a || !th) {
+        free(a);
+        free(th);
+        return -1;
+    }
+    const int64_t rows = m->cfg.max_batch_size;
+    const int64_t sample = m->kind == EMS_KIND_GPT ? (m->max_seq < EMS_BENCH_TOKENS ? m->max_seq : EMS_BENCH_TOKENS) : m->sample;
+    /* one warm-up batch per instance, then every instance at once */
+    for (int pass = 0; pass < 2; pass++) {
+        for (int i = 0; i < m->ninstances; i++) {
+            memset(&a[i], 0, sizeof a[i]);
+            a[i].in = &m->inst[i];
+            a[i].rows = rows;
+            a[i].sample = sample;
+            a[i].seconds = pass ? seconds : 0;
+            if (pthread_create(&th[i], NULL, bench_main, &a[i]) != 0) a[i].rc = -2;
+            if (!pass && a[i].rc != -2) pthread_join(th[i], NULL); /* warm-ups one by one */
+        }
+        if (pass)
+            for (int i = 0; i < m->ninstances; i++)
+                if (a[i].rc != -2) pthread_join(th[i], NULL);
+    }
+    int rc = 0;
+    double total = 0;
+    for (int i = 0; i < m->ninstances; i++) {
+        if (a[i].rc != 0) {
+            fprintf(out, "benchmark %s version %s: instance %d (%s) failed: %s\n", m->name, m->version_str, i, m->inst[i].device_name,
+                    a[i].rc == -2 ? "cannot start a thread" : a[i].err);
+            rc = -1;
+            continue;
+        }
+        double rps = (double)(a[i].batches * rows) / a[i].elapsed;
+        total += rps;
+        char tok[48] = "";
+        if (m->kind == EMS_KIND_GPT) snprintf(tok, sizeof tok, " of %lld tokens", (long long)sample);
+        fprintf(out, "benchmark %s version %s: instance %d %s: %lld batches of %lld rows%s in %.2f s = %.1f rows/s (%.3f ms per batch)\n",
+                m->name, m->version_str, i, m->inst[i].device_name, (long long)a[i].batches, (long long)rows, tok, a[i].elapsed, rps,
+                1e3 * a[i].elapsed / (double)a[i].batches);
+    }
+    if (rc == 0)
+        fprintf(out, "benchmark %s version %s: offline total %.1f rows/s on %d instance%s (max_batch_size %lld%s)\n", m->name,
+                m->version_str, total, m->ninstances, m->ninstances == 1 ? "" : "s", (long long)rows,
+                m->kind == EMS_KIND_GPT ? ", rows of up to 128 tokens" : "");
+    fflush(out);
+    free(a);
+    free(th);
+    return rc;
+}

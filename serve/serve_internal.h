@@ -6,6 +6,7 @@
 
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdio.h>
 
 #define EMS_MAX_PREFERRED 16
 #define EMS_MAX_VERSIONS 64
@@ -148,6 +149,15 @@ void ems_repo_free(ems_repo *r);
 ems_model *ems_model_load(const char *name, int64_t version, const char *path, const ems_model_config *cfg,
                           const ems_options *o, const ems_instance_spec *def_inst, int ndef, char *err, size_t nerr);
 void ems_model_free(ems_model *m);
+
+/** Tokens per row of a GPT's offline benchmark (or n_positions when smaller). */
+#define EMS_BENCH_TOKENS 128
+/** The offline benchmark of `ember serve --benchmark S`: every instance of @p m
+ *  runs batches of max_batch_size rows (a GPT's of EMS_BENCH_TOKENS tokens)
+ *  back to back, all at once, for @p seconds, after one warm-up batch each;
+ *  prints rows/s per instance and in total to @p out. The same forward as
+ *  the server's (run_batch), without HTTP, queue or batcher. 0, or -1. */
+int ems_model_benchmark(ems_model *m, double seconds, FILE *out);
 
 /** Checks @p req against the model and turns it into a job (its inputs
  *  converted and normalised). 0, or the HTTP status (400) with the reason

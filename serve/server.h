@@ -42,6 +42,8 @@ typedef struct ems_options {
     double drain_timeout_s;   /**< on SIGTERM/SIGINT: wait this long for in-flight requests (default 30) */
     ems_build_fn build_classifier;
     bool verbose;             /**< one log line per request */
+    double benchmark_s;       /**< > 0: do not listen; run every model's offline benchmark for this many
+                                   seconds (batches of max_batch_size on all its instances at once) and return */
 } ems_options;
 
 /** The defaults above, repository NULL. */

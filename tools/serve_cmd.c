@@ -64,6 +64,7 @@ int em_tool_serve(int argc, char **argv)
                                          {"port", required_argument, 0, 'p'},             {"instances", required_argument, 0, 'i'},
                                          {"max-body-mb", required_argument, 0, 'B'},      {"max-connections", required_argument, 0, 'C'},
                                          {"drain-timeout", required_argument, 0, 'T'},    {"verbose", no_argument, 0, 'v'},
+                                         {"benchmark", required_argument, 0, 'b'},
                                          {"help", no_argument, 0, 'h'},                   {0, 0, 0, 0}};
     int c;
     optind = 1;
@@ -80,9 +81,13 @@ int em_tool_serve(int argc, char **argv)
             if (em_tool_parse_f64("serve", "--drain-timeout", optarg, 0, false, 3600, false, &drain)) return EM_TOOL_EXIT_USAGE;
             break;
         case 'v': o.verbose = true; break;
+        case 'b':
+            if (em_tool_parse_f64("serve", "--benchmark", optarg, 0, true, 3600, false, &o.benchmark_s)) return EM_TOOL_EXIT_USAGE;
+            break;
         case 'h':
             printf("usage: ember serve --model-repository DIR [--host ADDR] [--port N] [--instances LIST]\n"
-                   "                   [--max-body-mb N] [--max-connections N] [--drain-timeout S] [--verbose]\n\n"
+                   "                   [--max-body-mb N] [--max-connections N] [--drain-timeout S] [--verbose]\n"
+                   "       ember serve --model-repository DIR --benchmark S [--instances LIST]\n\n"
                    "Serves the models of a repository over HTTP/1.1 with the KServe v2 (Open Inference\n"
                    "Protocol) REST API, dynamic batching per model and model instances on the CPU and\n"
                    "on every GPU at once. The repository is laid out as Triton's:\n"
@@ -106,7 +111,10 @@ int em_tool_serve(int argc, char **argv)
                    "  --max-body-mb N         larger request bodies are answered 413 (default 64)\n"
                    "  --max-connections N     open connections at most (default 1024)\n"
                    "  --drain-timeout S       on SIGTERM, wait at most S seconds for requests in flight (default 30)\n"
-                   "  --verbose               one log line per inference request\n\n" EM_TOOL_EXIT_HELP);
+                   "  --verbose               one log line per inference request\n"
+                   "  --benchmark S           do not listen: run every model's batched forward (max_batch_size rows;\n"
+                   "                          a GPT's rows of 128 tokens) on all its instances at once for S seconds\n"
+                   "                          and print rows/s: the offline throughput to compare the server's with\n\n" EM_TOOL_EXIT_HELP);
             return 0;
         default: return em_tool_bad_option("serve", c, argc, argv);
         }
