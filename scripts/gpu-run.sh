@@ -25,6 +25,8 @@
 #   gpttrain     `ember train --model gpt` (the anchor run; GPT_ITERS, GPT_PRECISION)
 #                then `ember generate` on cuda:0 and the CPU (not in the default list)
 #   attention    the attention kernels' harness and torch's SDPA (not in the default list)
+#   serve        issue #18: scripts/serve-bench.sh (offline vs server throughput for
+#                cuda:0, cpu+cuda:0 and cpu instances, a soak run; not in the default list)
 #   sanitizer    test_consistency under compute-sanitizer memcheck (out-of-bounds
 #                accesses in CUDA kernels), when compute-sanitizer exists
 # Time: the whole run stays within GPU_RUN_BUDGET_S seconds (default 560, the
@@ -331,6 +333,35 @@ run_attention() {
   status attention "$rc"
 }
 
+# Serving (issue #18): scripts/serve-bench.sh with an MLP trained here on the
+# carried Fashion-MNIST subset: offline batched forward vs the server under
+# serve_load, for GPU-only, CPU + GPU and CPU-only instances, alternating the
+# order per round (SERVE_ROUNDS, default 2), then a soak run (SOAK_REQUESTS,
+# default 200000). EMBER_NCPU=SERVE_NCPU (default 8) CPU workers, leaving
+# cores for the HTTP threads and the load generator.
+run_serve() {
+  local data="$DEPS/fashion-mnist"
+  if [ ! -f "$data/train-images-idx3-ubyte.gz" ] || [ ! -x "$BUILD/serve_load" ]; then
+    say "step serve: skipped (no $data or no $BUILD/serve_load)"
+    return
+  fi
+  ( cd "$WORK" && timeout "$(tlimit 120)" "$BUILD/ember" train --device cuda:0 --data "$data" --no-progress --epochs 2 \
+      --out "$WORK/serve-mlp" ) >"$OUT/serve-train.log" 2>&1
+  local rc=$?
+  if [ "$rc" != 0 ]; then
+    status serve "$rc"
+    return
+  fi
+  EMBER_NCPU="${SERVE_NCPU:-8}" SERVE_LISTS="${SERVE_LISTS:-cuda:0;cpu:1,cuda:0;cpu:1}" SOAK_REQUESTS="${SOAK_REQUESTS:-200000}" \
+    timeout "$(tlimit "${SERVE_S:-500}")" bash "$ROOT/scripts/serve-bench.sh" "$BUILD/ember" "$BUILD/serve_load" \
+    "$WORK/serve-mlp/checkpoint.safetensors" "$WORK/serve" >"$OUT/serve.log" 2>&1
+  rc=$?
+  mkdir -p "$OUT/serve"
+  cp "$WORK"/serve/*.log "$WORK"/serve/*.txt "$OUT/serve/" 2>/dev/null || true
+  grep '^serve-bench:' "$OUT/serve.log" >>"$SUMMARY"
+  status serve "$rc"
+}
+
 run_train() {
   local data="$DEPS/fashion-mnist"
   if [ ! -f "$data/train-images-idx3-ubyte.gz" ]; then
@@ -377,6 +408,7 @@ for s in $STEPS; do
     gptprofile) run_gptprofile ;;
     cnnprofile) run_cnnprofile ;;
     train) run_train ;;
+    serve) run_serve ;;
     sanitizer) run_sanitizer ;;
     *) say "gpu-run: unknown step '$s'" ;;
   esac
