@@ -3,7 +3,7 @@
  *
  *   serve_load --url http://HOST:PORT/PATH [--body FILE] [--header 'Name: value']... [--connections 1,4,16,64]
  *              (--duration SECONDS | --requests N) [--warmup SECONDS] [--expect-status 200] [--pid PID]
- *              [--csv FILE] [--timeout-ms MS]
+ *              [--csv FILE] [--timeout-ms MS] [--rate R]
  *
  * One thread per connection; each keeps one keep-alive connection (reconnecting when the server closes it) and sends
  * requests back to back: POST with the body file when --body is given, GET otherwise. A request's latency runs from
@@ -18,7 +18,24 @@
  * socket errors, malformed responses and requests past --timeout-ms (default 30000) are errors. With --requests N, N is
  * the total over the connections. --pid samples the server's VmRSS once per second and prints `rss KiB first X last Y
  * max Z`; --csv appends connections,requests,seconds,rps,p50_ms,p95_ms,p99_ms,max_ms,errors per level (a header line
- * first when the file is new). Exit status: 0 without errors, 1 with any, 2 on usage errors. */
+ * first when the file is new), with a last column rate (the offered --rate, 0 for closed-loop rows). Exit status: 0
+ * without errors, 1 with any, 2 on usage errors.
+ *
+ * Open loop (--rate R, requests per second in total, R > 0): instead of back to back, requests are sent on a fixed
+ * schedule t0 + i/R, i = 0, 1, 2, ..., whatever the server does. The connections share one atomic counter: a connection
+ * that is free claims the next i, sleeps until t0 + i/R (clock_nanosleep, CLOCK_MONOTONIC, absolute time) and sends, or
+ * sends at once when that time has passed (all connections were busy: the server is slower than R). A request's latency
+ * then runs from its SCHEDULED time, not from its actual send, so an overloaded server shows as growing latency and an
+ * achieved rate below the offered one, not as a quietly lower rate (no coordinated omission). At most --connections
+ * requests are in flight; each level still runs in turn on its own connections. Before t0 every connection of the level
+ * is opened (so the first requests do not pay connect time; a reconnect during the run does count in latency). With
+ * --duration D the requests scheduled in [t0', t0' + D) are sent (t0' = start of measuring) and the level lasts until
+ * the last of them is answered (or times out); with --requests N exactly N are scheduled. --warmup W is open loop too,
+ * at the same rate and on the same schedule: the requests scheduled in [t0, t0 + W) are sent but not counted, and
+ * measuring starts at the first schedule slot at or after t0 + W, so the server's queue carries over. The per-level line
+ * reads `connections 16 rate 500.0/s: 2500 requests in 5.00 s = 499.8 req/s; ...`: offered rate, then the answered
+ * requests over the time from the first measured slot to the last measured answer (the achieved rate; with --duration
+ * at least D). --timeout-ms still bounds each request's own I/O, from its actual send. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
@@ -39,6 +56,8 @@
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
+
+#include <math.h>
 
 #define MAX_LEVELS 64
 #define MAX_HEADERS 64
@@ -67,12 +86,19 @@ static struct {
     struct addrinfo *addr;
     char *request;
     size_t request_len;
+    double rate;               /* --rate: offered requests per second in total; 0 = closed loop */
 } cfg;
 
 static atomic_int phase;
 static atomic_llong tickets;   /* --requests: requests claimed in the measured phase */
 static atomic_int threads_done;
 static double t_measure;       /* start of the measured phase, seconds */
+
+/* --rate (open loop): request i of a level is scheduled at rate_t0 + i / cfg.rate; tickets hands out i. Requests
+ * i < rate_warm are the warm-up, rate_warm <= i < rate_warm + rate_n are measured. */
+static double rate_t0;
+static long long rate_warm, rate_n;
+static pthread_barrier_t rate_start;
 
 typedef struct {
     double *lat;               /* latencies in ms of the measured responses */
@@ -107,7 +133,8 @@ static void print_help(void)
 {
     printf("usage: serve_load --url http://HOST:PORT/PATH [options] (--duration SECONDS | --requests N)\n"
            "\n"
-           "HTTP/1.1 load generator: one thread and one keep-alive connection per connection, requests back to back.\n"
+           "HTTP/1.1 load generator: one thread and one keep-alive connection per connection, requests back to back\n"
+           "(closed loop), or on a fixed schedule with --rate (open loop).\n"
            "\n"
            "  --url URL              http://HOST[:PORT]/PATH (required)\n"
            "  --body FILE            POST this file as the body (GET without it)\n"
@@ -118,11 +145,16 @@ static void print_help(void)
            "  --warmup SECONDS       unmeasured time per level before measuring (default 0)\n"
            "  --expect-status CODE   the status that is not an error (default 200)\n"
            "  --pid PID              sample the server's VmRSS once per second; print first / last / max per level\n"
-           "  --csv FILE             append connections,requests,seconds,rps,p50_ms,p95_ms,p99_ms,max_ms,errors rows\n"
+           "  --csv FILE             append connections,requests,seconds,rps,p50_ms,p95_ms,p99_ms,max_ms,errors,rate\n"
+           "                         rows (rate: the offered --rate, 0 for closed loop)\n"
            "  --timeout-ms MS        per-request timeout, counted as an error (default 30000)\n"
+           "  --rate R               open loop: send R requests/s in total on a fixed schedule t0 + i/R shared by the\n"
+           "                         connections (a free connection takes the next slot, sleeps until it, or sends at\n"
+           "                         once when late); latency from the scheduled time; --warmup is open loop too\n"
            "  --help                 this text\n"
            "\n"
-           "Latency: first byte sent to last byte received (CLOCK_MONOTONIC); percentiles are exact (nearest rank).\n"
+           "Latency: first byte sent to last byte received (CLOCK_MONOTONIC); with --rate, scheduled send time to last\n"
+           "byte received. Percentiles are exact (nearest rank).\n"
            "Exit status: 0 no errors, 1 some error (unexpected status, socket error, timeout, bad response), 2 usage.\n");
 }
 
@@ -234,6 +266,20 @@ static long read_rss_kib(long pid)
     return kib;
 }
 
+/* --rate: the number of schedule slots i >= 0 with i / rate < secs. */
+static long long slots_before(double secs)
+{
+    double x = secs * cfg.rate;
+    if (x > 1e15)
+        usage_error("--rate %g over %g s schedules too many requests", cfg.rate, secs);
+    long long n = (long long)x;
+    while (n > 0 && (double)(n - 1) / cfg.rate >= secs)
+        n--;
+    while ((double)n / cfg.rate < secs)
+        n++;
+    return n;
+}
+
 static void parse_args(int argc, char **argv)
 {
     const char *url = NULL, *body = NULL, *conns = "1";
@@ -257,7 +303,7 @@ static void parse_args(int argc, char **argv)
         memcpy(name, a, nl);
         name[nl] = 0;
         static const char *known[] = {"--url", "--body", "--header", "--connections", "--duration", "--requests",
-                                      "--warmup", "--expect-status", "--pid", "--csv", "--timeout-ms"};
+                                      "--warmup", "--expect-status", "--pid", "--csv", "--timeout-ms", "--rate"};
         int k = -1;
         for (int j = 0; j < (int)(sizeof known / sizeof *known); j++)
             if (!strcmp(name, known[j]))
@@ -292,6 +338,11 @@ static void parse_args(int argc, char **argv)
         case 8: cfg.pid = (long)parse_num(name, v, 1); break;
         case 9: cfg.csv = v; break;
         case 10: cfg.timeout_ms = (int)parse_num(name, v, 1); break;
+        case 11:
+            cfg.rate = parse_num(name, v, 0);
+            if (!(cfg.rate > 0) || !isfinite(cfg.rate))
+                usage_error("bad value '%s' for %s (want requests per second > 0)", v, name);
+            break;
         }
     }
     if (!url)
@@ -304,6 +355,12 @@ static void parse_args(int argc, char **argv)
         read_body(body);
     if (cfg.pid > 0 && read_rss_kib(cfg.pid) < 0)
         usage_error("--pid %ld: cannot read VmRSS from /proc/%ld/status", cfg.pid, cfg.pid);
+    if (cfg.rate > 0) {
+        rate_warm = cfg.warmup > 0 ? slots_before(cfg.warmup) : 0;
+        rate_n = have_requests ? cfg.requests : slots_before(cfg.duration);
+        if (rate_n < 1)
+            usage_error("--rate %g with --duration %g schedules no request", cfg.rate, cfg.duration);
+    }
 }
 
 static void build_request(void)
@@ -618,6 +675,22 @@ static void record(worker *w, double t0, double t1, int measured)
     w->last_end = t1;
 }
 
+/* Sleeps until CLOCK_MONOTONIC time t (seconds, as now_s). */
+static void sleep_until(double t)
+{
+    struct timespec ts;
+    ts.tv_sec = (time_t)t;
+    ts.tv_nsec = (long)((t - (double)ts.tv_sec) * 1e9);
+    if (ts.tv_nsec >= 1000000000L) {
+        ts.tv_sec++;
+        ts.tv_nsec -= 1000000000L;
+    }
+    if (ts.tv_nsec < 0)
+        ts.tv_nsec = 0;
+    while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL) == EINTR)
+        ;
+}
+
 static void *worker_main(void *arg)
 {
     worker *w = arg;
@@ -625,13 +698,30 @@ static void *worker_main(void *arg)
     w->cap = 1 << 16;
     w->buf = malloc(w->cap);
     int reused = 0;
+    if (cfg.rate > 0) {
+        open_conn(w, now_s() + cfg.timeout_ms * 1e-3); /* on failure the first request connects again */
+        pthread_barrier_wait(&rate_start);             /* every connection of the level is open */
+        pthread_barrier_wait(&rate_start);             /* the main thread has set rate_t0 */
+    }
     for (;;) {
-        int ph = atomic_load(&phase);
-        if (ph == PHASE_STOP)
-            break;
-        int measured = ph == PHASE_MEASURE;
-        if (measured && cfg.requests > 0 && atomic_fetch_add(&tickets, 1) >= cfg.requests)
-            break;
+        int measured;
+        double sched = 0;
+        if (cfg.rate > 0) {
+            long long i = atomic_fetch_add(&tickets, 1);
+            if (i >= rate_warm + rate_n)
+                break;
+            measured = i >= rate_warm;
+            sched = rate_t0 + (double)i / cfg.rate;
+            if (now_s() < sched)
+                sleep_until(sched);
+        } else {
+            int ph = atomic_load(&phase);
+            if (ph == PHASE_STOP)
+                break;
+            measured = ph == PHASE_MEASURE;
+            if (measured && cfg.requests > 0 && atomic_fetch_add(&tickets, 1) >= cfg.requests)
+                break;
+        }
         int result = RES_OK, status = 0, close_after = 0;
         double t0 = 0, t1 = 0;
         for (int attempt = 0; attempt < 2; attempt++) {
@@ -659,7 +749,7 @@ static void *worker_main(void *arg)
         if (measured && t1 > w->last_end)
             w->last_end = t1;
         if (result == RES_OK) {
-            record(w, t0, t1, measured);
+            record(w, cfg.rate > 0 ? sched : t0, t1, measured);
             if (measured)
                 w->status[status]++;
             if (close_after)
@@ -678,7 +768,7 @@ static void *worker_main(void *arg)
                 w->sock_err++;
         }
         if (result == RES_SOCKET && atomic_load(&phase) != PHASE_STOP)
-            usleep(10000); /* do not spin on a refused connection */
+            usleep(10000); /* do not spin on a refused connection (open loop: the next slots are late, not skipped) */
     }
     close_conn(w);
     free(w->buf);
@@ -737,6 +827,10 @@ static long long run_level(int conns)
     atomic_store(&phase, cfg.warmup > 0 ? PHASE_WARMUP : PHASE_MEASURE);
     atomic_store(&tickets, 0);
     atomic_store(&threads_done, 0);
+    if (cfg.rate > 0 && pthread_barrier_init(&rate_start, NULL, (unsigned)conns + 1)) {
+        fprintf(stderr, "serve_load: cannot make a barrier for %d threads\n", conns + 1);
+        exit(2);
+    }
     double start = now_s();
     t_measure = start;
     for (int i = 0; i < conns; i++)
@@ -744,7 +838,16 @@ static long long run_level(int conns)
             fprintf(stderr, "serve_load: cannot start thread %d of %d\n", i + 1, conns);
             exit(2);
         }
-    if (cfg.warmup > 0) {
+    if (cfg.rate > 0) { /* open loop: the schedule starts once every connection is open; warm-up is its first slots */
+        pthread_barrier_wait(&rate_start);
+        rate_t0 = now_s();
+        t_measure = rate_t0 + (double)rate_warm / cfg.rate;
+        pthread_barrier_wait(&rate_start);
+        if (rate_warm > 0) {
+            sleep_until(t_measure);
+            atomic_store(&phase, PHASE_MEASURE);
+        }
+    } else if (cfg.warmup > 0) {
         while (now_s() < start + cfg.warmup && atomic_load(&threads_done) < conns)
             usleep(10000);
         t_measure = now_s();
@@ -753,23 +856,26 @@ static long long run_level(int conns)
     rss_state rss = {-1, -1, -1, t_measure};
     rss_sample(&rss);
     double stop_at = t_measure + cfg.duration;
+    int until_done = cfg.requests > 0 || cfg.rate > 0; /* the workers end the level themselves */
     for (;;) {
         double t = now_s();
-        if (cfg.requests == 0 && t >= stop_at)
+        if (!until_done && t >= stop_at)
             break;
         if (atomic_load(&threads_done) == conns)
             break;
         if (cfg.pid > 0 && t >= rss.next)
             rss_sample(&rss);
-        double wake = cfg.requests == 0 && stop_at < rss.next ? stop_at : rss.next;
+        double wake = !until_done && stop_at < rss.next ? stop_at : rss.next;
         double dt = wake - t;
-        if (cfg.pid <= 0 && cfg.requests > 0)
+        if (cfg.pid <= 0 && until_done)
             dt = 0.01;
         usleep(dt > 0.01 ? 10000 : dt > 0 ? (useconds_t)(dt * 1e6) + 1 : 1);
     }
     atomic_store(&phase, PHASE_STOP);
     for (int i = 0; i < conns; i++)
         pthread_join(th[i], NULL);
+    if (cfg.rate > 0)
+        pthread_barrier_destroy(&rate_start);
     if (cfg.pid > 0) {
         rss.next = 0;
         rss_sample(&rss);
@@ -820,9 +926,12 @@ static long long run_level(int conns)
         sl += snprintf(st + sl, sizeof st - sl, "; timeouts %lld", tmo);
     if (bad)
         sl += snprintf(st + sl, sizeof st - sl, "; bad responses %lld", bad);
-    printf("connections %d: %zu requests in %.2f s = %.1f req/s; latency ms p50 %.2f p95 %.2f p99 %.2f max %.2f; "
+    char rate_txt[64] = "";
+    if (cfg.rate > 0)
+        snprintf(rate_txt, sizeof rate_txt, cfg.rate >= 1 ? " rate %.1f/s" : " rate %.3g/s", cfg.rate);
+    printf("connections %d%s: %zu requests in %.2f s = %.1f req/s; latency ms p50 %.2f p95 %.2f p99 %.2f max %.2f; "
            "errors %lld (status: %s)\n",
-           conns, n, secs, rps, p50, p95, p99, mx, errors, st);
+           conns, rate_txt, n, secs, rps, p50, p95, p99, mx, errors, st);
     if (cfg.pid > 0)
         printf("rss KiB first %ld last %ld max %ld\n", rss.first, rss.last, rss.max);
     fflush(stdout);
@@ -835,8 +944,9 @@ static long long run_level(int conns)
             errors++;
         } else {
             if (fresh)
-                fprintf(f, "connections,requests,seconds,rps,p50_ms,p95_ms,p99_ms,max_ms,errors\n");
-            fprintf(f, "%d,%zu,%.3f,%.1f,%.3f,%.3f,%.3f,%.3f,%lld\n", conns, n, secs, rps, p50, p95, p99, mx, errors);
+                fprintf(f, "connections,requests,seconds,rps,p50_ms,p95_ms,p99_ms,max_ms,errors,rate\n");
+            fprintf(f, "%d,%zu,%.3f,%.1f,%.3f,%.3f,%.3f,%.3f,%lld,%.6g\n", conns, n, secs, rps, p50, p95, p99, mx, errors,
+                    cfg.rate);
             fclose(f);
         }
     }
