@@ -39,7 +39,11 @@ declare -A INC CALL
 INC[runtime]="public runtime $DEVAPI"
 INC[tasks]="public runtime tasks $DEVAPI"
 INC[devices]="ember/core.h devices tasks/ops.def"
-INC[tools]="public tools"
+# tools/ -> serve/: `ember serve` drives the inference server through its API
+# header (serve/server.h, which includes serve/protocol.h). serve/ is a
+# static library above libember (it links libmicrohttpd, which libember
+# does not), so that API is not in include/ember/.
+INC[tools]="public tools serve/server.h"
 INC[include]="public"
 CALL[runtime]="runtime"
 CALL[tasks]="runtime tasks devices"
