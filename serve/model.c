@@ -20,7 +20,9 @@
  * est is the instance's own measured time for batches of that size (an
  * exponential moving average per power-of-two size bucket, seeded by a
  * warm-up forward at load). When the winner is busy the batch waits for it
- * rather than going to a slower idle instance. This is the measured
+ * rather than going to a slower idle instance. An idle instance whose
+ * estimate has not been refreshed for EMS_REMEASURE_S seconds takes the next
+ * batch (exploration: a first estimate that was too high is corrected). This is the measured
  * equivalent of StarPU's dmda (deque model data aware: expected end time),
  * one level up: an instance's batch is a whole forward of many tasks.
  */
@@ -77,10 +79,23 @@ static double estimate(const ems_instance *in, int64_t rows)
     return 0;
 }
 
-static void record_time(ems_instance *in, int64_t rows, double s)
+/* A measured batch time; @p reset replaces the estimate (the warm-up's last
+ * pass) instead of averaging it in. */
+static void record_time(ems_instance *in, int64_t rows, double s, bool reset)
 {
     int b = bucket_of(rows);
-    in->est[b] = in->est[b] > 0 ? 0.8 * in->est[b] + 0.2 * s : s;
+    in->est[b] = in->est[b] > 0 && !reset ? 0.8 * in->est[b] + 0.2 * s : s;
+    in->est_t[b] = ems_now();
+}
+
+/* Whether @p in's estimate for @p rows is older than EMS_REMEASURE_S: an
+ * instance that lost every placement for that long gets the next batch it
+ * can take, so an estimate that was too high (a slow first batch, a busy
+ * moment) is measured again instead of keeping the instance idle forever. */
+static bool stale(const ems_instance *in, int64_t rows, double now)
+{
+    int b = bucket_of(rows);
+    return in->est[b] > 0 && now - in->est_t[b] > EMS_REMEASURE_S;
 }
 
 static int parse_norm_list(const char *s, float *out, int max)
@@ -223,7 +238,7 @@ static int warmup(ems_instance *in, int64_t rows, char *err, size_t nerr)
     }
     double t0 = ems_now();
     int rc = run_batch(in, &j, rows, err, nerr);
-    if (rc == 0) record_time(in, rows, ems_now() - t0);
+    if (rc == 0) record_time(in, rows, ems_now() - t0, true);
     free(j.xi);
     free(j.xf);
     free(j.out[0]);
@@ -250,10 +265,15 @@ static void *instance_main(void *arg)
         snprintf(err, sizeof err, "instance on %s: %s", in->device_name, em_last_error());
         rc = -1;
     }
-    /* the first forward measures a batch of one row; a classifier's also a full batch */
-    if (rc == 0 && warmup(in, 1, err, sizeof err) != 0) rc = -1;
-    if (rc == 0 && m->kind == EMS_KIND_CLASSIFIER && m->cfg.max_batch_size > 1 && warmup(in, m->cfg.max_batch_size, err, sizeof err) != 0)
-        rc = -1;
+    /* warm-up forwards of one row (a classifier's also of a full batch), each
+     * size EMS_WARMUP times: the first pays for the device's start (CUDA
+     * context, cuBLAS handles, caches), the last one's time is the estimate */
+    for (int k = 0; k < EMS_WARMUP && rc == 0; k++) {
+        if (warmup(in, 1, err, sizeof err) != 0) rc = -1;
+        if (rc == 0 && m->kind == EMS_KIND_CLASSIFIER && m->cfg.max_batch_size > 1 &&
+            warmup(in, m->cfg.max_batch_size, err, sizeof err) != 0)
+            rc = -1;
+    }
     pthread_mutex_lock(&st->mu);
     st->status = rc == 0 ? 1 : -1;
     snprintf(st->err, sizeof st->err, "%s", err);
@@ -280,7 +300,7 @@ static void *instance_main(void *arg)
         pthread_mutex_lock(&m->mu);
         in->batch = NULL;
         in->batch_rows = 0;
-        if (r == 0) record_time(in, rows, dt);
+        if (r == 0) record_time(in, rows, dt, false);
         in->batches++;
         in->rows_done += (uint64_t)rows;
         m->n_batches++;
@@ -396,7 +416,7 @@ static void *batcher_main(void *arg)
             ems_instance *in = &m->inst[i];
             bool idle = in->batch == NULL;
             double wait = idle ? 0 : fmax(0.0, in->busy_until - now);
-            double t = wait + estimate(in, cut_rows);
+            double t = idle && stale(in, cut_rows, now) ? 0 : wait + estimate(in, cut_rows);
             if (best < 0 || t < best_t || (t == best_t && idle && !best_idle)) {
                 best = i;
                 best_t = t;

@@ -12,6 +12,9 @@
 #define EMS_MAX_VERSIONS 64
 #define EMS_NORM_MAX 64
 #define EMS_MAX_OUTPUTS 2
+/* warm-up passes per instance at load; a placement estimate older than this is measured again (seconds) */
+#define EMS_WARMUP 3
+#define EMS_REMEASURE_S 1.0
 /* batch-size histogram buckets: 1, 2, 4, ..., 2^(EMS_HIST_BS - 1), +Inf */
 #define EMS_HIST_BS 14
 /* duration histogram buckets (seconds): 1e-4 .. 10, +Inf */
@@ -83,6 +86,7 @@ typedef struct ems_instance {
     int64_t batch_rows;
     double busy_until;     /**< predicted end of its current batch */
     double est[EMS_HIST_BS + 8]; /**< EWMA seconds per batch, by ceil(log2(rows)); 0 = not measured */
+    double est_t[EMS_HIST_BS + 8]; /**< when est[b] was last updated (ems_now) */
     pthread_cond_t cv;
     /* metrics */
     uint64_t batches, rows_done;
