@@ -838,101 +838,100 @@ void ems_buf_printf(struct ems_buf *b, const char *fmt, ...)
     }
 }
 
+/* One model's histogram: cumulative buckets at @p le[0..n-1], +Inf, _sum, _count. */
+static void write_hist(struct ems_buf *b, const char *name, const ems_model *m, const uint64_t *hist, int n, const char *const *le,
+                       double sum)
+{
+    uint64_t cum = 0;
+    for (int k = 0; k <= n; k++) {
+        cum += hist[k];
+        ems_buf_printf(b, "%s_bucket{model=\"%s\",version=\"%s\",le=\"%s\"} %llu\n", name, m->name, m->version_str, k < n ? le[k] : "+Inf",
+                       (unsigned long long)cum);
+    }
+    ems_buf_printf(b, "%s_sum{model=\"%s\",version=\"%s\"} %.9g\n%s_count{model=\"%s\",version=\"%s\"} %llu\n", name, m->name,
+                   m->version_str, sum, name, m->name, m->version_str, (unsigned long long)cum);
+}
+
 void ems_metrics_write(ems_repo *r, struct ems_buf *b, int64_t in_flight, uint64_t http[6])
 {
     static const char *const outcomes[] = {"success", "bad_request", "overload", "timeout", "error"};
-    static const double tedges[EMS_HIST_T] = {1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 5e-2, 1e-1, 1.0, 10.0};
-    ems_buf_printf(b, "# HELP ember_http_requests_total HTTP requests by status class.\n# TYPE ember_http_requests_total counter\n");
+    static const char *const tle[EMS_HIST_T] = {"0.0001", "0.00025", "0.0005", "0.001", "0.0025", "0.005", "0.01", "0.05", "0.1", "1", "10"};
     static const char *const cls[] = {"1xx", "2xx", "3xx", "4xx", "5xx", "other"};
+    char bsle_buf[EMS_HIST_BS][24];
+    const char *bsle[EMS_HIST_BS];
+    for (int k = 0; k < EMS_HIST_BS; k++) {
+        snprintf(bsle_buf[k], sizeof bsle_buf[k], "%lld", (long long)1 << k);
+        bsle[k] = bsle_buf[k];
+    }
+    ems_buf_printf(b, "# HELP ember_http_requests_total HTTP requests by status class.\n# TYPE ember_http_requests_total counter\n");
     for (int i = 0; i < 6; i++) ems_buf_printf(b, "ember_http_requests_total{code=\"%s\"} %llu\n", cls[i], (unsigned long long)http[i]);
-    ems_buf_printf(b, "# HELP ember_inference_in_flight_requests Infer requests being decoded, queued or computed.\n"
+    ems_buf_printf(b, "# HELP ember_inference_in_flight_requests Requests being received, decoded, queued or computed.\n"
                       "# TYPE ember_inference_in_flight_requests gauge\nember_inference_in_flight_requests %lld\n", (long long)in_flight);
+    /* one consistent copy of every model's numbers, then the text */
+    typedef struct {
+        uint64_t out[5], hq[EMS_HIST_T + 1], hc[EMS_HIST_T + 1], hb[EMS_HIST_BS + 1], batches[EMS_MAX_INSTANCES], rows[EMS_MAX_INSTANCES];
+        double sq, sc, sb;
+        int64_t queued;
+    } snap;
+    snap *sn = calloc((size_t)(r->n ? r->n : 1), sizeof *sn);
+    if (!sn) {
+        b->oom = true;
+        return;
+    }
+    for (int i = 0; i < r->n; i++) {
+        ems_model *m = r->models[i];
+        snap *x = &sn[i];
+        pthread_mutex_lock(&m->mu);
+        uint64_t o[5] = {m->n_success, m->n_bad, m->n_overload, m->n_timeout, m->n_error};
+        memcpy(x->out, o, sizeof o);
+        memcpy(x->hq, m->hist_q, sizeof x->hq);
+        memcpy(x->hc, m->hist_c, sizeof x->hc);
+        memcpy(x->hb, m->hist_bs, sizeof x->hb);
+        for (int k = 0; k < m->ninstances; k++) {
+            x->batches[k] = m->inst[k].batches;
+            x->rows[k] = m->inst[k].rows_done;
+        }
+        x->sq = m->sum_q;
+        x->sc = m->sum_c;
+        x->sb = m->sum_bs;
+        x->queued = m->queued;
+        pthread_mutex_unlock(&m->mu);
+    }
     ems_buf_printf(b, "# HELP ember_inference_requests_total Infer requests by model, version and outcome.\n"
                       "# TYPE ember_inference_requests_total counter\n");
-    for (int i = 0; i < r->n; i++) {
-        ems_model *m = r->models[i];
-        pthread_mutex_lock(&m->mu);
-        uint64_t v[5] = {m->n_success, m->n_bad, m->n_overload, m->n_timeout, m->n_error};
-        pthread_mutex_unlock(&m->mu);
+    for (int i = 0; i < r->n; i++)
         for (int k = 0; k < 5; k++)
-            ems_buf_printf(b, "ember_inference_requests_total{model=\"%s\",version=\"%s\",outcome=\"%s\"} %llu\n", m->name, m->version_str,
-                           outcomes[k], (unsigned long long)v[k]);
-    }
+            ems_buf_printf(b, "ember_inference_requests_total{model=\"%s\",version=\"%s\",outcome=\"%s\"} %llu\n", r->models[i]->name,
+                           r->models[i]->version_str, outcomes[k], (unsigned long long)sn[i].out[k]);
     ems_buf_printf(b, "# HELP ember_inference_queue_size Requests waiting in the model's queue.\n# TYPE ember_inference_queue_size gauge\n");
-    for (int i = 0; i < r->n; i++) {
-        ems_model *m = r->models[i];
-        pthread_mutex_lock(&m->mu);
-        long long q = (long long)m->queued;
-        pthread_mutex_unlock(&m->mu);
-        ems_buf_printf(b, "ember_inference_queue_size{model=\"%s\",version=\"%s\"} %lld\n", m->name, m->version_str, q);
-    }
-    const char *hn[2] = {"ember_inference_queue_duration_seconds", "ember_inference_compute_duration_seconds"};
-    const char *hh[2] = {"Time a request waited in the queue before its batch started.",
-                         "Time of the batch forward (input upload to outputs on the host) a request was part of."};
-    for (int h = 0; h < 2; h++) {
+    for (int i = 0; i < r->n; i++)
+        ems_buf_printf(b, "ember_inference_queue_size{model=\"%s\",version=\"%s\"} %lld\n", r->models[i]->name, r->models[i]->version_str,
+                       (long long)sn[i].queued);
+    static const char *const hn[3] = {"ember_inference_queue_duration_seconds", "ember_inference_compute_duration_seconds",
+                                      "ember_inference_batch_size"};
+    static const char *const hh[3] = {"Time a request waited in the queue before its batch started.",
+                                      "Time of the batch forward (input upload to outputs on the host) a request was part of.",
+                                      "Rows per executed batch."};
+    for (int h = 0; h < 3; h++) {
         ems_buf_printf(b, "# HELP %s %s\n# TYPE %s histogram\n", hn[h], hh[h], hn[h]);
         for (int i = 0; i < r->n; i++) {
+            const snap *x = &sn[i];
+            if (h < 2) write_hist(b, hn[h], r->models[i], h ? x->hc : x->hq, EMS_HIST_T, tle, h ? x->sc : x->sq);
+            else write_hist(b, hn[h], r->models[i], x->hb, EMS_HIST_BS, bsle, x->sb);
+        }
+    }
+    static const char *const cn[2] = {"ember_inference_batches_total", "ember_inference_rows_total"};
+    static const char *const ch[2] = {"Batches executed by model instance and device.", "Rows (samples) computed by model instance and device."};
+    for (int c = 0; c < 2; c++) {
+        ems_buf_printf(b, "# HELP %s %s\n# TYPE %s counter\n", cn[c], ch[c], cn[c]);
+        for (int i = 0; i < r->n; i++) {
             ems_model *m = r->models[i];
-            pthread_mutex_lock(&m->mu);
-            uint64_t hist[EMS_HIST_T + 1];
-            memcpy(hist, h ? m->hist_c : m->hist_q, sizeof hist);
-            double sum = h ? m->sum_c : m->sum_q;
-            pthread_mutex_unlock(&m->mu);
-            uint64_t cum = 0;
-            for (int k = 0; k <= EMS_HIST_T; k++) {
-                cum += hist[k];
-                if (k < EMS_HIST_T)
-                    ems_buf_printf(b, "%s_bucket{model=\"%s\",version=\"%s\",le=\"%g\"} %llu\n", hn[h], m->name, m->version_str, tedges[k],
-                                   (unsigned long long)cum);
-                else
-                    ems_buf_printf(b, "%s_bucket{model=\"%s\",version=\"%s\",le=\"+Inf\"} %llu\n", hn[h], m->name, m->version_str,
-                                   (unsigned long long)cum);
-            }
-            ems_buf_printf(b, "%s_sum{model=\"%s\",version=\"%s\"} %.9g\n%s_count{model=\"%s\",version=\"%s\"} %llu\n", hn[h], m->name,
-                           m->version_str, sum, hn[h], m->name, m->version_str, (unsigned long long)cum);
+            for (int k = 0; k < m->ninstances; k++)
+                ems_buf_printf(b, "%s{model=\"%s\",version=\"%s\",instance=\"%d\",device=\"%s\"} %llu\n", cn[c], m->name, m->version_str, k,
+                               m->inst[k].device_name, (unsigned long long)(c ? sn[i].rows[k] : sn[i].batches[k]));
         }
     }
-    ems_buf_printf(b, "# HELP ember_inference_batch_size Rows per executed batch.\n# TYPE ember_inference_batch_size histogram\n");
-    for (int i = 0; i < r->n; i++) {
-        ems_model *m = r->models[i];
-        pthread_mutex_lock(&m->mu);
-        uint64_t hist[EMS_HIST_BS + 1];
-        memcpy(hist, m->hist_bs, sizeof hist);
-        double sum = m->sum_bs;
-        pthread_mutex_unlock(&m->mu);
-        uint64_t cum = 0;
-        for (int k = 0; k <= EMS_HIST_BS; k++) {
-            cum += hist[k];
-            if (k < EMS_HIST_BS)
-                ems_buf_printf(b, "ember_inference_batch_size_bucket{model=\"%s\",version=\"%s\",le=\"%lld\"} %llu\n", m->name, m->version_str,
-                               (long long)1 << k, (unsigned long long)cum);
-            else
-                ems_buf_printf(b, "ember_inference_batch_size_bucket{model=\"%s\",version=\"%s\",le=\"+Inf\"} %llu\n", m->name, m->version_str,
-                               (unsigned long long)cum);
-        }
-        ems_buf_printf(b, "ember_inference_batch_size_sum{model=\"%s\",version=\"%s\"} %.0f\nember_inference_batch_size_count{model=\"%s\",version=\"%s\"} %llu\n",
-                       m->name, m->version_str, sum, m->name, m->version_str, (unsigned long long)cum);
-    }
-    ems_buf_printf(b, "# HELP ember_inference_batches_total Batches executed by model instance and device.\n"
-                      "# TYPE ember_inference_batches_total counter\n");
-    for (int i = 0; i < r->n; i++) {
-        ems_model *m = r->models[i];
-        pthread_mutex_lock(&m->mu);
-        for (int k = 0; k < m->ninstances; k++)
-            ems_buf_printf(b, "ember_inference_batches_total{model=\"%s\",version=\"%s\",instance=\"%d\",device=\"%s\"} %llu\n", m->name,
-                           m->version_str, k, m->inst[k].device_name, (unsigned long long)m->inst[k].batches);
-        pthread_mutex_unlock(&m->mu);
-    }
-    ems_buf_printf(b, "# HELP ember_inference_rows_total Rows (samples) computed by model instance and device.\n"
-                      "# TYPE ember_inference_rows_total counter\n");
-    for (int i = 0; i < r->n; i++) {
-        ems_model *m = r->models[i];
-        pthread_mutex_lock(&m->mu);
-        for (int k = 0; k < m->ninstances; k++)
-            ems_buf_printf(b, "ember_inference_rows_total{model=\"%s\",version=\"%s\",instance=\"%d\",device=\"%s\"} %llu\n", m->name,
-                           m->version_str, k, m->inst[k].device_name, (unsigned long long)m->inst[k].rows_done);
-        pthread_mutex_unlock(&m->mu);
-    }
+    free(sn);
 }
 
 /* ---- the offline benchmark (ember serve --benchmark) --------------------------------------------- */
