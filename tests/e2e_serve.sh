@@ -22,9 +22,10 @@
 #   1-row requests into one batch of 8 (/metrics batch-size histogram);
 # - /metrics: success / bad_request counters, batches and rows per device,
 #   queue-size and in-flight gauges;
-# - a short serve_load run at 1 and 8 connections: no error, RSS reported;
+# - a short serve_load run at 1 and 8 connections: no error, RSS reported; a
+#   load of bad requests at 8 connections: every one a 400, the server unharmed;
 # - SIGTERM and SIGINT drain: a queued request still gets its 200, exit 0, the
-#   log says what it drained;
+#   log says what it drained; an idle keep-alive connection does not hold it up;
 # - the command line: --help, missing --model-repository (2), bad --instances,
 #   a port in use (1, "Address already in use"), no valid model (1).
 # Usage: e2e_serve.sh path/to/ember path/to/serve_load
@@ -143,7 +144,7 @@ run "$EMBER" serve --port 0
 run timeout 30 "$EMBER" serve --model-repository "$R" --port 0 --bogus
 [ "$rc" = 2 ] || fail "serve --bogus: exit $rc, expected 2"
 for inst in tpu:0 cuda:7 cpu:0 cpu:x; do
-  run timeout 30 "$EMBER" serve --model-repository "$R/mlp/.." --port 0 --instances "$inst"
+  run timeout 30 "$EMBER" serve --model-repository "$R" --port 0 --instances "$inst"
   { [ "$rc" = 1 ] || [ "$rc" = 2 ]; } || fail "--instances $inst: exit $rc, expected 1 or 2"
   [[ "$(cat "$T/err.log")" == *"$inst"* ]] || fail "--instances $inst: the message does not name it: $(cat "$T/err.log")"
   [[ "$(cat "$T/err.log")" == *"listening on"* ]] && fail "--instances $inst: the server listened"
@@ -412,21 +413,32 @@ rss="$(awk '$1 == "rss" && $2 == "KiB" && $4 > 0 { m = $8 } END { print m }' "$T
 kill -0 "$MAIN_PID" || fail "the server died under load"
 rps="$(awk -F, '$1 ~ /^[0-9]+$/ { printf "%s%s conn %.0f req/s p99 %s ms", s, $1, $4, $7; s = "; " }' "$T/load.csv")"
 ok "serve_load 1,8 connections x 2 s: 0 errors ($rps; server RSS max $rss KiB)"
+run "$SERVE_LOAD" --url "$U/v2/models/mlp/infer" --body "$T/b_dtype.json" --header 'Content-Type: application/json' \
+  --connections 8 --duration 1 --expect-status 400
+[ "$rc" = 0 ] || fail "serve_load of bad requests: exit $rc: $(cat "$T/out.log" "$T/err.log")"
+req POST "$I" "${JSONH[@]}" --data-binary @"$T/req3.json"; expect 200 '"model_version":"2"' "infer after a load of bad requests"
+cmp -s "$T/body" "$T/resp3.json" || fail "the logits after a load of bad requests differ"
+ok "serve_load of bad requests, 8 connections x 1 s: every one a 400 ($(sed -n 's/.*= \([0-9.]*\) req\/s.*/\1/p' "$T/out.log") req/s), the server unharmed"
 
 # ---- SIGTERM drain ------------------------------------------------------------------------
 curl -s --max-time 20 -o "$T/drn.json" -w '%{http_code}' "${JSONH[@]}" --data-binary @"$T/req1.json" "$U/v2/models/drn/infer" > "$T/drn.code" &
 PIDS+=($!); dp=$!
 wait_metric 'ember_inference_queue_size{model="drn",version="1"}' 1 "the drain request queued"
 [ "$(metric ember_inference_in_flight_requests)" = 1 ] || fail "in-flight gauge with 1 queued"
+exec 3<> "/dev/tcp/127.0.0.1/$PORT"   # an idle connection, as a client's keep-alive pool holds
+ts=$SECONDS
 kill -TERM "$MAIN_PID"
 set +e; wait "$MAIN_PID"; src=$?; set -e
+exec 3>&-
+[ $((SECONDS - ts)) -le 10 ] || fail "SIGTERM: the server took $((SECONDS - ts)) s to stop"
 wait "$dp" || fail "the request in flight at SIGTERM: curl failed"
 [ "$(cat "$T/drn.code")" = 200 ] || fail "the request in flight at SIGTERM: $(cat "$T/drn.code") $(cat "$T/drn.json")"
+python3 "$REF" probs "$T/drn.json" 1 || fail "the request in flight at SIGTERM: its answer"
 [ "$src" = 0 ] || fail "SIGTERM: the server exited $src"
 [[ "$(cat "$T/main.err")" == *"SIGTERM: not accepting connections; finishing 1 in-flight request(s)"* ]] || fail "SIGTERM: no drain line"
 [[ "$(cat "$T/main.err")" == *"stopped after"* ]] || fail "SIGTERM: no stop line"
 curl -s --max-time 5 -o /dev/null "$MAIN_URL/v2/health/live" && fail "the server still answers after SIGTERM"
-ok "SIGTERM with a queued request: the request got 200, the log drained 1 request, exit 0"
+ok "SIGTERM with a queued request and an idle connection: the request got 200, the log drained 1 request, exit 0"
 
 # ---- SIGINT drain, a second server --------------------------------------------------------
 mkdir -p "$T/repo2"
