@@ -11,6 +11,7 @@
 #   equal a reference forward computed from the SafeTensors file (serve_ref.py,
 #   1e-4 relative), argmax and probability equal `ember predict`'s; version 1
 #   gives version 1's logits; the CNN's top-1 equals `ember predict`'s;
+#   config.json's "normalize": false and a renamed, reshaped input;
 # - the binary-data extension: binary input, binary logits equal the JSON ones;
 # - GPT: logits [N, vocab], deterministic, a token id >= vocab is a 400 naming it;
 # - bad requests (malformed JSON, wrong input name / datatype / shape, batch >
@@ -117,15 +118,17 @@ for i in $(seq 300); do echo "to be, or not to be, that is the question: line $i
 cmp -s "$T/mlp1/checkpoint.safetensors" "$T/mlp2/checkpoint.safetensors" && fail "the two MLP versions are identical"
 
 R="$T/repo"
-mkdir -p "$R"/{mlp/1,mlp/2,cnn/1,gpt/1,broken/1,badcfg/1,ovl/1,tmo/1,bat/1,drn/1}
+mkdir -p "$R"/{mlp/1,mlp/2,cnn/1,gpt/1,broken/1,badcfg/1,ovl/1,tmo/1,bat/1,drn/1,raw/1,ren/1}
 cp "$T/mlp1/checkpoint.safetensors" "$R/mlp/1/model.safetensors"
 cp "$T/mlp2/checkpoint.safetensors" "$R/mlp/2/model.safetensors"
 cp "$T/cnn/checkpoint.safetensors" "$R/cnn/1/model.safetensors"
 cp "$T/gpt/checkpoint.safetensors" "$R/gpt/1/model.safetensors"
 echo "this is not a safetensors file" > "$R/broken/1/model.safetensors"
-for m in badcfg ovl tmo bat drn; do cp "$T/mlp1/checkpoint.safetensors" "$R/$m/1/model.safetensors"; done
+for m in badcfg ovl tmo bat drn raw ren; do cp "$T/mlp1/checkpoint.safetensors" "$R/$m/1/model.safetensors"; done
 echo '{"max_batch_size": 8, "version_policy": {"all": {}}}' > "$R/mlp/config.json"
 echo '{"max_batch_size": 8, "dynamic_batchin": {}}' > "$R/badcfg/config.json"
+echo '{"normalize": false}' > "$R/raw/config.json"
+echo '{"input": [{"name": "pixels", "data_type": "TYPE_FP32", "dims": [1, 28, 28]}]}' > "$R/ren/config.json"
 echo '{"max_batch_size": 4, "dynamic_batching": {"preferred_batch_size": [4], "max_queue_delay_microseconds": 3000000,
        "default_queue_policy": {"max_queue_size": 2}}}' > "$R/ovl/config.json"
 echo '{"max_batch_size": 4, "dynamic_batching": {"preferred_batch_size": [4], "max_queue_delay_microseconds": 5000000,
@@ -166,7 +169,7 @@ log="$(cat "$T/main.err")"
 [[ "$log" == *"model 'broken'"*skipped*"broken/1/model.safetensors"* ]] || fail "the broken model is not reported as skipped with its file: $log"
 [[ "$log" == *"model 'badcfg' skipped"*"dynamic_batchin"* ]] || fail "the bad config.json is not reported as skipped naming the key: $log"
 [[ "$log" == *"model 'mlp' version 2: classifier"*"model 'mlp' version 1: classifier"* ]] || fail "mlp versions 2 and 1 not both loaded: $log"
-[[ "$log" == *"(8 models;"* ]] || fail "not 8 model versions served: $log"
+[[ "$log" == *"(10 models;"* ]] || fail "not 10 model versions served: $log"
 ok "server up on port $PORT; broken checkpoint and unknown config key skipped with the reason"
 
 run timeout 30 "$EMBER" serve --model-repository "$R" --port "$PORT"
@@ -253,6 +256,17 @@ for r, l in enumerate(pred):
     assert CL[am] == name and abs(row[am] - float(prob)) < 0.0006, (r, CL[am], row[am], l)
 EOF
 ok "cnn, 4 images [4,1,28,28]: top-1 and its probability = ember predict's"
+
+# config.json's "normalize": false and a renamed, reshaped input
+req POST /v2/models/raw/infer "${JSONH[@]}" --data-binary @"$T/req3.json"; expect 200 '"model_name":"raw"' "infer raw"
+SERVE_REF_NORM=none python3 "$REF" check "$T/body" "$R/raw/1/model.safetensors" 0,1,2 > /dev/null || fail "normalize false"
+python3 "$REF" check "$T/body" "$R/raw/1/model.safetensors" 0,1,2 2> /dev/null > /dev/null && fail "normalize false: still normalised"
+req GET /v2/models/ren; expect 200 '"inputs":[{"name":"pixels","datatype":"FP32","shape":[-1,1,28,28]}]' "renamed input metadata"
+sed 's/"name": "input"/"name": "pixels"/' "$T/cnn3.json" > "$T/ren4.json"
+req POST /v2/models/ren/infer "${JSONH[@]}" --data-binary @"$T/ren4.json"; expect 200 '"model_name":"ren"' "infer ren"
+python3 "$REF" check "$T/body" "$R/ren/1/model.safetensors" 0,1,2,3 > /dev/null || fail "renamed input"
+req POST /v2/models/ren/infer "${JSONH[@]}" --data-binary @"$T/req3.json"; expect 400 "'pixels'" "ren with the old name"
+ok "config.json: normalize false = the raw reference forward; input renamed 'pixels' [-1,1,28,28] = the MLP's"
 
 # ---- binary extension -------------------------------------------------------------
 hl="$(python3 "$REF" mkbin "$T/req3.bin" 0,1,2)"
@@ -443,7 +457,8 @@ ok "SIGTERM with a queued request and an idle connection: the request got 200, t
 # ---- SIGINT drain, a second server --------------------------------------------------------
 mkdir -p "$T/repo2"
 cp -r "$R/drn" "$T/repo2/"
-start_server sigint --model-repository "$T/repo2" --instances cpu:1
+start_server sigint --model-repository "$T/repo2" --instances cpu:2
+[ "$(metric 'ember_inference_batches_total{model="drn",version="1",instance="1",device="cpu"}')" = 0 ] || fail "--instances cpu:2: no instance 1"
 curl -s --max-time 20 -o "$T/drn2.json" -w '%{http_code}' "${JSONH[@]}" --data-binary @"$T/req1.json" "$U/v2/models/drn/infer" > "$T/drn2.code" &
 PIDS+=($!); dp=$!
 wait_metric 'ember_inference_queue_size{model="drn",version="1"}' 1 "the SIGINT request queued"
@@ -453,6 +468,6 @@ wait "$dp" || fail "the request in flight at SIGINT: curl failed"
 [ "$(cat "$T/drn2.code")" = 200 ] || fail "the request in flight at SIGINT: $(cat "$T/drn2.code")"
 [ "$src" = 0 ] || fail "SIGINT: the server exited $src"
 [[ "$(cat "$T/sigint.err")" == *"SIGINT: not accepting connections; finishing 1 in-flight request(s)"* ]] || fail "SIGINT: no drain line"
-ok "SIGINT with a queued request: 200, exit 0"
+ok "SIGINT with a queued request (2 cpu instances): 200, exit 0"
 
 echo "e2e_serve: all $pass checks passed in $((SECONDS - t0)) s"

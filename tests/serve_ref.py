@@ -8,7 +8,8 @@ the server's JSON and binary-extension responses against it.
   serve_ref.py mkbin OUT.bin K,K,...                  binary request; prints its JSON header length
   serve_ref.py check RESP.json CKPT K,K,... [PREDICT.txt]
         shapes, probabilities sum to 1, logits = the reference forward (1e-4 relative),
-        and the argmax / top probability equal `ember predict`'s (when given)
+        and the argmax / top probability equal `ember predict`'s (when given);
+        $SERVE_REF_NORM "none" or "MEAN,STD" replaces the checkpoint's normalisation
   serve_ref.py checkbin RESP.bin HEADERS.txt JSON_RESP.json
         the binary logits equal the JSON path's, bit for bit up to printing
   serve_ref.py probs RESP.json N                      shapes [N, 10], each row sums to 1
@@ -73,6 +74,11 @@ def mlp_forward(ckpt, xs):
         die("%s: not an MLP (%s)" % (ckpt, meta.get("ember.model")))
     mean = float(meta["ember.norm_mean"])
     std = float(meta["ember.norm_std"])
+    norm = os.environ.get("SERVE_REF_NORM")  # "none" or "MEAN,STD": config.json's "normalize"
+    if norm == "none":
+        mean, std = 0.0, 1.0
+    elif norm:
+        mean, std = (float(v) for v in norm.split(","))
     idx = sorted({int(k.split(".")[1]) for k in t if k.startswith("model.") and k.endswith(".weight")})
     out = []
     for x in xs:
