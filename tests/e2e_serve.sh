@@ -169,7 +169,10 @@ log="$(cat "$T/main.err")"
 [[ "$log" == *"model 'broken'"*skipped*"broken/1/model.safetensors"* ]] || fail "the broken model is not reported as skipped with its file: $log"
 [[ "$log" == *"model 'badcfg' skipped"*"dynamic_batchin"* ]] || fail "the bad config.json is not reported as skipped naming the key: $log"
 [[ "$log" == *"model 'mlp' version 2: classifier"*"model 'mlp' version 1: classifier"* ]] || fail "mlp versions 2 and 1 not both loaded: $log"
-[[ "$log" == *"(10 models;"* ]] || fail "not 10 model versions served: $log"
+for m in cnn gpt ovl tmo bat drn raw ren; do
+  [[ "$log" == *"model '$m' version 1: "* ]] || fail "model $m not loaded: $log"
+done
+[ "$(grep -c '^ember serve: model .* version [0-9]*: ' "$T/main.err")" = 10 ] || fail "not 10 model versions loaded: $log"
 ok "server up on port $PORT; broken checkpoint and unknown config key skipped with the reason"
 
 run timeout 30 "$EMBER" serve --model-repository "$R" --port "$PORT"
