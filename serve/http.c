@@ -59,6 +59,7 @@ ems_options ems_options_default(void)
     o.limits = ems_limits_default();
     o.connection_limit = 1024;
     o.drain_timeout_s = 30;
+    o.idle_timeout_s = 30;
     return o;
 }
 
@@ -366,6 +367,11 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *
         }
         if (!strcmp(tail, "infer")) {
             if (!post) return send_error(s, c, 405, "use POST");
+            if (rc->too_big || rc->bad_encoding) {
+                pthread_mutex_lock(&m->mu);
+                m->n_bad++;
+                pthread_mutex_unlock(&m->mu);
+            }
             if (rc->too_big) {
                 snprintf(msg, sizeof msg, "the request body is larger than %zu bytes (ember serve --max-body-mb)", s->o->max_body_bytes);
                 return send_error(s, c, 413, msg);
@@ -445,7 +451,7 @@ int ems_serve(const ems_options *o)
     }
     s->d = MHD_start_daemon(flags, (uint16_t)o->port, NULL, NULL, handler, s, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL,
                             MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&ss,
-                            MHD_OPTION_CONNECTION_LIMIT, o->connection_limit, MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)120,
+                            MHD_OPTION_CONNECTION_LIMIT, o->connection_limit, MHD_OPTION_CONNECTION_TIMEOUT, o->idle_timeout_s ? o->idle_timeout_s : 30u,
                             MHD_OPTION_NOTIFY_COMPLETED, completed, s, MHD_OPTION_END);
     if (!s->d) {
         fprintf(stderr, "ember serve: cannot listen on %s port %d: %s\n", host, o->port,
@@ -477,8 +483,16 @@ int ems_serve(const ems_options *o)
                 (long long)m->out_cols, (long long)m->cfg.max_batch_size, (long long)m->cfg.max_queue_delay_us,
                 (long long)m->cfg.max_queue_size, devs);
     }
-    fprintf(stderr, "ember serve: listening on http://%s%s%s:%d (%d model%s; SIGTERM or Ctrl-C drains and stops)\n",
-            strchr(host, ':') ? "[" : "", host, strchr(host, ':') ? "]" : "", port, s->repo.n, s->repo.n == 1 ? "" : "s");
+    int nnames = 0;
+    for (int i = 0; i < s->repo.n; i++) {
+        bool seen = false;
+        for (int k = 0; k < i && !seen; k++) seen = !strcmp(s->repo.models[k]->name, s->repo.models[i]->name);
+        nnames += !seen;
+    }
+    char vers[48] = "";
+    if (nnames != s->repo.n) snprintf(vers, sizeof vers, ", %d versions", s->repo.n);
+    fprintf(stderr, "ember serve: listening on http://%s%s%s:%d (%d model%s%s; SIGTERM or Ctrl-C drains and stops)\n",
+            strchr(host, ':') ? "[" : "", host, strchr(host, ':') ? "]" : "", port, nnames, nnames == 1 ? "" : "s", vers);
     fflush(stderr);
 
     sigset_t set;
@@ -494,12 +508,16 @@ int ems_serve(const ems_options *o)
     fprintf(stderr, "ember serve: %s: not accepting connections; finishing %lld in-flight request(s)\n", sig == SIGINT ? "SIGINT" : "SIGTERM",
             (long long)atomic_load(&s->in_flight));
     fflush(stderr);
+    ems_repo_flush(&s->repo); /* queued requests go now, not after their queue delay */
     double t0 = ems_now();
-    bool timed_out = false;
     while (atomic_load(&s->in_flight) > 0) {
         if (ems_now() - t0 > o->drain_timeout_s) {
-            timed_out = true;
-            break;
+            /* requests still computing or waiting: their threads cannot be
+             * stopped cleanly, so the process ends here */
+            fprintf(stderr, "ember serve: the drain timed out after %g s with %lld request(s) in flight: exiting without them\n",
+                    o->drain_timeout_s, (long long)atomic_load(&s->in_flight));
+            fflush(stderr);
+            _exit(1);
         }
         struct timespec ts = {0, 10 * 1000 * 1000};
         int s2 = sigtimedwait(&set, NULL, &ts);
@@ -510,11 +528,8 @@ int ems_serve(const ems_options *o)
     }
     MHD_stop_daemon(s->d);
     s->d = NULL;
-    if (timed_out)
-        fprintf(stderr, "ember serve: the drain timed out after %.0f s with %lld request(s) in flight\n", o->drain_timeout_s,
-                (long long)atomic_load(&s->in_flight));
     fprintf(stderr, "ember serve: stopped after %llu inference response(s)\n", (unsigned long long)atomic_load(&s->served));
-    rc = timed_out ? 1 : 0;
+    rc = 0;
 out:
     if (s->d) MHD_stop_daemon(s->d);
     ems_repo_free(&s->repo);

@@ -396,7 +396,7 @@ static void *batcher_main(void *arg)
             }
         }
         double due = m->head->t_enqueue + 1e-6 * (double)c->max_queue_delay_us;
-        bool expired = now >= due || m->stopping;
+        bool expired = now >= due || m->stopping || m->flush;
         if (total >= c->max_batch_size || blocked || expired) {
             cut_rows = total;
             cut_n = n;
@@ -498,10 +498,10 @@ int ems_job_from_request(ems_model *m, const ems_request *req, ems_job *job, cha
             snprintf(err, nerr, "input '%s': shape %s: the batch dimension must be 1 to %lld (max_batch_size of model '%s')", iname, got,
                      (long long)m->cfg.max_batch_size, m->name);
         else if (m->kind == EMS_KIND_GPT)
-            snprintf(err, nerr, "input '%s': shape %s does not match model '%s''s %s (batch, tokens: 1 to %lld tokens)", iname, got, m->name, want,
+            snprintf(err, nerr, "input '%s': shape %s does not match %s of model '%s' (batch, tokens: 1 to %lld tokens)", iname, got, want, m->name,
                      (long long)m->max_seq);
         else
-            snprintf(err, nerr, "input '%s': shape %s does not match model '%s''s %s", iname, got, m->name, want);
+            snprintf(err, nerr, "input '%s': shape %s does not match %s of model '%s'", iname, got, want, m->name);
         return 400;
     }
     for (int i = 0; i < req->noutputs; i++) {

@@ -68,8 +68,24 @@ void ems_config_default(ems_model_config *c)
 
 /* ---- instance lists ------------------------------------------------------ */
 
+static int parse_instances(const char *list, ems_instance_spec *out, int max, bool check, char *err, size_t nerr);
+
 int ems_parse_instances(const char *list, ems_instance_spec *out, int max, char *err, size_t nerr)
 {
+    return parse_instances(list, out, max, true, err, nerr);
+}
+
+int ems_check_instances(const char *list, char *err, size_t nerr)
+{
+    static ems_instance_spec scratch[EMS_MAX_INSTANCES];
+    return parse_instances(list, scratch, EMS_MAX_INSTANCES, false, err, nerr) < 0 ? -1 : 0;
+}
+
+/* @p check false: the grammar only (no runtime needed); "all" then stands for no
+ * device and a list whose only entries are "all" counts as giving instances. */
+static int parse_instances(const char *list, ems_instance_spec *out, int max, bool check, char *err, size_t nerr)
+{
+    bool any_all = false;
     int n = 0;
     if (!list || !*list) {
         snprintf(err, nerr, "empty instance list");
@@ -116,7 +132,7 @@ int ems_parse_instances(const char *list, ems_instance_spec *out, int max, char 
         }
         if (kind == EM_DEVICE_CPU) {
             long cnt = arg ? v : 1;
-            if (cnt > 0 && em_worker_count(EM_DEVICE_CPU) < 1) {
+            if (check && cnt > 0 && em_worker_count(EM_DEVICE_CPU) < 1) {
                 snprintf(err, nerr, "instance entry 'cpu' but this process has no CPU worker (EMBER_NCPU=0?)");
                 return -1;
             }
@@ -125,8 +141,9 @@ int ems_parse_instances(const char *list, ems_instance_spec *out, int max, char 
                 out[n++].device = em_device_cpu();
             }
         } else {
-            int ndev = em_device_count(kind);
+            int ndev = check ? em_device_count(kind) : (all ? 0 : (int)v + 1);
             int lo = all ? 0 : (int)v, hi = all ? ndev : (int)v + 1;
+            any_all = any_all || all;
             if (!all && (int)v >= ndev) {
                 snprintf(err, nerr, "instance entry '%s:%ld': this process has %d %s device%s", item, v, ndev, item, ndev == 1 ? "" : "s");
                 return -1;
@@ -142,8 +159,8 @@ int ems_parse_instances(const char *list, ems_instance_spec *out, int max, char 
             return -1;
         }
     }
-    if (n == 0) {
-        snprintf(err, nerr, "instance list '%s' gives no instance on this machine", list);
+    if (n == 0 && (check || !any_all)) {
+        snprintf(err, nerr, "instance list '%s' gives no instance%s", list, check ? " on this machine" : "");
         return -1;
     }
     return n;
@@ -686,7 +703,7 @@ int ems_repo_load(const char *dir, const ems_options *o, const ems_instance_spec
             nm++;
         }
         if (nm < np) {
-            fprintf(stderr, "ember serve: model '%s' version %lld skipped (so the model is): %s\n", name, (long long)pick[nm], err);
+            fprintf(stderr, "ember serve: model '%s' skipped: version %lld: %s\n", name, (long long)pick[nm], err);
             for (int j = 0; j < nm; j++) ems_model_free(ms[j]);
             bad++;
             continue;
@@ -707,6 +724,17 @@ int ems_repo_load(const char *dir, const ems_options *o, const ems_instance_spec
         return -1;
     }
     return 0;
+}
+
+void ems_repo_flush(ems_repo *r)
+{
+    for (int i = 0; i < r->n; i++) {
+        ems_model *m = r->models[i];
+        pthread_mutex_lock(&m->mu);
+        m->flush = true;
+        pthread_cond_broadcast(&m->cv);
+        pthread_mutex_unlock(&m->mu);
+    }
 }
 
 void ems_repo_free(ems_repo *r)

@@ -117,6 +117,7 @@ typedef struct ems_model {
     ems_job *head, *tail;
     int64_t queued;                  /**< requests in the queue */
     bool stopping;
+    bool flush;                      /**< draining: batches go without waiting for max_queue_delay */
     pthread_t batcher;
     bool batcher_started;
     /* metrics, under mu */
@@ -146,6 +147,9 @@ void ems_config_default(ems_model_config *cfg);
  *  that fails is reported on stderr and skipped. 0 with @p out filled (at
  *  least one model), or -1 (nothing to serve; the reasons printed). */
 int ems_repo_load(const char *dir, const ems_options *o, const ems_instance_spec *def_inst, int ndef, ems_repo *out);
+/** The server is draining: every model's queued requests go out at once
+ *  (no max_queue_delay wait). */
+void ems_repo_flush(ems_repo *r);
 /** Stops every model (its queue drained: queued jobs still run) and frees it. */
 void ems_repo_free(ems_repo *r);
 

@@ -39,7 +39,9 @@ typedef struct ems_options {
     size_t max_body_bytes;    /**< request bodies above this are answered 413 (default 64 MiB) */
     ems_limits limits;        /**< tensor limits of the request decoder */
     unsigned connection_limit;/**< open connections at most (default 1024); more are refused */
-    double drain_timeout_s;   /**< on SIGTERM/SIGINT: wait this long for in-flight requests (default 30) */
+    double drain_timeout_s;   /**< on SIGTERM/SIGINT: wait this long for in-flight requests (default 30);
+                                   past it the process exits at once with status 1 */
+    unsigned idle_timeout_s;  /**< a connection idle this long is closed (default 30) */
     ems_build_fn build_classifier;
     bool verbose;             /**< one log line per request */
     double benchmark_s;       /**< > 0: do not listen; run every model's offline benchmark for this many
@@ -66,14 +68,19 @@ typedef struct ems_instance_spec {
  *  Returns the number of instances (>= 1), or -1 with the reason in @p err
  *  (a bad entry, a device that does not exist, or no instance at all). */
 int ems_parse_instances(const char *list, ems_instance_spec *out, int max, char *err, size_t nerr);
+/** The grammar of an instance list alone (no runtime needed: devices are not
+ *  looked up): 0, or -1 with the reason in @p err (a usage error). */
+int ems_check_instances(const char *list, char *err, size_t nerr);
 
 /** Runs the server: em_init must have been called; blocks SIGINT and
  *  SIGTERM in every thread it starts and waits for one of them, then
- *  drains (stops accepting connections, answers new requests 503, finishes
- *  the in-flight ones within drain_timeout_s) and returns. Returns 0 after a
- *  clean drain, 1 when it could not start (the reason printed on stderr:
- *  bad repository, no model served, port in use) or the drain timed out;
- *  a second signal during the drain returns 128 + the signal at once.
+ *  drains (stops accepting connections, answers new requests 503, sends the
+ *  queued requests at once without waiting for their batch's queue delay,
+ *  finishes the in-flight ones within drain_timeout_s) and returns. Returns
+ *  0 after a clean drain, 1 when it could not start (the reason printed on
+ *  stderr: bad repository, no model served, port in use); when the drain
+ *  times out, or on a second signal during the drain, the process exits at
+ *  once (_exit) with 1, or 128 + the signal.
  *  Call with SIGINT and SIGTERM already blocked in the calling thread
  *  (pthread_sigmask) and in every thread started before (em_init's). */
 int ems_serve(const ems_options *o);

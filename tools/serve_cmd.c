@@ -58,13 +58,13 @@ int em_tool_serve(int argc, char **argv)
 #else
     ems_options o = ems_options_default();
     const char *device_list = NULL;
-    int64_t port = 8000, max_body_mb = 64, conn = 1024;
+    int64_t port = 8000, max_body_mb = 64, conn = 1024, idle = 30;
     double drain = 30;
     static const struct option opts[] = {{"model-repository", required_argument, 0, 'r'}, {"host", required_argument, 0, 'H'},
                                          {"port", required_argument, 0, 'p'},             {"instances", required_argument, 0, 'i'},
                                          {"max-body-mb", required_argument, 0, 'B'},      {"max-connections", required_argument, 0, 'C'},
                                          {"drain-timeout", required_argument, 0, 'T'},    {"verbose", no_argument, 0, 'v'},
-                                         {"benchmark", required_argument, 0, 'b'},
+                                         {"benchmark", required_argument, 0, 'b'},        {"idle-timeout", required_argument, 0, 'I'},
                                          {"help", no_argument, 0, 'h'},                   {0, 0, 0, 0}};
     int c;
     optind = 1;
@@ -81,12 +81,13 @@ int em_tool_serve(int argc, char **argv)
             if (em_tool_parse_f64("serve", "--drain-timeout", optarg, 0, false, 3600, false, &drain)) return EM_TOOL_EXIT_USAGE;
             break;
         case 'v': o.verbose = true; break;
+        case 'I': if (em_tool_parse_i64("serve", "--idle-timeout", optarg, 1, 86400, &idle)) return EM_TOOL_EXIT_USAGE; break;
         case 'b':
             if (em_tool_parse_f64("serve", "--benchmark", optarg, 0, true, 3600, false, &o.benchmark_s)) return EM_TOOL_EXIT_USAGE;
             break;
         case 'h':
             printf("usage: ember serve --model-repository DIR [--host ADDR] [--port N] [--instances LIST]\n"
-                   "                   [--max-body-mb N] [--max-connections N] [--drain-timeout S] [--verbose]\n"
+                   "                   [--max-body-mb N] [--max-connections N] [--idle-timeout S] [--drain-timeout S] [--verbose]\n"
                    "       ember serve --model-repository DIR --benchmark S [--instances LIST]\n\n"
                    "Serves the models of a repository over HTTP/1.1 with the KServe v2 (Open Inference\n"
                    "Protocol) REST API, dynamic batching per model and model instances on the CPU and\n"
@@ -109,8 +110,10 @@ int em_tool_serve(int argc, char **argv)
                    "                          cpu[:N] N instances on the CPU workers, cuda:K one on GPU K,\n"
                    "                          cuda:all one per GPU (none without a GPU), opencl:K, opencl:all\n"
                    "  --max-body-mb N         larger request bodies are answered 413 (default 64)\n"
-                   "  --max-connections N     open connections at most (default 1024)\n"
-                   "  --drain-timeout S       on SIGTERM, wait at most S seconds for requests in flight (default 30)\n"
+                   "  --max-connections N     open connections at most (default 1024); more wait in the kernel's backlog\n"
+                   "  --idle-timeout S        close a connection idle for S seconds (default 30)\n"
+                   "  --drain-timeout S       on SIGTERM, wait at most S seconds for requests in flight, then exit 1\n"
+                   "                          without them (default 30)\n"
                    "  --verbose               one log line per inference request\n"
                    "  --benchmark S           do not listen: run every model's batched forward (max_batch_size rows;\n"
                    "                          a GPT's rows of 128 tokens) on all its instances at once for S seconds\n"
@@ -128,7 +131,15 @@ int em_tool_serve(int argc, char **argv)
     o.max_body_bytes = (size_t)max_body_mb << 20;
     o.connection_limit = (unsigned)conn;
     o.drain_timeout_s = drain;
-    if (device_list) o.instances = device_list;
+    o.idle_timeout_s = (unsigned)idle;
+    if (device_list) {
+        char err[512];
+        if (ems_check_instances(device_list, err, sizeof err) != 0) {
+            fprintf(stderr, "ember serve: --instances: %s\n", err);
+            return EM_TOOL_EXIT_USAGE;
+        }
+        o.instances = device_list;
+    }
     o.build_classifier = build_classifier;
     /* SIGINT / SIGTERM go to ems_serve's sigwait: blocked before any thread exists
      * (StarPU's workers, the server's), so every thread inherits the mask */
