@@ -476,6 +476,16 @@ static const char *worker_kind_name(enum starpu_worker_archtype t)
     }
 }
 
+void em_pause_workers(void)
+{
+    if (g_initialized) starpu_pause();
+}
+
+void em_resume_workers(void)
+{
+    if (g_initialized) starpu_resume();
+}
+
 void em_print_devices(FILE *f)
 {
     if (!g_initialized) {

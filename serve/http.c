@@ -38,7 +38,66 @@ typedef struct server {
     atomic_llong in_flight;
     atomic_ullong http[6];
     atomic_ullong served;
+    /* idle pausing of StarPU's workers (em_pause_workers), under idle_mu */
+    pthread_mutex_t idle_mu;
+    pthread_cond_t idle_cv;
+    int active;          /* infer requests between decode and response */
+    bool paused, idle_stop;
+    double last_active;
+    pthread_t idle_thread;
+    bool idle_started;
 } server;
+
+/* StarPU's CPU workers spin while they wait for tasks, so an idle server
+ * would keep every core it owns busy. The workers are paused once no infer
+ * request has been active for EMS_IDLE_PAUSE_S, and resumed by the next
+ * request before it reaches a model (em_pause_workers). */
+#define EMS_IDLE_PAUSE_S 0.05
+
+static void active_begin(server *s)
+{
+    pthread_mutex_lock(&s->idle_mu);
+    s->active++;
+    if (s->paused) {
+        em_resume_workers();
+        s->paused = false;
+    }
+    pthread_mutex_unlock(&s->idle_mu);
+}
+
+static void active_end(server *s)
+{
+    pthread_mutex_lock(&s->idle_mu);
+    s->active--;
+    s->last_active = ems_now();
+    if (s->active == 0) pthread_cond_signal(&s->idle_cv);
+    pthread_mutex_unlock(&s->idle_mu);
+}
+
+static void *idle_main(void *arg)
+{
+    server *s = arg;
+    pthread_mutex_lock(&s->idle_mu);
+    while (!s->idle_stop) {
+        double now = ems_now();
+        if (!s->paused && s->active == 0 && now - s->last_active >= EMS_IDLE_PAUSE_S) {
+            em_pause_workers();
+            s->paused = true;
+        }
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        long ns = ts.tv_nsec + (long)(1e9 * EMS_IDLE_PAUSE_S);
+        ts.tv_sec += ns / 1000000000L;
+        ts.tv_nsec = ns % 1000000000L;
+        pthread_cond_timedwait(&s->idle_cv, &s->idle_mu, &ts);
+    }
+    if (s->paused) {
+        em_resume_workers();
+        s->paused = false;
+    }
+    pthread_mutex_unlock(&s->idle_mu);
+    return NULL;
+}
 
 /* per-request state (MHD's con_cls) */
 typedef struct req_ctx {
@@ -194,7 +253,17 @@ static int split_model_url(const char *url, char *name, size_t nn, char *ver, si
     return 0;
 }
 
+static enum MHD_Result do_infer_active(server *s, struct MHD_Connection *c, ems_model *m, req_ctx *rc);
+
 static enum MHD_Result do_infer(server *s, struct MHD_Connection *c, ems_model *m, req_ctx *rc)
+{
+    active_begin(s);
+    enum MHD_Result r = do_infer_active(s, c, m, rc);
+    active_end(s);
+    return r;
+}
+
+static enum MHD_Result do_infer_active(server *s, struct MHD_Connection *c, ems_model *m, req_ctx *rc)
 {
     char err[1024];
     if (atomic_load(&s->draining)) {
@@ -412,6 +481,8 @@ int ems_serve(const ems_options *o)
     server *s = calloc(1, sizeof *s);
     if (!s) return 1;
     s->o = o;
+    pthread_mutex_init(&s->idle_mu, NULL);
+    pthread_cond_init(&s->idle_cv, NULL);
     int rc = 1;
     char err[1024];
     ems_instance_spec inst[EMS_MAX_INSTANCES];
@@ -495,6 +566,8 @@ int ems_serve(const ems_options *o)
             strchr(host, ':') ? "[" : "", host, strchr(host, ':') ? "]" : "", port, nnames, nnames == 1 ? "" : "s", vers);
     fflush(stderr);
 
+    s->last_active = ems_now();
+    s->idle_started = pthread_create(&s->idle_thread, NULL, idle_main, s) == 0;
     sigset_t set;
     sigemptyset(&set);
     sigaddset(&set, SIGINT);
@@ -532,7 +605,16 @@ int ems_serve(const ems_options *o)
     rc = 0;
 out:
     if (s->d) MHD_stop_daemon(s->d);
+    if (s->idle_started) { /* the workers run again before the models are freed and StarPU stops */
+        pthread_mutex_lock(&s->idle_mu);
+        s->idle_stop = true;
+        pthread_cond_signal(&s->idle_cv);
+        pthread_mutex_unlock(&s->idle_mu);
+        pthread_join(s->idle_thread, NULL);
+    }
     ems_repo_free(&s->repo);
+    pthread_mutex_destroy(&s->idle_mu);
+    pthread_cond_destroy(&s->idle_cv);
     free(s);
     return rc;
 }

@@ -175,6 +175,14 @@ done
 [ "$(grep -c -E '^ember serve: model .* version [0-9]+: (classifier|GPT);' "$T/main.err")" = 10 ] || fail "not 10 model versions loaded: $log"
 ok "server up on port $PORT; broken checkpoint and unknown config key skipped with the reason"
 
+# an idle server pauses StarPU's workers (they would spin on every core they own)
+cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
+sleep 0.5
+t0=$(cpu_ticks "$MAIN_PID"); sleep 2; t1=$(cpu_ticks "$MAIN_PID")
+hz=$(getconf CLK_TCK)
+[ $((t1 - t0)) -le $((hz / 5)) ] || fail "the idle server used $((t1 - t0)) CPU ticks (of $hz per second) in 2 s"
+ok "idle server: $((t1 - t0)) CPU ticks in 2 s (workers paused)"
+
 run timeout 30 "$EMBER" serve --model-repository "$R" --port "$PORT"
 [ "$rc" = 1 ] || fail "a port in use: exit $rc, expected 1"
 [[ "$(cat "$T/err.log")" == *"Address already in use"* ]] || fail "a port in use: $(cat "$T/err.log")"

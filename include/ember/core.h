@@ -194,6 +194,16 @@ EM_API em_status em_devices_parse(const char *list, em_device *out, int max, int
  *  distinct devices, whatever the workers per device; 1 for cpu and auto
  *  when the runtime is up, 0 before em_init. */
 EM_API int em_device_count(em_device_kind kind);
+/** Stops the workers from polling for tasks (starpu_pause): StarPU's CPU
+ *  workers otherwise spin while idle and keep every core they own busy. A
+ *  process that waits for outside events between bursts of work (`ember
+ *  serve` between requests) calls this when it goes idle and
+ *  em_resume_workers before it submits again; tasks submitted in between
+ *  wait until then. Pair every call with one em_resume_workers. No-ops before
+ *  em_init. */
+EM_API void em_pause_workers(void);
+/** Undoes one em_pause_workers. */
+EM_API void em_resume_workers(void);
 /** Prints workers, devices, memory nodes and the hwloc topology summary. */
 EM_API void em_print_devices(FILE *f);
 
