@@ -33,6 +33,12 @@ void em__thread_exit(void)
     tl_depth = tl_cap = 0;
 }
 
+void em_thread_exit(void)
+{
+    while (tl_depth > 0 || tl_phantoms > 0) em_scope_end();
+    em__thread_exit();
+}
+
 void em_scope_begin(void)
 {
     if (tl_phantoms > 0) {

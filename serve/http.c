@@ -19,9 +19,11 @@
 
 #include <arpa/inet.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <jansson.h>
 #include <microhttpd.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -38,6 +40,7 @@ typedef struct server {
     atomic_llong in_flight;
     atomic_ullong http[6];
     atomic_ullong served;
+    atomic_size_t buffered;  /* request body bytes held by all connections */
     /* idle pausing of StarPU's workers (em_pause_workers), under idle_mu */
     pthread_mutex_t idle_mu;
     pthread_cond_t idle_cv;
@@ -53,6 +56,8 @@ typedef struct server {
  * request has been active for EMS_IDLE_PAUSE_S, and resumed by the next
  * request before it reaches a model (em_pause_workers). */
 #define EMS_IDLE_PAUSE_S 0.05
+/* the drain ends once nothing has been in flight for this long (seconds) */
+#define EMS_DRAIN_GRACE_S 0.1
 
 static void active_begin(server *s)
 {
@@ -103,9 +108,77 @@ static void *idle_main(void *arg)
 typedef struct req_ctx {
     char *body;
     size_t n, cap;
-    bool too_big, counted;
+    size_t limit;         /**< the largest body this request may have (bytes) */
+    bool too_big, counted, over_budget, answered;
     int bad_encoding;
 } req_ctx;
+
+/* ---- signals: a self-pipe, so that a SIGTERM on any thread (libraries start
+ * threads before main whose masks we do not set) reaches the main loop ---- */
+static int g_sig_pipe[2] = {-1, -1};
+
+static void on_signal(int sig)
+{
+    unsigned char b = (unsigned char)sig;
+    int saved = errno;
+    if (write(g_sig_pipe[1], &b, 1) < 0) { /* full: a signal is pending already */
+    }
+    errno = saved;
+}
+
+int ems_signals_install(void)
+{
+    if (g_sig_pipe[0] >= 0) return 0;
+    if (pipe2(g_sig_pipe, O_CLOEXEC | O_NONBLOCK) != 0) return -1;
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_signal;
+    sa.sa_flags = SA_RESTART;
+    sigemptyset(&sa.sa_mask);
+    if (sigaction(SIGINT, &sa, NULL) != 0 || sigaction(SIGTERM, &sa, NULL) != 0) return -1;
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, SIGINT);
+    sigaddset(&set, SIGTERM);
+    pthread_sigmask(SIG_UNBLOCK, &set, NULL);
+    return 0;
+}
+
+/* The next signal the handler saw: its number, or 0 after @p timeout_ms (-1: wait). */
+static int wait_signal(int timeout_ms)
+{
+    struct pollfd pf = {.fd = g_sig_pipe[0], .events = POLLIN};
+    if (g_sig_pipe[0] < 0) return 0;
+    for (;;) {
+        int r = poll(&pf, 1, timeout_ms);
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) return 0;
+        unsigned char b;
+        if (read(g_sig_pipe[0], &b, 1) == 1) return b;
+        return 0;
+    }
+}
+
+/* The largest body an infer request of @p m can need: its JSON form (at most
+ * 40 bytes per value, as -1.23456789e-38 with a comma and nesting, plus
+ * 64 KiB for the rest) or its binary form, whichever is larger, for a full
+ * batch of the largest samples. Bodies above it are refused before they are
+ * read (or, when the JSON is what is too large, before it is parsed: a JSON
+ * value costs jansson tens of bytes of memory). */
+static size_t model_json_limit(const ems_model *m)
+{
+    int64_t per = m->kind == EMS_KIND_GPT ? m->max_seq : m->sample;
+    double v = (double)m->cfg.max_batch_size * (double)per * 40.0 + 65536.0;
+    return v > (double)SIZE_MAX / 2 ? SIZE_MAX / 2 : (size_t)v;
+}
+
+static size_t model_body_limit(const ems_model *m)
+{
+    int64_t per = m->kind == EMS_KIND_GPT ? m->max_seq : m->sample;
+    double bin = (double)m->cfg.max_batch_size * (double)per * 8.0;
+    double v = (double)model_json_limit(m) + bin;
+    return v > (double)SIZE_MAX / 2 ? SIZE_MAX / 2 : (size_t)v;
+}
 
 ems_options ems_options_default(void)
 {
@@ -119,6 +192,7 @@ ems_options ems_options_default(void)
     o.connection_limit = 1024;
     o.drain_timeout_s = 30;
     o.idle_timeout_s = 30;
+    o.max_buffered_bytes = (size_t)1 << 30;
     return o;
 }
 
@@ -137,6 +211,8 @@ static enum MHD_Result send_buf(server *s, struct MHD_Connection *c, unsigned st
         MHD_add_response_header(r, "Inference-Header-Content-Length", h);
     }
     if (status == 405) MHD_add_response_header(r, "Allow", "GET, POST");
+    /* draining: the client must not send another request on this connection */
+    if (atomic_load(&s->draining)) MHD_add_response_header(r, MHD_HTTP_HEADER_CONNECTION, "close");
     enum MHD_Result ret = MHD_queue_response(c, status, r);
     MHD_destroy_response(r);
     int cls = status >= 100 && status < 600 ? (int)(status / 100) - 1 : 5;
@@ -287,6 +363,15 @@ static enum MHD_Result do_infer_active(server *s, struct MHD_Connection *c, ems_
         }
         header_len = v;
     }
+    size_t json_len = header_len >= 0 ? (size_t)header_len : rc->n, jl = model_json_limit(m);
+    if (json_len > jl) {
+        snprintf(err, sizeof err, "the request's JSON is %zu bytes, more than a request of model '%s' can need (%zu: max_batch_size %lld rows); "
+                 "send large tensors as binary data", json_len, m->name, jl, (long long)m->cfg.max_batch_size);
+        pthread_mutex_lock(&m->mu);
+        m->n_bad++;
+        pthread_mutex_unlock(&m->mu);
+        return send_error(s, c, 413, err);
+    }
     ems_request req;
     if (ems_request_decode(rc->body ? rc->body : "", rc->n, header_len, &s->o->limits, &req, err, sizeof err) != 0) {
         pthread_mutex_lock(&m->mu);
@@ -348,6 +433,22 @@ static enum MHD_Result do_infer_active(server *s, struct MHD_Connection *c, ems_
     return ret;
 }
 
+static void count_bad(ems_model *m)
+{
+    if (!m) return;
+    pthread_mutex_lock(&m->mu);
+    m->n_bad++;
+    pthread_mutex_unlock(&m->mu);
+}
+
+static enum MHD_Result count_content_length(void *cls, enum MHD_ValueKind kind, const char *key, const char *value)
+{
+    (void)kind;
+    (void)value;
+    if (key && !strcasecmp(key, MHD_HTTP_HEADER_CONTENT_LENGTH)) ++*(int *)cls;
+    return MHD_YES;
+}
+
 static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *url, const char *method, const char *version,
                                const char *upload_data, size_t *upload_data_size, void **con_cls)
 {
@@ -358,19 +459,56 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *
         rc = calloc(1, sizeof *rc);
         if (!rc) return MHD_NO;
         *con_cls = rc;
-        atomic_fetch_add(&s->in_flight, 1);
-        rc->counted = true;
-        const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
-        if (cl && strtoull(cl, NULL, 10) > s->o->max_body_bytes) rc->too_big = true;
+        rc->limit = s->o->max_body_bytes;
+        char name[EMS_NAME_MAX], ver[32], tail[32];
+        ems_model *im = NULL; /* the model of an infer request */
+        if (split_model_url(url, name, sizeof name, ver, sizeof ver, tail, sizeof tail) == 0 && !strcmp(tail, "infer")) {
+            im = find_model(s, name, ver[0] ? ver : NULL);
+            if (im && model_body_limit(im) < rc->limit) rc->limit = model_body_limit(im);
+        }
+        int ncl = 0;
+        const char *cl = NULL;
+        MHD_get_connection_values(c, MHD_HEADER_KIND, count_content_length, &ncl);
+        if (ncl > 1 || (ncl == 1 && MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_TRANSFER_ENCODING))) {
+            rc->answered = true; /* request smuggling: answered now, the connection closes */
+            count_bad(im);
+            return send_error(s, c, 400, ncl > 1 ? "more than one Content-Length header" : "both Content-Length and Transfer-Encoding");
+        }
+        cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
+        if (cl) {
+            char *end;
+            errno = 0;
+            unsigned long long v = strtoull(cl, &end, 10);
+            /* Too large: answered before the body is read when the client waits
+             * for that (Expect: 100-continue, so it never sends the body) or
+             * the length is absurd; otherwise the body is read and dropped and
+             * the answer comes after it, as a client that is still sending
+             * could lose an early answer to the connection's reset. */
+            bool expect = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_EXPECT) != NULL;
+            if (errno || *end || (v > rc->limit && (expect || v / 16 > rc->limit))) {
+                char msg[256];
+                rc->answered = true; /* the connection closes after it */
+                count_bad(im);
+                snprintf(msg, sizeof msg, "the request body (Content-Length %.30s) is larger than the %zu bytes this endpoint takes%s", cl, rc->limit,
+                         rc->limit == s->o->max_body_bytes ? " (ember serve --max-body-mb)" : "");
+                return send_error(s, c, 413, msg);
+            }
+            if (v > rc->limit) rc->too_big = true;
+        }
         const char *ce = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_ENCODING);
         if (ce && strcasecmp(ce, "identity")) rc->bad_encoding = 1;
+        return MHD_YES;
+    }
+    if (rc->answered) { /* a response is queued already: what still comes is dropped */
+        *upload_data_size = 0;
         return MHD_YES;
     }
     if (*upload_data_size > 0) {
         size_t add = *upload_data_size;
         *upload_data_size = 0;
-        if (rc->too_big || rc->n + add > s->o->max_body_bytes) {
-            rc->too_big = true; /* the rest is read and dropped; the answer is 413 */
+        if (rc->too_big || rc->over_budget || rc->n + add > rc->limit) {
+            rc->too_big = rc->too_big || !rc->over_budget; /* the rest is read and dropped; the answer is 413 (503 over the budget) */
+            atomic_fetch_sub(&s->buffered, rc->cap);
             free(rc->body);
             rc->body = NULL;
             rc->n = rc->cap = 0;
@@ -379,9 +517,22 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *
         if (rc->n + add > rc->cap) {
             size_t nc = rc->cap ? rc->cap : 4096;
             while (nc < rc->n + add) nc *= 2;
-            if (nc > s->o->max_body_bytes) nc = s->o->max_body_bytes;
+            if (nc > rc->limit) nc = rc->limit;
+            /* every connection's bodies together stay within --max-buffered-mb */
+            size_t grow = nc - rc->cap, before = atomic_fetch_add(&s->buffered, grow);
+            if (before + grow > s->o->max_buffered_bytes) {
+                atomic_fetch_sub(&s->buffered, grow + rc->cap);
+                rc->over_budget = true;
+                free(rc->body);
+                rc->body = NULL;
+                rc->n = rc->cap = 0;
+                return MHD_YES;
+            }
             char *t = realloc(rc->body, nc);
-            if (!t) return MHD_NO;
+            if (!t) {
+                atomic_fetch_sub(&s->buffered, grow);
+                return MHD_NO;
+            }
             rc->body = t;
             rc->cap = nc;
         }
@@ -389,7 +540,11 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *
         rc->n += add;
         return MHD_YES;
     }
-    /* the whole request is in */
+    /* the whole request is in: in flight until its response is sent */
+    if (!rc->counted) {
+        atomic_fetch_add(&s->in_flight, 1);
+        rc->counted = true;
+    }
     const bool get = !strcmp(method, "GET"), post = !strcmp(method, "POST");
     char name[EMS_NAME_MAX], ver[32], tail[32], msg[512];
     if (!strcmp(url, "/v2/health/live")) return get ? send_empty(s, c, 200) : send_error(s, c, 405, "use GET");
@@ -436,13 +591,17 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *
         }
         if (!strcmp(tail, "infer")) {
             if (!post) return send_error(s, c, 405, "use POST");
-            if (rc->too_big || rc->bad_encoding) {
+            if (rc->too_big || rc->bad_encoding || rc->over_budget) {
                 pthread_mutex_lock(&m->mu);
-                m->n_bad++;
+                if (rc->over_budget) m->n_overload++;
+                else m->n_bad++;
                 pthread_mutex_unlock(&m->mu);
             }
+            if (rc->over_budget)
+                return send_error(s, c, 503, "the server holds too many request bodies at once (ember serve --max-buffered-mb); retry later");
             if (rc->too_big) {
-                snprintf(msg, sizeof msg, "the request body is larger than %zu bytes (ember serve --max-body-mb)", s->o->max_body_bytes);
+                snprintf(msg, sizeof msg, "the request body is larger than the %zu bytes this endpoint takes%s", rc->limit,
+                         rc->limit == s->o->max_body_bytes ? " (ember serve --max-body-mb)" : "");
                 return send_error(s, c, 413, msg);
             }
             if (rc->bad_encoding) return send_error(s, c, 415, "compressed request bodies (Content-Encoding) are not supported");
@@ -461,6 +620,7 @@ static void completed(void *cls, struct MHD_Connection *c, void **con_cls, enum 
     req_ctx *rc = *con_cls;
     if (!rc) return;
     if (rc->counted) atomic_fetch_sub(&s->in_flight, 1);
+    atomic_fetch_sub(&s->buffered, rc->cap);
     free(rc->body);
     free(rc);
     *con_cls = NULL;
@@ -496,6 +656,13 @@ int ems_serve(const ems_options *o)
         free(s);
         return 1;
     }
+    int early = wait_signal(0); /* a signal while the models loaded: stop now */
+    if (early) {
+        fprintf(stderr, "ember serve: %s while loading the models: stopping\n", early == SIGINT ? "SIGINT" : "SIGTERM");
+        ems_repo_free(&s->repo);
+        free(s);
+        return 0;
+    }
     if (o->benchmark_s > 0) {
         rc = 0;
         for (int i = 0; i < s->repo.n; i++)
@@ -506,6 +673,7 @@ int ems_serve(const ems_options *o)
     struct sockaddr_storage ss;
     memset(&ss, 0, sizeof ss);
     const char *host = o->host ? o->host : "127.0.0.1";
+    if (!strcmp(host, "localhost")) host = "127.0.0.1";
     unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ITC | MHD_USE_ERROR_LOG;
     struct sockaddr_in *a4 = (struct sockaddr_in *)&ss;
     struct sockaddr_in6 *a6 = (struct sockaddr_in6 *)&ss;
@@ -568,12 +736,8 @@ int ems_serve(const ems_options *o)
 
     s->last_active = ems_now();
     s->idle_started = pthread_create(&s->idle_thread, NULL, idle_main, s) == 0;
-    sigset_t set;
-    sigemptyset(&set);
-    sigaddset(&set, SIGINT);
-    sigaddset(&set, SIGTERM);
     int sig = 0;
-    while (sigwait(&set, &sig) != 0) {
+    while (!(sig = wait_signal(-1))) {
     }
     atomic_store(&s->draining, 1);
     MHD_socket lfd = MHD_quiesce_daemon(s->d);
@@ -582,8 +746,14 @@ int ems_serve(const ems_options *o)
             (long long)atomic_load(&s->in_flight));
     fflush(stderr);
     ems_repo_flush(&s->repo); /* queued requests go now, not after their queue delay */
-    double t0 = ems_now();
-    while (atomic_load(&s->in_flight) > 0) {
+    double t0 = ems_now(), idle_since = 0;
+    /* until nothing has been in flight for EMS_DRAIN_GRACE_S: a request that
+     * a keep-alive client sent just before the drain still gets its answer */
+    for (;;) {
+        double now = ems_now();
+        if (atomic_load(&s->in_flight) > 0) idle_since = 0;
+        else if (idle_since == 0) idle_since = now;
+        else if (now - idle_since >= EMS_DRAIN_GRACE_S) break;
         if (ems_now() - t0 > o->drain_timeout_s) {
             /* requests still computing or waiting: their threads cannot be
              * stopped cleanly, so the process ends here */
@@ -592,8 +762,7 @@ int ems_serve(const ems_options *o)
             fflush(stderr);
             _exit(1);
         }
-        struct timespec ts = {0, 10 * 1000 * 1000};
-        int s2 = sigtimedwait(&set, NULL, &ts);
+        int s2 = wait_signal(10);
         if (s2 > 0) {
             fprintf(stderr, "ember serve: a second signal: stopping at once\n");
             _exit(128 + s2);

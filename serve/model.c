@@ -35,6 +35,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 
 /* ---- small helpers ------------------------------------------------------------ */
@@ -271,7 +272,7 @@ static void *instance_main(void *arg)
     for (int k = 0; k < EMS_WARMUP && rc == 0; k++) {
         if (warmup(in, 1, err, sizeof err) != 0) rc = -1;
         if (rc == 0 && m->kind == EMS_KIND_CLASSIFIER && m->cfg.max_batch_size > 1 &&
-            warmup(in, m->cfg.max_batch_size, err, sizeof err) != 0)
+            warmup(in, m->cfg.max_batch_size < EMS_WARMUP_ROWS ? m->cfg.max_batch_size : EMS_WARMUP_ROWS, err, sizeof err) != 0)
             rc = -1;
     }
     pthread_mutex_lock(&st->mu);
@@ -279,7 +280,10 @@ static void *instance_main(void *arg)
     snprintf(st->err, sizeof st->err, "%s", err);
     pthread_cond_signal(&st->cv);
     pthread_mutex_unlock(&st->mu);
-    if (rc != 0) return NULL; /* st belongs to the loader from here */
+    if (rc != 0) { /* st belongs to the loader from here */
+        em_thread_exit();
+        return NULL;
+    }
 
     pthread_mutex_lock(&m->mu);
     for (;;) {
@@ -328,6 +332,7 @@ static void *instance_main(void *arg)
     }
     pthread_mutex_unlock(&m->mu);
     em_clear_thread_device();
+    em_thread_exit();
     return NULL;
 }
 
@@ -539,7 +544,7 @@ int ems_job_from_request(ems_model *m, const ems_request *req, ems_job *job, cha
             return 500;
         }
         ems_tensor_to_f32(t, job->xf);
-        if (m->normalize) {
+        if (m->normalize) { /* (x - mean[c]) / std[c], c the channel of the per-sample layout [C, ...] */
             const int64_t per = m->sample / m->nchan;
             for (int64_t i = 0; i < t->numel; i++) {
                 int ch = (int)((i % m->sample) / per);
@@ -644,7 +649,7 @@ static em_module *build_module(ems_model *m, const ems_options *o, char *err, si
             m->ndim = nd;
             memcpy(m->dims, dims, (size_t)nd * sizeof *dims);
         }
-        m->nchan = nd == 3 ? (int)dims[0] : 1;
+        m->nchan = nd == 3 ? (int)dims[0] : 1; /* the input's channels (a CNN's C) */
     }
     if (em_checkpoint_load(m->path, mod, NULL, NULL, NULL) != EM_OK) {
         snprintf(err, nerr, "%s", em_last_error());
@@ -689,6 +694,11 @@ ems_model *ems_model_load(const char *name, int64_t version, const char *path, c
     m->cfg = *cfg;
     pthread_mutex_init(&m->mu, NULL);
     cond_init_mono(&m->cv);
+    struct stat sb;
+    if (stat(path, &sb) != 0 || !S_ISREG(sb.st_mode)) {
+        snprintf(err, nerr, "%s: %s", path, errno == ENOENT ? "no such file" : "not a regular file");
+        goto fail;
+    }
     em_st_file *f = em_safetensors_open(path);
     if (!f) {
         snprintf(err, nerr, "%s", em_last_error());
@@ -706,7 +716,7 @@ ems_model *ems_model_load(const char *name, int64_t version, const char *path, c
     /* normalisation: config.json's, else the checkpoint's, else none */
     if (m->kind == EMS_KIND_CLASSIFIER && cfg->norm == 1) {
         m->normalize = true;
-        m->nchan = cfg->nnorm;
+        m->nnorm = cfg->nnorm;
         memcpy(m->mean, cfg->mean, sizeof m->mean);
         memcpy(m->std, cfg->std, sizeof m->std);
     } else if (m->kind == EMS_KIND_CLASSIFIER && cfg->norm == -1) {
@@ -714,7 +724,7 @@ ems_model *ems_model_load(const char *name, int64_t version, const char *path, c
         if (ms || ss) {
             int a = parse_norm_list(ms, m->mean, EMS_NORM_MAX), b = parse_norm_list(ss, m->std, EMS_NORM_MAX);
             bool ok = a >= 1 && a == b;
-            for (int i = 0; ok && i < a; i++) ok = m->std[i] > 0;
+            for (int i = 0; ok && i < a; i++) ok = isfinite(m->mean[i]) && isfinite(m->std[i]) && m->std[i] > 0;
             if (!ok) {
                 snprintf(err, nerr, "%s: bad normalisation metadata (ember.norm_mean '%.60s', ember.norm_std '%.60s')", path, ms ? ms : "",
                          ss ? ss : "");
@@ -722,7 +732,7 @@ ems_model *ems_model_load(const char *name, int64_t version, const char *path, c
                 goto fail;
             }
             m->normalize = true;
-            m->nchan = a;
+            m->nnorm = a;
         }
     }
     em_safetensors_close(f);
@@ -757,11 +767,22 @@ ems_model *ems_model_load(const char *name, int64_t version, const char *path, c
         cond_init_mono(&in->cv);
         in->module = build_module(m, o, err, nerr);
         if (!in->module) goto fail;
-        if (m->normalize && m->nchan != 1 && (m->ndim < 1 || m->nchan != (int)m->dims[0])) {
-            snprintf(err, nerr, "the normalisation has %d channels but the input's dims start with %lld", m->nchan,
-                     (long long)(m->ndim ? m->dims[0] : 0));
+        if (m->normalize && m->nchan > EMS_NORM_MAX) {
+            snprintf(err, nerr, "the input has %d channels: normalisation covers at most %d", m->nchan, EMS_NORM_MAX);
             goto fail;
         }
+        if (m->normalize && m->nnorm != 1 && m->nnorm != m->nchan) {
+            char give[32] = "1";
+            if (m->nchan > 1) snprintf(give, sizeof give, "1 or %d", m->nchan);
+            snprintf(err, nerr, "the normalisation has %d values per statistic but the model's input has %d channel%s (give %s)", m->nnorm,
+                     m->nchan, m->nchan == 1 ? "" : "s", give);
+            goto fail;
+        }
+        if (m->normalize && m->nnorm == 1) /* one value for every channel */
+            for (int c = 1; c < m->nchan && c < EMS_NORM_MAX; c++) {
+                m->mean[c] = m->mean[0];
+                m->std[c] = m->std[0];
+            }
         inst_start st = {.in = in};
         pthread_mutex_init(&st.mu, NULL);
         pthread_cond_init(&st.cv, NULL);
@@ -781,6 +802,12 @@ ems_model *ems_model_load(const char *name, int64_t version, const char *path, c
         }
         /* the classifier's class count comes from its first forward */
     }
+    for (int i = 0; i < cfg->noutput_dims; i++)
+        if (cfg->output_dims[i] != m->out_cols) {
+            snprintf(err, nerr, "config.json output '%s' has dims [%lld] but the model gives [%lld]", cfg->output_dims_name[i],
+                     (long long)cfg->output_dims[i], (long long)m->out_cols);
+            goto fail;
+        }
     m->batcher_started = true;
     if (pthread_create(&m->batcher, NULL, batcher_main, m) != 0) {
         m->batcher_started = false;
@@ -979,6 +1006,7 @@ static void *bench_main(void *p)
     a->rc = 0;
 out:
     em_clear_thread_device();
+    em_thread_exit();
     free(j.xi);
     free(j.xf);
     free(j.out[0]);

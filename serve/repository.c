@@ -40,6 +40,7 @@
 #include <errno.h>
 #include <jansson.h>
 #include <limits.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -258,7 +259,8 @@ static int parse_floats(json_t *v, const char *key, float *out, int max, int *n,
     for (int i = 0; i < *n; i++) {
         json_t *x = json_array_get(v, (size_t)i);
         double d = json_number_value(x);
-        if (!json_is_number(x) || !(d == d) || (positive && !(d > 0)) || d > 3.0e38 || d < -3.0e38) {
+        float f = (float)d;
+        if (!json_is_number(x) || !isfinite(d) || !isfinite(f) || (positive && !(f > 0))) {
             snprintf(err, nerr, "%s: normalize \"%s\"[%d] must be a %snumber", path, key, i, positive ? "positive " : "finite ");
             return -1;
         }
@@ -435,6 +437,20 @@ static int parse_version_policy(json_t *vp, ems_model_config *c, const char *pat
         return -1;
     }
     json_t *v;
+    const char *only = json_object_get(vp, "latest") ? "num_versions" : json_object_get(vp, "specific") ? "versions" : NULL;
+    v = json_object_iter_value(json_object_iter(vp));
+    if (!json_is_object(v)) {
+        snprintf(err, nerr, "%s: \"version_policy\" %s must be an object", path, json_object_iter_key(json_object_iter(vp)));
+        return -1;
+    }
+    const char *k;
+    json_t *x;
+    json_object_foreach(v, k, x) if (!only || strcmp(k, only)) {
+        snprintf(err, nerr, "%s: unknown key \"%s\" in version_policy %s%s%s", path, k, json_object_iter_key(json_object_iter(vp)),
+                 only ? " (known: " : " (it takes none)", only ? only : "");
+        if (only) strncat(err, ")", nerr - strlen(err) - 1);
+        return -1;
+    }
     if ((v = json_object_get(vp, "latest"))) {
         c->version_policy = EMS_VERSIONS_LATEST;
         json_t *n = json_object_get(v, "num_versions");
@@ -451,8 +467,14 @@ static int parse_version_policy(json_t *vp, ems_model_config *c, const char *pat
         }
         c->version_policy = EMS_VERSIONS_SPECIFIC;
         c->nspecific = (int)json_array_size(a);
-        for (int i = 0; i < c->nspecific; i++)
+        for (int i = 0; i < c->nspecific; i++) {
             if (get_int(json_array_get(a, (size_t)i), "versions", 1, INT64_MAX, &c->specific[i], path, err, nerr)) return -1;
+            for (int j = 0; j < i; j++)
+                if (c->specific[j] == c->specific[i]) {
+                    snprintf(err, nerr, "%s: version_policy \"specific\" lists version %lld twice", path, (long long)c->specific[i]);
+                    return -1;
+                }
+        }
     } else {
         snprintf(err, nerr, "%s: \"version_policy\" must be latest, all or specific", path);
         return -1;
@@ -520,6 +542,18 @@ int ems_config_read(const char *path, const char *model_name, ems_model_config *
                 json_object_foreach(o, k2, v2) if (strcmp(k2, "name") && strcmp(k2, "data_type") && strcmp(k2, "dims")) {
                     unknown_key(path, "output", k2, "name, data_type, dims", err, nerr);
                     goto out;
+                }
+                json_t *dm = json_object_get(o, "dims");
+                if (dm) {
+                    int64_t d[EMS_MAX_RANK];
+                    int nd;
+                    if (parse_dims(dm, "dims", d, &nd, false, path, err, nerr)) goto out;
+                    if (nd != 1 || c->noutput_dims >= EMS_MAX_OUTPUTS) {
+                        snprintf(err, nerr, "%s: output '%s' \"dims\" must be [classes] (one value; Ember's outputs are [N, classes])", path, s);
+                        goto out;
+                    }
+                    c->output_dims[c->noutput_dims] = d[0];
+                    snprintf(c->output_dims_name[c->noutput_dims++], sizeof c->output_dims_name[0], "%s", s);
                 }
             }
         } else if (!strcmp(k, "version_policy")) {
@@ -656,22 +690,31 @@ int ems_repo_load(const char *dir, const ems_options *o, const ems_instance_spec
             bad++;
             continue;
         }
-        int64_t vers[EMS_MAX_VERSIONS];
-        int nv = 0;
+        int64_t *vers = NULL;
+        int nv = 0, vcap = 0;
         snprintf(p, sizeof p, "%s/%s", dir, name);
         DIR *vd = opendir(p);
-        while (vd && (e = readdir(vd))) {
+        while (vd && (e = readdir(vd))) { /* every version folder, then the newest by policy */
             int64_t v;
-            if (is_version_name(e->d_name, &v) && nv < EMS_MAX_VERSIONS) vers[nv++] = v;
+            if (!is_version_name(e->d_name, &v)) continue;
+            if (nv == vcap) {
+                vcap = vcap ? 2 * vcap : 16;
+                int64_t *t = realloc(vers, (size_t)vcap * sizeof *t);
+                if (!t) break;
+                vers = t;
+            }
+            vers[nv++] = v;
         }
         if (vd) closedir(vd);
-        qsort(vers, (size_t)nv, sizeof *vers, cmp_i64_desc);
+        if (nv > 1) qsort(vers, (size_t)nv, sizeof *vers, cmp_i64_desc);
         int64_t pick[EMS_MAX_VERSIONS];
         int np = 0;
         if (cfg.version_policy == EMS_VERSIONS_LATEST) {
             for (int j = 0; j < nv && j < cfg.latest_n; j++) pick[np++] = vers[j];
         } else if (cfg.version_policy == EMS_VERSIONS_ALL) {
-            for (int j = 0; j < nv; j++) pick[np++] = vers[j];
+            for (int j = 0; j < nv && j < EMS_MAX_VERSIONS; j++) pick[np++] = vers[j];
+            if (nv > EMS_MAX_VERSIONS)
+                fprintf(stderr, "ember serve: model '%s': %d versions, serving the newest %d\n", name, nv, EMS_MAX_VERSIONS);
         } else {
             for (int j = 0; j < cfg.nspecific; j++) {
                 bool found = false;
@@ -685,9 +728,11 @@ int ems_repo_load(const char *dir, const ems_options *o, const ems_instance_spec
             if (err[0]) {
                 fprintf(stderr, "ember serve: model '%s' skipped: %s\n", name, err);
                 bad++;
+                free(vers);
                 continue;
             }
         }
+        free(vers);
         if (np == 0) {
             fprintf(stderr, "ember serve: model '%s' skipped: no version folder (%s/%s/<1, 2, ...>/model.safetensors)\n", name, dir, name);
             bad++;

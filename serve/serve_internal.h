@@ -14,6 +14,7 @@
 #define EMS_MAX_OUTPUTS 2
 /* warm-up passes per instance at load; a placement estimate older than this is measured again (seconds) */
 #define EMS_WARMUP 3
+#define EMS_WARMUP_ROWS 64 /* the warm-up's full batch, at most */
 #define EMS_REMEASURE_S 1.0
 /* batch-size histogram buckets: 1, 2, 4, ..., 2^(EMS_HIST_BS - 1), +Inf */
 #define EMS_HIST_BS 14
@@ -44,6 +45,9 @@ typedef struct ems_model_config {
     int nnorm;
     float mean[EMS_NORM_MAX], std[EMS_NORM_MAX];
     enum { EMS_VERSIONS_LATEST, EMS_VERSIONS_ALL, EMS_VERSIONS_SPECIFIC } version_policy;
+    int noutput_dims;                        /**< outputs whose "dims" config.json gives (checked at load) */
+    int64_t output_dims[EMS_MAX_OUTPUTS];
+    char output_dims_name[EMS_MAX_OUTPUTS][16];
     int latest_n;
     int nspecific;
     int64_t specific[EMS_MAX_VERSIONS];
@@ -106,7 +110,8 @@ typedef struct ems_model {
     int64_t sample;                  /**< prod(dims) (classifier) */
     int64_t out_cols;                /**< K or the vocabulary size */
     int64_t max_seq;                 /**< GPT: n_positions */
-    int nchan;                       /**< normalisation channels (1 or C) */
+    int nchan;                       /**< input channels: C of a CNN's [C, H, W], else 1 */
+    int nnorm;                       /**< values per statistic given (1, broadcast, or nchan) */
     float mean[EMS_NORM_MAX], std[EMS_NORM_MAX];
     bool normalize;
     int ninstances;

@@ -36,7 +36,9 @@ typedef struct ems_options {
     const char *host;         /**< address to listen on; "127.0.0.1" when NULL */
     int port;                 /**< TCP port, 0 = any free port (the log line says which); 8000 by default */
     const char *instances;    /**< default instances of every model: "cpu:1,cuda:all" when NULL (grammar: ems_parse_instances) */
-    size_t max_body_bytes;    /**< request bodies above this are answered 413 (default 64 MiB) */
+    size_t max_body_bytes;    /**< request bodies above this are answered 413 (default 64 MiB); an infer
+                                   request's limit is also what its model can need (a full batch) */
+    size_t max_buffered_bytes;/**< request bodies held by all connections together; beyond, 503 (default 1 GiB) */
     ems_limits limits;        /**< tensor limits of the request decoder */
     unsigned connection_limit;/**< open connections at most (default 1024); more are refused */
     double drain_timeout_s;   /**< on SIGTERM/SIGINT: wait this long for in-flight requests (default 30);
@@ -72,17 +74,22 @@ int ems_parse_instances(const char *list, ems_instance_spec *out, int max, char 
  *  looked up): 0, or -1 with the reason in @p err (a usage error). */
 int ems_check_instances(const char *list, char *err, size_t nerr);
 
-/** Runs the server: em_init must have been called; blocks SIGINT and
- *  SIGTERM in every thread it starts and waits for one of them, then
+/** Installs ems_serve's SIGINT / SIGTERM handlers (a self-pipe that the
+ *  server's main loop reads) and unblocks both signals in the calling
+ *  thread. Call it first, before em_init starts threads, so that a signal
+ *  during start-up is seen too. 0, or -1 (errno). */
+int ems_signals_install(void);
+
+/** Runs the server: em_init and ems_signals_install must have been called.
+ *  Loads the repository, listens, and waits for SIGINT or SIGTERM, then
  *  drains (stops accepting connections, answers new requests 503, sends the
  *  queued requests at once without waiting for their batch's queue delay,
  *  finishes the in-flight ones within drain_timeout_s) and returns. Returns
  *  0 after a clean drain, 1 when it could not start (the reason printed on
  *  stderr: bad repository, no model served, port in use); when the drain
  *  times out, or on a second signal during the drain, the process exits at
- *  once (_exit) with 1, or 128 + the signal.
- *  Call with SIGINT and SIGTERM already blocked in the calling thread
- *  (pthread_sigmask) and in every thread started before (em_init's). */
+ *  once (_exit) with 1, or 128 + the signal. A signal during the load
+ *  stops it after the load with 0. */
 int ems_serve(const ems_options *o);
 
 #endif

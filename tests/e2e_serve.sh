@@ -342,7 +342,9 @@ bad 400 "" "header length cutting the JSON" -H 'Inference-Header-Content-Length:
 hl1=$((hl + 4))
 bad 400 "" "header length off by 4" -H "Inference-Header-Content-Length: $hl1" --data-binary @"$T/req3.bin"
 bad 400 "" "JSON header without binary data" -H "Inference-Header-Content-Length: $hl" --data-binary @"$T/req3.json"
-bad 413 "--max-body-mb" "body of 1.2 MB > --max-body-mb 1" "${JSONH[@]}" --data-binary @"$T/b_big.json"
+bad 413 "bytes this endpoint takes" "body of 1.2 MB > what a full batch (8 rows) of the model needs" "${JSONH[@]}" --data-binary @"$T/b_big.json"
+req POST /v2/models/raw/infer "${JSONH[@]}" --data-binary @"$T/b_big.json"
+expect 413 "--max-body-mb" "body of 1.2 MB > --max-body-mb 1 (a model taking 64 rows)"
 bad 415 "Content-Encoding" "Content-Encoding gzip" "${JSONH[@]}" -H 'Content-Encoding: gzip' --data-binary @"$T/req3.json"
 req GET /v2/health/ready; expect 200 "" "ready after the bad requests"
 req POST "$I" "${JSONH[@]}" --data-binary @"$T/req3.json"; expect 200 '"model_version":"2"' "infer after the bad requests"

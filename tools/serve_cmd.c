@@ -58,13 +58,14 @@ int em_tool_serve(int argc, char **argv)
 #else
     ems_options o = ems_options_default();
     const char *device_list = NULL;
-    int64_t port = 8000, max_body_mb = 64, conn = 1024, idle = 30;
+    int64_t port = 8000, max_body_mb = 64, conn = 1024, idle = 30, buffered_mb = 1024;
     double drain = 30;
     static const struct option opts[] = {{"model-repository", required_argument, 0, 'r'}, {"host", required_argument, 0, 'H'},
                                          {"port", required_argument, 0, 'p'},             {"instances", required_argument, 0, 'i'},
                                          {"max-body-mb", required_argument, 0, 'B'},      {"max-connections", required_argument, 0, 'C'},
                                          {"drain-timeout", required_argument, 0, 'T'},    {"verbose", no_argument, 0, 'v'},
                                          {"benchmark", required_argument, 0, 'b'},        {"idle-timeout", required_argument, 0, 'I'},
+                                         {"max-buffered-mb", required_argument, 0, 'M'},
                                          {"help", no_argument, 0, 'h'},                   {0, 0, 0, 0}};
     int c;
     optind = 1;
@@ -81,13 +82,15 @@ int em_tool_serve(int argc, char **argv)
             if (em_tool_parse_f64("serve", "--drain-timeout", optarg, 0, false, 3600, false, &drain)) return EM_TOOL_EXIT_USAGE;
             break;
         case 'v': o.verbose = true; break;
+        case 'M': if (em_tool_parse_i64("serve", "--max-buffered-mb", optarg, 1, 1 << 20, &buffered_mb)) return EM_TOOL_EXIT_USAGE; break;
         case 'I': if (em_tool_parse_i64("serve", "--idle-timeout", optarg, 1, 86400, &idle)) return EM_TOOL_EXIT_USAGE; break;
         case 'b':
             if (em_tool_parse_f64("serve", "--benchmark", optarg, 0, true, 3600, false, &o.benchmark_s)) return EM_TOOL_EXIT_USAGE;
             break;
         case 'h':
             printf("usage: ember serve --model-repository DIR [--host ADDR] [--port N] [--instances LIST]\n"
-                   "                   [--max-body-mb N] [--max-connections N] [--idle-timeout S] [--drain-timeout S] [--verbose]\n"
+                   "                   [--max-body-mb N] [--max-buffered-mb N] [--max-connections N] [--idle-timeout S]\n"
+                   "                   [--drain-timeout S] [--verbose]\n"
                    "       ember serve --model-repository DIR --benchmark S [--instances LIST]\n\n"
                    "Serves the models of a repository over HTTP/1.1 with the KServe v2 (Open Inference\n"
                    "Protocol) REST API, dynamic batching per model and model instances on the CPU and\n"
@@ -109,7 +112,9 @@ int em_tool_serve(int argc, char **argv)
                    "  --instances LIST        default instances of every model (default cpu:1,cuda:all):\n"
                    "                          cpu[:N] N instances on the CPU workers, cuda:K one on GPU K,\n"
                    "                          cuda:all one per GPU (none without a GPU), opencl:K, opencl:all\n"
-                   "  --max-body-mb N         larger request bodies are answered 413 (default 64)\n"
+                   "  --max-body-mb N         larger request bodies are answered 413 (default 64; an infer request\n"
+                   "                          may also not exceed what a full batch of its model needs)\n"
+                   "  --max-buffered-mb N     request bodies of all connections together; beyond, 503 (default 1024)\n"
                    "  --max-connections N     open connections at most (default 1024); more wait in the kernel's backlog\n"
                    "  --idle-timeout S        close a connection idle for S seconds (default 30)\n"
                    "  --drain-timeout S       on SIGTERM, wait at most S seconds for requests in flight, then exit 1\n"
@@ -129,6 +134,7 @@ int em_tool_serve(int argc, char **argv)
     }
     o.port = (int)port;
     o.max_body_bytes = (size_t)max_body_mb << 20;
+    o.max_buffered_bytes = (size_t)buffered_mb << 20;
     o.connection_limit = (unsigned)conn;
     o.drain_timeout_s = drain;
     o.idle_timeout_s = (unsigned)idle;
@@ -141,13 +147,12 @@ int em_tool_serve(int argc, char **argv)
         o.instances = device_list;
     }
     o.build_classifier = build_classifier;
-    /* SIGINT / SIGTERM go to ems_serve's sigwait: blocked before any thread exists
-     * (StarPU's workers, the server's), so every thread inherits the mask */
-    sigset_t set;
-    sigemptyset(&set);
-    sigaddset(&set, SIGINT);
-    sigaddset(&set, SIGTERM);
-    pthread_sigmask(SIG_BLOCK, &set, NULL);
+    /* SIGINT / SIGTERM reach ems_serve through its self-pipe, whichever thread
+     * they land on: installed before the runtime starts its threads */
+    if (ems_signals_install() != 0) {
+        perror("ember serve: signal handlers");
+        return EM_TOOL_EXIT_RUNTIME;
+    }
     signal(SIGPIPE, SIG_IGN); /* a client that hangs up is libmicrohttpd's to notice */
     if (em_tool_init_runtime(NULL)) return EM_TOOL_EXIT_RUNTIME;
     int rc = ems_serve(&o);

@@ -39,6 +39,11 @@ EM_API void em_tensor_release(em_tensor *t);
 EM_API void em_scope_begin(void);
 /** Releases every tensor the innermost scope owns. */
 EM_API void em_scope_end(void);
+/** Frees the calling thread's own state (its scope stack; scopes still open
+ *  are ended first). Call it last in a thread of yours that used Ember and
+ *  ends before the process does (the threads of em_replicas_run do it
+ *  themselves); without it each such thread leaves its stack behind. */
+EM_API void em_thread_exit(void);
 /** Moves @p t from the innermost scope to the enclosing one (or to the caller
  *  when there is none). Returns t. */
 EM_API em_tensor *em_keep(em_tensor *t);
