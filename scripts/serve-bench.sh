@@ -112,8 +112,17 @@ for r in $(seq 1 "$ROUNDS"); do
         --header "Inference-Header-Content-Length: $(cat "$W/big.bin.hlen")" --connections 16 --rate "$half" --duration "$SECS" \
         >"$W/half-$tag.log" 2>&1
       sed "s/^/serve-bench: [$list] round $r: half saturation, open loop: /" "$W/half-$tag.log"
-      bt=$(sed -n "s/^benchmark big version 1: instance 0 [^:]*: .*(\([0-9.]*\) ms per batch).*/\1/p" "$W/offline-$tag.log" | head -n 1)
+      bt=$(sed -n "s/^benchmark big version 1: instance 0 [^ ]*: .*(\([0-9.]*\) ms per batch).*/\1/p" "$W/offline-$tag.log" | head -n 1)
       [ -n "$bt" ] && echo "serve-bench: [$list] round $r: p99 bound = max_queue_delay 0 ms + 2 x $bt ms (one batch, instance 0)"
+    fi
+    if [ "$HAVE_RATE" = 1 ] && [ -n "$srps" ]; then
+      half=$(awk -v r="$srps" 'BEGIN { printf "%.1f", r / 2 }')
+      "$LOAD" --url "http://127.0.0.1:$PORT/v2/models/small/infer" --body "$W/one.bin" \
+        --header "Inference-Header-Content-Length: $(cat "$W/one.bin.hlen")" --connections "$SMALL_CONNS" --rate "$half" --duration "$SECS" \
+        >"$W/halfsmall-$tag.log" 2>&1
+      sed "s/^/serve-bench: [$list] round $r: small model, half saturation, open loop: /" "$W/halfsmall-$tag.log"
+      bs=$(sed -n "s/^benchmark small version 1: instance 0 [^ ]*: .*(\([0-9.]*\) ms per batch).*/\1/p" "$W/offline-$tag.log" | head -n 1)
+      [ -n "$bs" ] && echo "serve-bench: [$list] round $r: small model p99 bound = max_queue_delay 0.1 ms + 2 x $bs ms (one batch of $SMALL_MAX, instance 0)"
     fi
     curl -s "http://127.0.0.1:$PORT/metrics" >"$W/metrics-$tag.txt" 2>/dev/null || true
     grep -E '^ember_inference_(batches|rows)_total' "$W/metrics-$tag.txt" 2>/dev/null | sed "s/^/serve-bench: [$list] round $r: /"
