@@ -210,7 +210,7 @@ static enum MHD_Result send_buf(server *s, struct MHD_Connection *c, unsigned st
         snprintf(h, sizeof h, "%lld", (long long)header_len);
         MHD_add_response_header(r, "Inference-Header-Content-Length", h);
     }
-    if (status == 405) MHD_add_response_header(r, "Allow", "GET, POST");
+    if (status == 405) MHD_add_response_header(r, "Allow", "GET, HEAD, POST");
     /* draining: the client must not send another request on this connection */
     if (atomic_load(&s->draining)) MHD_add_response_header(r, MHD_HTTP_HEADER_CONNECTION, "close");
     enum MHD_Result ret = MHD_queue_response(c, status, r);
@@ -545,7 +545,8 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *
         atomic_fetch_add(&s->in_flight, 1);
         rc->counted = true;
     }
-    const bool get = !strcmp(method, "GET"), post = !strcmp(method, "POST");
+    /* HEAD is GET without the body (libmicrohttpd drops the body of a HEAD response) */
+    const bool get = !strcmp(method, "GET") || !strcmp(method, "HEAD"), post = !strcmp(method, "POST");
     char name[EMS_NAME_MAX], ver[32], tail[32], msg[512];
     if (!strcmp(url, "/v2/health/live")) return get ? send_empty(s, c, 200) : send_error(s, c, 405, "use GET");
     if (!strcmp(url, "/v2/health/ready")) {
@@ -690,7 +691,7 @@ int ems_serve(const ems_options *o)
     }
     s->d = MHD_start_daemon(flags, (uint16_t)o->port, NULL, NULL, handler, s, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL,
                             MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&ss,
-                            MHD_OPTION_CONNECTION_LIMIT, o->connection_limit, MHD_OPTION_CONNECTION_TIMEOUT, o->idle_timeout_s ? o->idle_timeout_s : 30u,
+                            MHD_OPTION_CONNECTION_LIMIT, o->connection_limit, MHD_OPTION_PER_IP_CONNECTION_LIMIT, o->per_ip_limit, MHD_OPTION_CONNECTION_TIMEOUT, o->idle_timeout_s ? o->idle_timeout_s : 30u,
                             MHD_OPTION_NOTIFY_COMPLETED, completed, s, MHD_OPTION_END);
     if (!s->d) {
         fprintf(stderr, "ember serve: cannot listen on %s port %d: %s\n", host, o->port,

@@ -40,7 +40,8 @@ typedef struct ems_options {
                                    request's limit is also what its model can need (a full batch) */
     size_t max_buffered_bytes;/**< request bodies held by all connections together; beyond, 503 (default 1 GiB) */
     ems_limits limits;        /**< tensor limits of the request decoder */
-    unsigned connection_limit;/**< open connections at most (default 1024); more are refused */
+    unsigned connection_limit;/**< open connections at most (default 1024); more wait in the listen backlog */
+    unsigned per_ip_limit;    /**< open connections per client address at most; 0 (default) = no limit */
     double drain_timeout_s;   /**< on SIGTERM/SIGINT: wait this long for in-flight requests (default 30);
                                    past it the process exits at once with status 1 */
     unsigned idle_timeout_s;  /**< a connection idle this long is closed (default 30) */

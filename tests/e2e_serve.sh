@@ -25,6 +25,7 @@
 #   queue-size and in-flight gauges;
 # - a short serve_load run at 1 and 8 connections: no error, RSS reported; a
 #   load of bad requests at 8 connections: every one a 400, the server unharmed;
+# - HEAD requests; --max-connections-per-ip.
 # - SIGTERM and SIGINT drain: a queued request still gets its 200, exit 0, the
 #   log says what it drained; an idle keep-alive connection does not hold it up;
 # - the command line: --help, missing --model-repository (2), bad --instances,
@@ -470,8 +471,19 @@ ok "SIGTERM with a queued request and an idle connection: the request got 200, t
 # ---- SIGINT drain, a second server --------------------------------------------------------
 mkdir -p "$T/repo2"
 cp -r "$R/drn" "$T/repo2/"
-start_server sigint --model-repository "$T/repo2" --instances cpu:2
+start_server sigint --model-repository "$T/repo2" --instances cpu:2 --max-connections-per-ip 3
 [ "$(metric 'ember_inference_batches_total{model="drn",version="1",instance="1",device="cpu"}')" = 0 ] || fail "--instances cpu:2: no instance 1"
+# HEAD is GET without a body
+hc="$(curl -s --max-time 5 -I -o /dev/null -w '%{http_code}' "$U/v2/health/live")" || hc=curl-failed
+[ "$hc" = 200 ] || fail "HEAD /v2/health/live: $hc"
+# --max-connections-per-ip 3: with 3 connections held open, a 4th from the same address is refused
+exec 4<> "/dev/tcp/127.0.0.1/$PORT" 5<> "/dev/tcp/127.0.0.1/$PORT" 6<> "/dev/tcp/127.0.0.1/$PORT"
+sleep 0.3
+if curl -s --max-time 5 -o /dev/null "$U/v2/health/live"; then fail "--max-connections-per-ip 3: a 4th connection was served"; fi
+exec 4>&- 5>&- 6>&-
+sleep 0.3
+curl -s --max-time 5 -o /dev/null "$U/v2/health/live" || fail "--max-connections-per-ip 3: refused after the others closed"
+ok "HEAD answers as GET; --max-connections-per-ip 3 refuses a 4th connection and serves once they close"
 curl -s --max-time 20 -o "$T/drn2.json" -w '%{http_code}' "${JSONH[@]}" --data-binary @"$T/req1.json" "$U/v2/models/drn/infer" > "$T/drn2.code" &
 PIDS+=($!); dp=$!
 wait_metric 'ember_inference_queue_size{model="drn",version="1"}' 1 "the SIGINT request queued"

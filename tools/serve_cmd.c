@@ -58,14 +58,14 @@ int em_tool_serve(int argc, char **argv)
 #else
     ems_options o = ems_options_default();
     const char *device_list = NULL;
-    int64_t port = 8000, max_body_mb = 64, conn = 1024, idle = 30, buffered_mb = 1024;
+    int64_t port = 8000, max_body_mb = 64, conn = 1024, idle = 30, buffered_mb = 1024, per_ip = 0;
     double drain = 30;
     static const struct option opts[] = {{"model-repository", required_argument, 0, 'r'}, {"host", required_argument, 0, 'H'},
                                          {"port", required_argument, 0, 'p'},             {"instances", required_argument, 0, 'i'},
                                          {"max-body-mb", required_argument, 0, 'B'},      {"max-connections", required_argument, 0, 'C'},
                                          {"drain-timeout", required_argument, 0, 'T'},    {"verbose", no_argument, 0, 'v'},
                                          {"benchmark", required_argument, 0, 'b'},        {"idle-timeout", required_argument, 0, 'I'},
-                                         {"max-buffered-mb", required_argument, 0, 'M'},
+                                         {"max-buffered-mb", required_argument, 0, 'M'},  {"max-connections-per-ip", required_argument, 0, 'P'},
                                          {"help", no_argument, 0, 'h'},                   {0, 0, 0, 0}};
     int c;
     optind = 1;
@@ -82,6 +82,7 @@ int em_tool_serve(int argc, char **argv)
             if (em_tool_parse_f64("serve", "--drain-timeout", optarg, 0, false, 3600, false, &drain)) return EM_TOOL_EXIT_USAGE;
             break;
         case 'v': o.verbose = true; break;
+        case 'P': if (em_tool_parse_i64("serve", "--max-connections-per-ip", optarg, 0, 65536, &per_ip)) return EM_TOOL_EXIT_USAGE; break;
         case 'M': if (em_tool_parse_i64("serve", "--max-buffered-mb", optarg, 1, 1 << 20, &buffered_mb)) return EM_TOOL_EXIT_USAGE; break;
         case 'I': if (em_tool_parse_i64("serve", "--idle-timeout", optarg, 1, 86400, &idle)) return EM_TOOL_EXIT_USAGE; break;
         case 'b':
@@ -89,8 +90,8 @@ int em_tool_serve(int argc, char **argv)
             break;
         case 'h':
             printf("usage: ember serve --model-repository DIR [--host ADDR] [--port N] [--instances LIST]\n"
-                   "                   [--max-body-mb N] [--max-buffered-mb N] [--max-connections N] [--idle-timeout S]\n"
-                   "                   [--drain-timeout S] [--verbose]\n"
+                   "                   [--max-body-mb N] [--max-buffered-mb N] [--max-connections N]\n"
+                   "                   [--max-connections-per-ip N] [--idle-timeout S] [--drain-timeout S] [--verbose]\n"
                    "       ember serve --model-repository DIR --benchmark S [--instances LIST]\n\n"
                    "Serves the models of a repository over HTTP/1.1 with the KServe v2 (Open Inference\n"
                    "Protocol) REST API, dynamic batching per model and model instances on the CPU and\n"
@@ -116,6 +117,7 @@ int em_tool_serve(int argc, char **argv)
                    "                          may also not exceed what a full batch of its model needs)\n"
                    "  --max-buffered-mb N     request bodies of all connections together; beyond, 503 (default 1024)\n"
                    "  --max-connections N     open connections at most (default 1024); more wait in the kernel's backlog\n"
+                   "  --max-connections-per-ip N  open connections per client address (default 0: no limit)\n"
                    "  --idle-timeout S        close a connection idle for S seconds (default 30)\n"
                    "  --drain-timeout S       on SIGTERM, wait at most S seconds for requests in flight, then exit 1\n"
                    "                          without them (default 30)\n"
@@ -136,6 +138,7 @@ int em_tool_serve(int argc, char **argv)
     o.max_body_bytes = (size_t)max_body_mb << 20;
     o.max_buffered_bytes = (size_t)buffered_mb << 20;
     o.connection_limit = (unsigned)conn;
+    o.per_ip_limit = (unsigned)per_ip;
     o.drain_timeout_s = drain;
     o.idle_timeout_s = (unsigned)idle;
     if (device_list) {
