@@ -152,7 +152,7 @@ int em_tool_serve(int argc, char **argv)
     o.build_classifier = build_classifier;
     /* SIGINT / SIGTERM reach ems_serve through its self-pipe, whichever thread
      * they land on: installed before the runtime starts its threads */
-    if (ems_signals_install() != 0) {
+    if (o.benchmark_s <= 0 && ems_signals_install() != 0) { /* --benchmark: Ctrl-C ends it as any program */
         perror("ember serve: signal handlers");
         return EM_TOOL_EXIT_RUNTIME;
     }
