@@ -28,7 +28,10 @@ export STARPU_SILENT=1 OCL_ICD_VENDORS=/nonexistent ASAN_OPTIONS=detect_leaks=0
 for t in fuzz_idx fuzz_safetensors fuzz_serve_request; do
   mkdir -p "$OUT/corpus_$t"
   echo "fuzz.sh: running $t for ${SECS}s"
-  "$OUT/$t" -max_total_time="$SECS" -max_len=4096 -print_final_stats=1 "$OUT/corpus_$t" 2>"$OUT/$t.log" \
+  # leaks are checked where no StarPU runs (the request decoder: its source and jansson only)
+  leaks=0
+  [ "$t" = fuzz_serve_request ] && leaks=1
+  ASAN_OPTIONS="detect_leaks=$leaks" "$OUT/$t" -max_total_time="$SECS" -max_len=4096 -print_final_stats=1 "$OUT/corpus_$t" 2>"$OUT/$t.log" \
     || { tail -n 40 "$OUT/$t.log"; echo "fuzz.sh: $t found a crash" >&2; exit 1; }
   grep -E "stat::number_of_executed_units" "$OUT/$t.log" || true
 done
