@@ -128,8 +128,7 @@ static void on_signal(int sig)
 
 int ems_signals_install(void)
 {
-    if (g_sig_pipe[0] >= 0) return 0;
-    if (pipe2(g_sig_pipe, O_CLOEXEC | O_NONBLOCK) != 0) return -1;
+    if (g_sig_pipe[0] < 0 && pipe2(g_sig_pipe, O_CLOEXEC | O_NONBLOCK) != 0) return -1;
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
     sa.sa_handler = on_signal;
@@ -653,6 +652,9 @@ int ems_serve(const ems_options *o)
         free(s);
         return 1;
     }
+    /* again, now that the runtime is up: a library it loaded (PoCL's LLVM)
+     * may have put its own SIGINT handler in place of ours */
+    if (g_sig_pipe[0] >= 0) ems_signals_install();
     if (ems_repo_load(o->repository, o, inst, ninst, &s->repo) != 0) {
         free(s);
         return 1;
