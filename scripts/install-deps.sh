@@ -34,6 +34,7 @@ PKGS=(build-essential cmake pkg-config git
       libhwloc-dev hwloc
       libopenmpi-dev openmpi-bin
       libcmocka-dev libopenblas-dev libdnnl-dev zlib1g-dev libjansson-dev
+      protobuf-c-compiler libprotobuf-c-dev
       libcairo2-dev
       libmicrohttpd-dev curl wrk python3 python3-venv
       pocl-opencl-icd ocl-icd-opencl-dev opencl-headers clinfo

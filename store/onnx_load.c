@@ -1,0 +1,1277 @@
+/* ONNX import: reading the model (protobuf-c over store/onnx.proto),
+ * tensors, the graph check, the run loop and the helpers of
+ * store/onnx_internal.h. The operators are in store/onnx_ops*.c.
+ *
+ * Format reference: the ONNX IR specification (onnx/docs/IR.md) and the
+ * operator specification (onnx/docs/Operators.md), onnx 1.23.
+ */
+#define _GNU_SOURCE
+#include "store/onnx_internal.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#error "store/onnx_load.c assumes a little-endian host (raw_data is little-endian)"
+#endif
+
+#define ONNX_MAX_FILE ((size_t)4 << 30)   /* protobuf's own limit is 2 GiB */
+#define ONNX_MAX_DEPTH 48                 /* nesting of graphs / types in the file */
+#define ONNX_MIN_OPSET 7
+#define ONNX_MAX_OPSET 28
+
+struct em_onnx_model {
+    char *name;
+    char *base_dir;                /* external data folder; NULL: none allowed */
+    Onnx__ModelProto *proto;
+    int opset;
+    /* values: every name of the graph gets an id */
+    int nvalues;
+    const char **vname;            /* borrowed from proto */
+    onnx_value *init;              /* per value: initializer tensor (owned) or {NULL} */
+    int *last_use;                 /* per value: last node reading it; INT_MAX for graph outputs */
+    int ninputs, *input_id;
+    const Onnx__ValueInfoProto **input_vi;
+    int noutputs, *output_id;
+    const Onnx__ValueInfoProto **output_vi;
+    int nnodes;
+    onnx_node *nodes;              /* in execution (topological) order */
+    int ninit, *init_id;           /* initializer value ids in file order */
+    em_module *module;
+};
+
+/* ---- element types ---------------------------------------------------------------- */
+
+static const char *const type_names[] = {
+    "UNDEFINED", "FLOAT", "UINT8", "INT8", "UINT16", "INT16", "INT32", "INT64", "STRING", "BOOL",
+    "FLOAT16", "DOUBLE", "UINT32", "UINT64", "COMPLEX64", "COMPLEX128", "BFLOAT16", "FLOAT8E4M3FN",
+    "FLOAT8E4M3FNUZ", "FLOAT8E5M2", "FLOAT8E5M2FNUZ", "UINT4", "INT4", "FLOAT4E2M1", "FLOAT8E8M0",
+    "UINT2", "INT2",
+};
+
+const char *em_onnx_type_name(int t)
+{
+    if (t >= 0 && t < (int)(sizeof type_names / sizeof type_names[0])) return type_names[t];
+    return "?";
+}
+
+bool onnx_type_to_dtype(int t, em_dtype *out)
+{
+    em_dtype d;
+    switch (t) {
+    case ONNX_FLOAT: d = EM_F32; break;
+    case ONNX_DOUBLE: d = EM_F64; break;
+    case ONNX_FLOAT16: d = EM_F16; break;
+    case ONNX_BFLOAT16: d = EM_BF16; break;
+    case ONNX_INT32: case ONNX_INT8: case ONNX_INT16: case ONNX_UINT16: d = EM_I32; break;
+    case ONNX_INT64: case ONNX_UINT32: d = EM_I64; break;
+    case ONNX_UINT8: d = EM_U8; break;
+    case ONNX_BOOL: d = EM_BOOL; break;
+    default: return false;
+    }
+    if (out) *out = d;
+    return true;
+}
+
+int onnx_type_of_dtype(em_dtype dt)
+{
+    switch (dt) {
+    case EM_F32: return ONNX_FLOAT;
+    case EM_F64: return ONNX_DOUBLE;
+    case EM_F16: return ONNX_FLOAT16;
+    case EM_BF16: return ONNX_BFLOAT16;
+    case EM_I32: return ONNX_INT32;
+    case EM_I64: return ONNX_INT64;
+    case EM_U8: return ONNX_UINT8;
+    case EM_BOOL: return ONNX_BOOL;
+    case EM_DTYPE_COUNT: break;
+    }
+    return ONNX_UNDEFINED;
+}
+
+/* Bytes per element in raw_data for the types Ember reads. */
+static size_t raw_elem_size(int t)
+{
+    switch (t) {
+    case ONNX_FLOAT: case ONNX_INT32: case ONNX_UINT32: return 4;
+    case ONNX_DOUBLE: case ONNX_INT64: case ONNX_UINT64: return 8;
+    case ONNX_FLOAT16: case ONNX_BFLOAT16: case ONNX_INT16: case ONNX_UINT16: return 2;
+    case ONNX_INT8: case ONNX_UINT8: case ONNX_BOOL: return 1;
+    default: return 0;
+    }
+}
+
+/* ---- files ------------------------------------------------------------------------- */
+
+static em_status read_file(const char *path, size_t max, uint8_t **data, size_t *n)
+{
+    *data = NULL;
+    *n = 0;
+    FILE *f = fopen(path, "rb");
+    if (!f) return em_set_error(EM_ERR_IO, "%s: %s", path, strerror(errno));
+    struct stat sb;
+    if (fstat(fileno(f), &sb) != 0 || !S_ISREG(sb.st_mode)) {
+        fclose(f);
+        return em_set_error(EM_ERR_IO, "%s: not a regular file", path);
+    }
+    if ((uint64_t)sb.st_size > max) {
+        fclose(f);
+        return em_set_error(EM_ERR_FORMAT, "%s: %lld bytes is more than the %zu this reader takes", path,
+                            (long long)sb.st_size, max);
+    }
+    size_t sz = (size_t)sb.st_size;
+    uint8_t *buf = malloc(sz ? sz : 1);
+    if (!buf) {
+        fclose(f);
+        return em_set_error(EM_ERR_NOMEM, "%s: cannot allocate %zu bytes", path, sz);
+    }
+    if (sz && fread(buf, 1, sz, f) != sz) {
+        free(buf);
+        fclose(f);
+        return em_set_error(EM_ERR_IO, "%s: short read", path);
+    }
+    fclose(f);
+    *data = buf;
+    *n = sz;
+    return EM_OK;
+}
+
+/* ---- nesting check ----------------------------------------------------------------
+ * protobuf-c unpacks nested messages by recursion with no depth limit, so a
+ * small file nesting graphs in attributes thousands deep would exhaust the
+ * stack. This walk reads the wire format (varint keys, length-delimited
+ * fields) and follows exactly the fields of store/onnx.proto that hold
+ * messages which can nest, refusing more than ONNX_MAX_DEPTH levels. It also
+ * rejects a malformed wire stream early with an offset. */
+
+enum msg_kind { MK_NONE, MK_MODEL, MK_GRAPH, MK_NODE, MK_ATTR, MK_TYPE, MK_TYPE_INNER, MK_VALUE_INFO, MK_FUNCTION };
+
+static enum msg_kind child_kind(enum msg_kind k, uint32_t field)
+{
+    switch (k) {
+    case MK_MODEL: return field == 7 ? MK_GRAPH : field == 25 ? MK_FUNCTION : MK_NONE;
+    case MK_FUNCTION: return field == 7 ? MK_NODE : field == 11 ? MK_ATTR : MK_NONE;
+    case MK_GRAPH:
+        if (field == 1) return MK_NODE;
+        if (field == 11 || field == 12 || field == 13) return MK_VALUE_INFO;
+        return MK_NONE;
+    case MK_NODE: return field == 5 ? MK_ATTR : MK_NONE;
+    case MK_ATTR:
+        if (field == 6 || field == 11) return MK_GRAPH;
+        if (field == 14 || field == 15) return MK_TYPE;
+        return MK_NONE;
+    case MK_VALUE_INFO: return field == 2 ? MK_TYPE : MK_NONE;
+    case MK_TYPE: return (field == 4 || field == 5 || field == 9) ? MK_TYPE_INNER : MK_NONE;
+    case MK_TYPE_INNER: return (field == 1 || field == 2) ? MK_TYPE : MK_NONE; /* Sequence/Optional 1, Map 2 */
+    case MK_NONE: break;
+    }
+    return MK_NONE;
+}
+
+static bool read_varint(const uint8_t *p, size_t n, size_t *pos, uint64_t *v)
+{
+    uint64_t r = 0;
+    for (int shift = 0; shift < 64; shift += 7) {
+        if (*pos >= n) return false;
+        uint8_t b = p[(*pos)++];
+        r |= (uint64_t)(b & 0x7f) << shift;
+        if (!(b & 0x80)) {
+            *v = r;
+            return true;
+        }
+    }
+    return false;
+}
+
+static em_status check_nesting(const char *name, const uint8_t *p, size_t n, size_t base, enum msg_kind k, int depth)
+{
+    if (depth > ONNX_MAX_DEPTH)
+        return em_set_error(EM_ERR_FORMAT, "%s: messages nested more than %d deep (at byte %zu)", name, ONNX_MAX_DEPTH,
+                            base);
+    size_t pos = 0;
+    while (pos < n) {
+        uint64_t key, len;
+        size_t at = pos;
+        if (!read_varint(p, n, &pos, &key))
+            return em_set_error(EM_ERR_FORMAT, "%s: truncated or corrupt protobuf (bad field key at byte %zu)", name,
+                                base + at);
+        uint32_t field = (uint32_t)(key >> 3), wt = (uint32_t)(key & 7);
+        if (field == 0) return em_set_error(EM_ERR_FORMAT, "%s: corrupt protobuf (field 0 at byte %zu)", name, base + at);
+        switch (wt) {
+        case 0:
+            if (!read_varint(p, n, &pos, &len))
+                return em_set_error(EM_ERR_FORMAT, "%s: truncated protobuf (varint at byte %zu)", name, base + at);
+            break;
+        case 1:
+            if (n - pos < 8) return em_set_error(EM_ERR_FORMAT, "%s: truncated protobuf (at byte %zu)", name, base + at);
+            pos += 8;
+            break;
+        case 5:
+            if (n - pos < 4) return em_set_error(EM_ERR_FORMAT, "%s: truncated protobuf (at byte %zu)", name, base + at);
+            pos += 4;
+            break;
+        case 2: {
+            if (!read_varint(p, n, &pos, &len) || len > n - pos)
+                return em_set_error(EM_ERR_FORMAT, "%s: truncated protobuf (field %u at byte %zu claims more bytes than the file has)",
+                                    name, field, base + at);
+            enum msg_kind ck = child_kind(k, field);
+            if (ck != MK_NONE) {
+                em_status st = check_nesting(name, p + pos, (size_t)len, base + pos, ck, depth + 1);
+                if (st != EM_OK) return st;
+            }
+            pos += (size_t)len;
+            break;
+        }
+        default:
+            return em_set_error(EM_ERR_FORMAT, "%s: corrupt protobuf (wire type %u at byte %zu)", name, wt, base + at);
+        }
+    }
+    return EM_OK;
+}
+
+/* ---- tensors ----------------------------------------------------------------------- */
+
+static bool safe_path(const char *loc)
+{
+    if (!loc || !*loc || loc[0] == '/') return false;
+    const char *s = loc;
+    while (*s) {
+        const char *e = strchr(s, '/');
+        size_t len = e ? (size_t)(e - s) : strlen(s);
+        if (len == 2 && s[0] == '.' && s[1] == '.') return false;
+        if (!e) break;
+        s = e + 1;
+    }
+    return true;
+}
+
+/* Reads the external data of @p tp into a new buffer of exactly @p need bytes. */
+static em_status read_external(const Onnx__TensorProto *tp, const char *base_dir, size_t need, uint8_t **out)
+{
+    const char *loc = NULL;
+    uint64_t offset = 0, length = UINT64_MAX;
+    const char *tn = tp->name ? tp->name : "";
+    for (size_t i = 0; i < tp->n_external_data; i++) {
+        const Onnx__StringStringEntryProto *e = tp->external_data[i];
+        if (!e->key) continue;
+        char *end = NULL;
+        if (!strcmp(e->key, "location")) loc = e->value;
+        else if (!strcmp(e->key, "offset") && e->value) {
+            errno = 0;
+            offset = strtoull(e->value, &end, 10);
+            if (errno || !end || *end) return em_set_error(EM_ERR_FORMAT, "tensor '%s': external data offset '%s' is not a number", tn, e->value);
+        } else if (!strcmp(e->key, "length") && e->value) {
+            errno = 0;
+            length = strtoull(e->value, &end, 10);
+            if (errno || !end || *end) return em_set_error(EM_ERR_FORMAT, "tensor '%s': external data length '%s' is not a number", tn, e->value);
+        }
+    }
+    if (!loc) return em_set_error(EM_ERR_FORMAT, "tensor '%s': external data without a location", tn);
+    if (!base_dir) return em_set_error(EM_ERR_FORMAT, "tensor '%s': external data '%s' but the model was loaded from memory", tn, loc);
+    if (!safe_path(loc))
+        return em_set_error(EM_ERR_FORMAT, "tensor '%s': external data location '%s' must be a relative path inside the model's folder", tn, loc);
+    if (length != UINT64_MAX && length != need)
+        return em_set_error(EM_ERR_FORMAT, "tensor '%s': external data length %llu, its shape and type need %zu bytes", tn,
+                            (unsigned long long)length, need);
+    char *path = NULL;
+    if (asprintf(&path, "%s/%s", base_dir, loc) < 0) return em_set_error(EM_ERR_NOMEM, "out of memory");
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        em_status st = em_set_error(EM_ERR_IO, "tensor '%s': external data %s: %s", tn, path, strerror(errno));
+        free(path);
+        return st;
+    }
+    struct stat sb;
+    if (fstat(fileno(f), &sb) != 0 || !S_ISREG(sb.st_mode) || (uint64_t)sb.st_size < offset ||
+        (uint64_t)sb.st_size - offset < need) {
+        fclose(f);
+        em_status st = em_set_error(EM_ERR_FORMAT, "tensor '%s': external data %s is shorter than offset %llu + %zu bytes", tn,
+                                    path, (unsigned long long)offset, need);
+        free(path);
+        return st;
+    }
+    uint8_t *buf = malloc(need ? need : 1);
+    if (!buf) {
+        fclose(f);
+        free(path);
+        return em_set_error(EM_ERR_NOMEM, "tensor '%s': cannot allocate %zu bytes", tn, need);
+    }
+    if (fseeko(f, (off_t)offset, SEEK_SET) != 0 || (need && fread(buf, 1, need, f) != need)) {
+        free(buf);
+        fclose(f);
+        em_status st = em_set_error(EM_ERR_IO, "tensor '%s': external data %s: short read", tn, path);
+        free(path);
+        return st;
+    }
+    fclose(f);
+    free(path);
+    *out = buf;
+    return EM_OK;
+}
+
+em_tensor *onnx_tensor_from_proto(const Onnx__TensorProto *tp, const char *base_dir, int *type)
+{
+    const char *tn = tp->name ? tp->name : "";
+    int t = tp->data_type;
+    em_dtype dt;
+    if (!onnx_type_to_dtype(t, &dt)) {
+        em_set_error(EM_ERR_UNSUPPORTED, "tensor '%s': element type %s (%d) is not supported", tn, em_onnx_type_name(t), t);
+        return NULL;
+    }
+    if (tp->n_dims > EM_MAX_DIMS) {
+        em_set_error(EM_ERR_UNSUPPORTED, "tensor '%s': rank %zu is more than Ember's %d", tn, tp->n_dims, EM_MAX_DIMS);
+        return NULL;
+    }
+    if (tp->segment) {
+        em_set_error(EM_ERR_UNSUPPORTED, "tensor '%s': segmented tensors are not supported", tn);
+        return NULL;
+    }
+    int64_t shape[EM_MAX_DIMS];
+    uint64_t numel = 1;
+    for (size_t i = 0; i < tp->n_dims; i++) {
+        if (tp->dims[i] < 0) {
+            em_set_error(EM_ERR_FORMAT, "tensor '%s': dim %zu is %lld", tn, i, (long long)tp->dims[i]);
+            return NULL;
+        }
+        shape[i] = tp->dims[i];
+        if (shape[i] && numel > ((uint64_t)1 << 40) / (uint64_t)shape[i]) {
+            em_set_error(EM_ERR_FORMAT, "tensor '%s': %s elements is too many", tn, "2^40 or more");
+            return NULL;
+        }
+        numel *= (uint64_t)shape[i];
+    }
+    size_t es = raw_elem_size(t);
+    size_t need = (size_t)numel * es;
+    const uint8_t *raw = NULL;
+    uint8_t *ext = NULL;
+    if (tp->has_data_location && tp->data_location == ONNX__TENSOR_PROTO__DATA_LOCATION__EXTERNAL) {
+        if (read_external(tp, base_dir, need, &ext) != EM_OK) return NULL;
+        raw = ext;
+    } else if (tp->has_raw_data) {
+        if (tp->raw_data.len != need) {
+            em_set_error(EM_ERR_FORMAT, "tensor '%s': raw_data has %zu bytes, %llu %s elements need %zu", tn, tp->raw_data.len,
+                         (unsigned long long)numel, em_onnx_type_name(t), need);
+            return NULL;
+        }
+        raw = tp->raw_data.data;
+    }
+    /* Typed fields: which one holds the values, and its count. */
+    size_t have = 0;
+    if (!raw) {
+        switch (t) {
+        case ONNX_FLOAT: have = tp->n_float_data; break;
+        case ONNX_DOUBLE: have = tp->n_double_data; break;
+        case ONNX_INT64: have = tp->n_int64_data; break;
+        case ONNX_UINT32: case ONNX_UINT64: have = tp->n_uint64_data; break;
+        default: have = tp->n_int32_data; break;
+        }
+        if (have != numel) {
+            em_set_error(EM_ERR_FORMAT, "tensor '%s': %zu values for %llu elements of shape", tn, have, (unsigned long long)numel);
+            return NULL;
+        }
+    }
+    size_t esz = em_dtype_size(dt);
+    uint8_t *buf = malloc(numel ? (size_t)numel * esz : 1);
+    if (!buf) {
+        free(ext);
+        em_set_error(EM_ERR_NOMEM, "tensor '%s': cannot allocate %llu elements", tn, (unsigned long long)numel);
+        return NULL;
+    }
+    for (uint64_t i = 0; i < numel; i++) {
+        uint8_t *d = buf + i * esz;
+        if (raw) {
+            const uint8_t *s = raw + i * es;
+            switch (t) {
+            case ONNX_INT8: { int32_t v = (int8_t)s[0]; memcpy(d, &v, 4); break; }
+            case ONNX_INT16: { int16_t h; memcpy(&h, s, 2); int32_t v = h; memcpy(d, &v, 4); break; }
+            case ONNX_UINT16: { uint16_t h; memcpy(&h, s, 2); int32_t v = h; memcpy(d, &v, 4); break; }
+            case ONNX_UINT32: { uint32_t h; memcpy(&h, s, 4); int64_t v = h; memcpy(d, &v, 8); break; }
+            case ONNX_BOOL: d[0] = s[0] != 0; break;
+            default: memcpy(d, s, es); break;
+            }
+        } else {
+            switch (t) {
+            case ONNX_FLOAT: memcpy(d, &tp->float_data[i], 4); break;
+            case ONNX_DOUBLE: memcpy(d, &tp->double_data[i], 8); break;
+            case ONNX_INT64: memcpy(d, &tp->int64_data[i], 8); break;
+            case ONNX_UINT32: { int64_t v = (uint32_t)tp->uint64_data[i]; memcpy(d, &v, 8); break; }
+            case ONNX_INT32: memcpy(d, &tp->int32_data[i], 4); break;
+            case ONNX_INT8: { int32_t v = (int8_t)tp->int32_data[i]; memcpy(d, &v, 4); break; }
+            case ONNX_INT16: { int32_t v = (int16_t)tp->int32_data[i]; memcpy(d, &v, 4); break; }
+            case ONNX_UINT16: { int32_t v = (uint16_t)tp->int32_data[i]; memcpy(d, &v, 4); break; }
+            case ONNX_UINT8: d[0] = (uint8_t)tp->int32_data[i]; break;
+            case ONNX_BOOL: d[0] = tp->int32_data[i] != 0; break;
+            case ONNX_FLOAT16: case ONNX_BFLOAT16: { uint16_t h = (uint16_t)tp->int32_data[i]; memcpy(d, &h, 2); break; }
+            default: break;
+            }
+        }
+    }
+    free(ext);
+    em_tensor *out = em_from_host(buf, shape, (int)tp->n_dims, dt);
+    free(buf);
+    if (out && type) *type = t;
+    return out;
+}
+
+em_tensor *em_onnx_read_tensor(const char *path, int *onnx_type)
+{
+    if (!path) {
+        em_set_error(EM_ERR_INVALID, "em_onnx_read_tensor: path is NULL");
+        return NULL;
+    }
+    uint8_t *data;
+    size_t n;
+    if (read_file(path, ONNX_MAX_FILE, &data, &n) != EM_OK) return NULL;
+    if (check_nesting(path, data, n, 0, MK_NONE, 0) != EM_OK) {
+        free(data);
+        return NULL;
+    }
+    Onnx__TensorProto *tp = onnx__tensor_proto__unpack(NULL, n, data);
+    free(data);
+    if (!tp) {
+        em_set_error(EM_ERR_FORMAT, "%s: not a serialized TensorProto (protobuf could not be parsed)", path);
+        return NULL;
+    }
+    char *dir = strdup(path);
+    char *slash = dir ? strrchr(dir, '/') : NULL;
+    if (slash) *slash = 0;
+    em_tensor *t = onnx_tensor_from_proto(tp, slash ? dir : ".", onnx_type);
+    if (!t && em_last_status() != EM_OK) {
+        char msg[512];
+        snprintf(msg, sizeof msg, "%s", em_last_error());
+        em_set_error(em_last_status(), "%s: %s", path, msg);
+    }
+    free(dir);
+    onnx__tensor_proto__free_unpacked(tp, NULL);
+    return t;
+}
+
+/* ---- names -> value ids ------------------------------------------------------------ */
+
+typedef struct name_map {
+    size_t cap;
+    const char **key;
+    int *val;
+} name_map;
+
+static uint64_t hash_str(const char *s)
+{
+    uint64_t h = 1469598103934665603ull;
+    for (; *s; s++) h = (h ^ (uint8_t)*s) * 1099511628211ull;
+    return h;
+}
+
+static bool map_init(name_map *m, size_t n)
+{
+    m->cap = 16;
+    while (m->cap < 2 * n + 16) m->cap *= 2;
+    m->key = calloc(m->cap, sizeof *m->key);
+    m->val = calloc(m->cap, sizeof *m->val);
+    return m->key && m->val;
+}
+
+static void map_free(name_map *m)
+{
+    free(m->key);
+    free(m->val);
+}
+
+/* Returns the id of @p s, adding it as @p next when new (then *added). */
+static int map_get(name_map *m, const char *s, int next, bool *added)
+{
+    size_t i = hash_str(s) & (m->cap - 1);
+    while (m->key[i]) {
+        if (!strcmp(m->key[i], s)) {
+            if (added) *added = false;
+            return m->val[i];
+        }
+        i = (i + 1) & (m->cap - 1);
+    }
+    if (next < 0) return -1;
+    m->key[i] = s;
+    m->val[i] = next;
+    if (added) *added = true;
+    return next;
+}
+
+/* ---- operator lookup ------------------------------------------------------------- */
+
+static const onnx_op *const op_tables[] = {onnx_ops_core, onnx_ops_elementwise, onnx_ops_shape, onnx_ops_nn};
+
+/* The entry with the newest `since` <= opset; *oldest: the oldest since seen for the name (0: none). */
+static const onnx_op *find_op(const char *op_type, int opset, int *oldest)
+{
+    const onnx_op *best = NULL;
+    *oldest = 0;
+    for (size_t t = 0; t < sizeof op_tables / sizeof op_tables[0]; t++)
+        for (const onnx_op *o = op_tables[t]; o->name; o++) {
+            if (strcmp(o->name, op_type)) continue;
+            if (!*oldest || o->since < *oldest) *oldest = o->since;
+            if (o->since <= opset && (!best || o->since > best->since)) best = o;
+        }
+    return best;
+}
+
+const onnx_op *onnx_find_op(const char *op_type, int opset)
+{
+    int oldest;
+    return find_op(op_type, opset, &oldest);
+}
+
+/* ---- the module holding the initializers ------------------------------------------ */
+
+static em_tensor *onnx_module_forward(em_module *mod, const em_tensor *x)
+{
+    em_onnx_model *m = em_module_impl(mod);
+    if (m->ninputs != 1 || m->noutputs < 1) {
+        em_set_error(EM_ERR_INVALID, "%s: em_module_forward needs a model of one input (this one has %d inputs, %d outputs); use em_onnx_run",
+                     m->name, m->ninputs, m->noutputs);
+        return NULL;
+    }
+    em_tensor *in = (em_tensor *)x, *out = NULL;
+    if (em_onnx_run(m, &in, 1, &out, 1) != EM_OK) return NULL;
+    return out;
+}
+
+static const em_module_vtable ONNX_MODEL_VT = {"OnnxModel", onnx_module_forward, NULL};
+static const em_module_vtable ONNX_NS_VT = {"OnnxNamespace", NULL, NULL};
+
+/* Registers @p t under @p key ("a.b.c" -> child a, child b, parameter c). */
+static em_status register_init(em_module *root, const char *key, em_tensor *t)
+{
+    bool is_param = em_dtype_is_float(em_tensor_dtype(t));
+    char buf[1024];
+    snprintf(buf, sizeof buf, "%s", key);
+    /* empty segments ("a..b", ".x", "x.") cannot be module names */
+    bool ok = buf[0] && buf[0] != '.' && buf[strlen(buf) - 1] != '.' && !strstr(buf, "..");
+    em_module *m = root;
+    char *seg = buf;
+    if (ok) {
+        char *dot;
+        while ((dot = strchr(seg, '.'))) {
+            *dot = 0;
+            em_module *c = em_module_get_child(m, seg);
+            if (!c) {
+                c = em_module_new(&ONNX_NS_VT, NULL);
+                if (!c || em_module_add_child(m, seg, c) != EM_OK) {
+                    ok = false;
+                    break;
+                }
+            }
+            m = c;
+            seg = dot + 1;
+        }
+    }
+    if (ok && (is_param ? em_module_add_param(m, seg, t) : em_module_add_buffer(m, seg, t)) == EM_OK) return EM_OK;
+    /* A name that cannot be a key path: flattened at the root, dots as '_'. */
+    em_clear_error();
+    snprintf(buf, sizeof buf, "%s", key[0] ? key : "_");
+    for (char *p = buf; *p; p++)
+        if (*p == '.') *p = '_';
+    if ((is_param ? em_module_add_param(root, buf, t) : em_module_add_buffer(root, buf, t)) == EM_OK) return EM_OK;
+    em_clear_error();
+    return EM_OK; /* not reachable by key; the graph still uses the tensor */
+}
+
+/* ---- load ------------------------------------------------------------------------- */
+
+void em_onnx_free(em_onnx_model *m)
+{
+    if (!m) return;
+    if (m->init)
+        for (int i = 0; i < m->nvalues; i++) em_tensor_release(m->init[i].t);
+    for (int i = 0; i < m->nnodes; i++) {
+        free(m->nodes[i].in);
+        free(m->nodes[i].out);
+    }
+    em_module_free(m->module);
+    free(m->nodes);
+    free(m->init);
+    free(m->vname);
+    free(m->last_use);
+    free(m->input_id);
+    free(m->input_vi);
+    free(m->output_id);
+    free(m->output_vi);
+    free(m->init_id);
+    if (m->proto) onnx__model_proto__free_unpacked(m->proto, NULL);
+    free(m->name);
+    free(m->base_dir);
+    free(m);
+}
+
+static em_status build_graph(em_onnx_model *m)
+{
+    const Onnx__GraphProto *g = m->proto->graph;
+    const char *mn = m->name;
+    if (!g) return em_set_error(EM_ERR_FORMAT, "%s: the model has no graph", mn);
+    if (m->proto->n_functions)
+        return em_set_error(EM_ERR_UNSUPPORTED, "%s: model-local functions (%zu, first '%s') are not supported", mn,
+                            m->proto->n_functions, m->proto->functions[0]->name ? m->proto->functions[0]->name : "");
+    if (g->n_sparse_initializer) return em_set_error(EM_ERR_UNSUPPORTED, "%s: sparse initializers are not supported", mn);
+    size_t cap = g->n_initializer + g->n_input + g->n_output + 1;
+    for (size_t i = 0; i < g->n_node; i++) cap += g->node[i]->n_input + g->node[i]->n_output;
+    if (cap > (size_t)INT_MAX / 4) return em_set_error(EM_ERR_FORMAT, "%s: graph too large", mn);
+    name_map map;
+    if (!map_init(&map, cap)) return em_set_error(EM_ERR_NOMEM, "out of memory");
+    m->vname = calloc(cap, sizeof *m->vname);
+    m->init = calloc(cap, sizeof *m->init);
+    m->last_use = calloc(cap, sizeof *m->last_use);
+    m->init_id = calloc(g->n_initializer + 1, sizeof *m->init_id);
+    m->input_id = calloc(g->n_input + 1, sizeof *m->input_id);
+    m->input_vi = calloc(g->n_input + 1, sizeof *m->input_vi);
+    m->output_id = calloc(g->n_output + 1, sizeof *m->output_id);
+    m->output_vi = calloc(g->n_output + 1, sizeof *m->output_vi);
+    m->nodes = calloc(g->n_node + 1, sizeof *m->nodes);
+    bool *defined = calloc(cap, 1);
+    int *producer = calloc(cap, sizeof *producer);
+    em_status st = EM_OK;
+    if (!m->vname || !m->init || !m->last_use || !m->init_id || !m->input_id || !m->input_vi || !m->output_id ||
+        !m->output_vi || !m->nodes || !defined || !producer) {
+        st = em_set_error(EM_ERR_NOMEM, "out of memory");
+        goto out;
+    }
+#define VALUE_ID(nm, id_out)                                                   \
+    do {                                                                       \
+        bool added_;                                                           \
+        (id_out) = map_get(&map, (nm), m->nvalues, &added_);                   \
+        if (added_) m->vname[m->nvalues++] = (nm);                             \
+    } while (0)
+    /* initializers */
+    for (size_t i = 0; i < g->n_initializer; i++) {
+        const Onnx__TensorProto *tp = g->initializer[i];
+        if (!tp->name || !*tp->name) {
+            st = em_set_error(EM_ERR_FORMAT, "%s: initializer %zu has no name", mn, i);
+            goto out;
+        }
+        int id;
+        VALUE_ID(tp->name, id);
+        if (defined[id]) {
+            st = em_set_error(EM_ERR_FORMAT, "%s: initializer '%s' is defined twice", mn, tp->name);
+            goto out;
+        }
+        int type = 0;
+        em_tensor *t = onnx_tensor_from_proto(tp, m->base_dir, &type);
+        if (!t) {
+            char msg[512];
+            snprintf(msg, sizeof msg, "%s", em_last_error());
+            st = em_set_error(em_last_status() ? em_last_status() : EM_ERR_FORMAT, "%s: initializer: %s", mn, msg);
+            goto out;
+        }
+        m->init[id].t = t;
+        m->init[id].type = type;
+        defined[id] = true;
+        producer[id] = -1;
+        m->init_id[m->ninit++] = id;
+    }
+    /* graph inputs (those that are initializers too are defaults, not inputs) */
+    for (size_t i = 0; i < g->n_input; i++) {
+        const Onnx__ValueInfoProto *vi = g->input[i];
+        if (!vi->name || !*vi->name) {
+            st = em_set_error(EM_ERR_FORMAT, "%s: graph input %zu has no name", mn, i);
+            goto out;
+        }
+        int id;
+        VALUE_ID(vi->name, id);
+        if (defined[id] && m->init[id].t) continue;
+        if (defined[id]) {
+            st = em_set_error(EM_ERR_FORMAT, "%s: graph input '%s' is declared twice", mn, vi->name);
+            goto out;
+        }
+        if (!vi->type || vi->type->value_case != ONNX__TYPE_PROTO__VALUE_TENSOR_TYPE) {
+            st = em_set_error(EM_ERR_UNSUPPORTED, "%s: graph input '%s' is not a tensor (sequences, maps and optionals are not supported)",
+                              mn, vi->name);
+            goto out;
+        }
+        int et = vi->type->tensor_type->elem_type;
+        if (!onnx_type_to_dtype(et, NULL)) {
+            st = em_set_error(EM_ERR_UNSUPPORTED, "%s: graph input '%s' has element type %s, which Ember does not hold", mn,
+                              vi->name, em_onnx_type_name(et));
+            goto out;
+        }
+        defined[id] = true;
+        producer[id] = -1;
+        m->input_vi[m->ninputs] = vi;
+        m->input_id[m->ninputs++] = id;
+    }
+    /* nodes: ids of their inputs and outputs */
+    int nn = (int)g->n_node;
+    for (int k = 0; k < nn; k++) {
+        const Onnx__NodeProto *np = g->node[k];
+        onnx_node *n = &m->nodes[k];
+        n->p = np;
+        const char *nname = np->name && *np->name ? np->name : "";
+        const char *opt = np->op_type ? np->op_type : "";
+        const char *dom = np->domain ? np->domain : "";
+        if (*dom && strcmp(dom, "ai.onnx")) {
+            st = em_set_error(EM_ERR_UNSUPPORTED, "%s: node '%s' (%s): domain '%s' is not supported (only the default ai.onnx)",
+                              mn, nname, opt, dom);
+            goto out;
+        }
+        int oldest = 0;
+        n->op = find_op(opt, m->opset, &oldest);
+        n->opset = m->opset;
+        if (!n->op) {
+            if (oldest)
+                st = em_set_error(EM_ERR_UNSUPPORTED, "%s: node '%s' (%s, opset %d): Ember implements %s from opset %d", mn, nname,
+                                  opt, m->opset, opt, oldest);
+            else
+                st = em_set_error(EM_ERR_UNSUPPORTED, "%s: node '%s' (%s, opset %d): operator %s is not supported", mn, nname, opt,
+                                  m->opset, opt);
+            goto out;
+        }
+        n->nin = (int)np->n_input;
+        n->nout = (int)np->n_output;
+        n->in = malloc(sizeof(int) * (size_t)(n->nin + 1));
+        n->out = malloc(sizeof(int) * (size_t)(n->nout + 1));
+        if (!n->in || !n->out) {
+            st = em_set_error(EM_ERR_NOMEM, "out of memory");
+            goto out;
+        }
+        for (int i = 0; i < n->nin; i++) {
+            if (!np->input[i] || !*np->input[i]) n->in[i] = -1;
+            else VALUE_ID(np->input[i], n->in[i]);
+        }
+        for (int i = 0; i < n->nout; i++) {
+            if (!np->output[i] || !*np->output[i]) {
+                n->out[i] = -1;
+                continue;
+            }
+            int id;
+            VALUE_ID(np->output[i], id);
+            if (defined[id]) {
+                st = em_set_error(EM_ERR_FORMAT, "%s: node '%s' (%s): output '%s' is already defined (graphs are SSA)", mn, nname,
+                                  opt, np->output[i]);
+                goto out;
+            }
+            defined[id] = true;
+            producer[id] = k;
+            n->out[i] = id;
+        }
+        m->nodes[k].opset = m->opset;
+    }
+    m->nnodes = nn;
+    /* every input must be defined */
+    for (int k = 0; k < nn; k++)
+        for (int i = 0; i < m->nodes[k].nin; i++) {
+            int id = m->nodes[k].in[i];
+            if (id >= 0 && !defined[id]) {
+                st = em_set_error(EM_ERR_FORMAT, "%s: node '%s' (%s): input '%s' is not produced by any node, input or initializer",
+                                  mn, m->nodes[k].p->name ? m->nodes[k].p->name : "", m->nodes[k].p->op_type, m->vname[id]);
+                goto out;
+            }
+        }
+    /* topological order (Kahn); ONNX requires sorted graphs, but a cycle must be an error */
+    {
+        int *indeg = calloc((size_t)nn + 1, sizeof(int));
+        int *order = calloc((size_t)nn + 1, sizeof(int));
+        bool *done = calloc(cap, 1);
+        if (!indeg || !order || !done) {
+            free(indeg);
+            free(order);
+            free(done);
+            st = em_set_error(EM_ERR_NOMEM, "out of memory");
+            goto out;
+        }
+        for (int v = 0; v < m->nvalues; v++) done[v] = defined[v] && producer[v] < 0;
+        int no = 0;
+        bool progress = true;
+        /* repeated passes keep file order among ready nodes; O(n) for sorted graphs */
+        bool *placed = calloc((size_t)nn + 1, 1);
+        if (!placed) {
+            free(indeg);
+            free(order);
+            free(done);
+            st = em_set_error(EM_ERR_NOMEM, "out of memory");
+            goto out;
+        }
+        while (no < nn && progress) {
+            progress = false;
+            for (int k = 0; k < nn; k++) {
+                if (placed[k]) continue;
+                bool ready = true;
+                for (int i = 0; i < m->nodes[k].nin && ready; i++)
+                    if (m->nodes[k].in[i] >= 0 && !done[m->nodes[k].in[i]]) ready = false;
+                if (!ready) continue;
+                placed[k] = true;
+                order[no++] = k;
+                for (int i = 0; i < m->nodes[k].nout; i++)
+                    if (m->nodes[k].out[i] >= 0) done[m->nodes[k].out[i]] = true;
+                progress = true;
+            }
+        }
+        if (no < nn) {
+            int k = 0;
+            while (placed[k]) k++;
+            st = em_set_error(EM_ERR_FORMAT, "%s: the graph has a cycle (node '%s' (%s) depends on its own output)", mn,
+                              m->nodes[k].p->name ? m->nodes[k].p->name : "", m->nodes[k].p->op_type);
+            free(indeg);
+            free(order);
+            free(done);
+            free(placed);
+            goto out;
+        }
+        onnx_node *sorted = calloc((size_t)nn + 1, sizeof *sorted);
+        if (!sorted) {
+            st = em_set_error(EM_ERR_NOMEM, "out of memory");
+        } else {
+            for (int k = 0; k < nn; k++) sorted[k] = m->nodes[order[k]];
+            free(m->nodes);
+            m->nodes = sorted;
+        }
+        free(indeg);
+        free(order);
+        free(done);
+        free(placed);
+        if (st != EM_OK) goto out;
+    }
+    /* outputs */
+    for (size_t i = 0; i < g->n_output; i++) {
+        const Onnx__ValueInfoProto *vi = g->output[i];
+        int id = vi->name ? map_get(&map, vi->name, -1, NULL) : -1;
+        if (id < 0 || !defined[id]) {
+            st = em_set_error(EM_ERR_FORMAT, "%s: graph output '%s' is not produced by the graph", mn, vi->name ? vi->name : "");
+            goto out;
+        }
+        if (vi->type && vi->type->value_case != ONNX__TYPE_PROTO__VALUE_TENSOR_TYPE) {
+            st = em_set_error(EM_ERR_UNSUPPORTED, "%s: graph output '%s' is not a tensor (sequences, maps and optionals are not supported)",
+                              mn, vi->name);
+            goto out;
+        }
+        if (vi->type && vi->type->tensor_type->has_elem_type && !onnx_type_to_dtype(vi->type->tensor_type->elem_type, NULL)) {
+            st = em_set_error(EM_ERR_UNSUPPORTED, "%s: graph output '%s' has element type %s, which Ember does not hold", mn,
+                              vi->name, em_onnx_type_name(vi->type->tensor_type->elem_type));
+            goto out;
+        }
+        m->output_vi[m->noutputs] = vi;
+        m->output_id[m->noutputs++] = id;
+    }
+    /* last uses: release intermediates as soon as possible */
+    for (int v = 0; v < m->nvalues; v++) m->last_use[v] = -1;
+    for (int k = 0; k < nn; k++)
+        for (int i = 0; i < m->nodes[k].nin; i++)
+            if (m->nodes[k].in[i] >= 0) m->last_use[m->nodes[k].in[i]] = k;
+    for (int i = 0; i < m->noutputs; i++) m->last_use[m->output_id[i]] = INT_MAX;
+#undef VALUE_ID
+out:
+    free(defined);
+    free(producer);
+    map_free(&map);
+    return st;
+}
+
+static em_onnx_model *load_bytes(const uint8_t *data, size_t n, const char *base_dir, const char *name)
+{
+    if (check_nesting(name, data, n, 0, MK_MODEL, 0) != EM_OK) return NULL;
+    em_onnx_model *m = calloc(1, sizeof *m);
+    if (!m) {
+        em_set_error(EM_ERR_NOMEM, "out of memory");
+        return NULL;
+    }
+    m->name = strdup(name);
+    m->base_dir = base_dir ? strdup(base_dir) : NULL;
+    m->proto = onnx__model_proto__unpack(NULL, n, data);
+    if (!m->name || (base_dir && !m->base_dir)) {
+        em_set_error(EM_ERR_NOMEM, "out of memory");
+        em_onnx_free(m);
+        return NULL;
+    }
+    if (!m->proto) {
+        em_set_error(EM_ERR_FORMAT, "%s: not an ONNX model (protobuf could not be parsed)", name);
+        em_onnx_free(m);
+        return NULL;
+    }
+    if (m->proto->ir_version < 3) {
+        em_set_error(m->proto->ir_version <= 0 ? EM_ERR_FORMAT : EM_ERR_UNSUPPORTED,
+                     "%s: IR version %lld is not supported (3 or later; is this an ONNX file?)", name,
+                     (long long)m->proto->ir_version);
+        em_onnx_free(m);
+        return NULL;
+    }
+    int opset = -1;
+    for (size_t i = 0; i < m->proto->n_opset_import; i++) {
+        const Onnx__OperatorSetIdProto *o = m->proto->opset_import[i];
+        if (!o->domain || !*o->domain || !strcmp(o->domain, "ai.onnx")) opset = (int)o->version;
+    }
+    /* No default-domain opset: only nodes of other domains (refused below
+     * as unsupported); a default-domain node then is a format error. */
+    bool any_default = false;
+    for (size_t i = 0; m->proto->graph && i < m->proto->graph->n_node; i++) {
+        const char *dom = m->proto->graph->node[i]->domain;
+        if (!dom || !*dom || !strcmp(dom, "ai.onnx")) any_default = true;
+    }
+    if (opset < 0 && any_default) {
+        em_set_error(EM_ERR_FORMAT, "%s: the model imports no opset of the default domain", name);
+        em_onnx_free(m);
+        return NULL;
+    }
+    if (opset >= 0 && (opset < ONNX_MIN_OPSET || opset > ONNX_MAX_OPSET)) {
+        em_set_error(EM_ERR_UNSUPPORTED, "%s: opset %d is not supported (%d to %d)", name, opset, ONNX_MIN_OPSET, ONNX_MAX_OPSET);
+        em_onnx_free(m);
+        return NULL;
+    }
+    m->opset = opset;
+    if (build_graph(m) != EM_OK) {
+        em_onnx_free(m);
+        return NULL;
+    }
+    m->module = em_module_new(&ONNX_MODEL_VT, m);
+    if (!m->module) {
+        em_onnx_free(m);
+        return NULL;
+    }
+    for (int i = 0; i < m->ninit; i++) register_init(m->module, m->vname[m->init_id[i]], m->init[m->init_id[i]].t);
+    return m;
+}
+
+em_onnx_model *em_onnx_load_memory(const void *data, size_t n, const char *base_dir, const char *name, const char **err)
+{
+    em_onnx_model *m = NULL;
+    if (!data && n) em_set_error(EM_ERR_INVALID, "em_onnx_load_memory: data is NULL");
+    else m = load_bytes(data, n, base_dir, name ? name : "(memory)");
+    if (!m && err) *err = em_last_error();
+    return m;
+}
+
+em_onnx_model *em_onnx_load(const char *path, const char **err)
+{
+    em_onnx_model *m = NULL;
+    uint8_t *data = NULL;
+    size_t n = 0;
+    if (!path) em_set_error(EM_ERR_INVALID, "em_onnx_load: path is NULL");
+    else if (read_file(path, ONNX_MAX_FILE, &data, &n) == EM_OK) {
+        char *dir = strdup(path);
+        char *slash = dir ? strrchr(dir, '/') : NULL;
+        if (slash) *slash = 0;
+        m = load_bytes(data, n, slash ? dir : ".", path);
+        free(dir);
+        free(data);
+    }
+    if (!m && err) *err = em_last_error();
+    return m;
+}
+
+/* ---- accessors ---------------------------------------------------------------------- */
+
+int em_onnx_num_inputs(const em_onnx_model *m) { return m ? m->ninputs : 0; }
+int em_onnx_num_outputs(const em_onnx_model *m) { return m ? m->noutputs : 0; }
+int em_onnx_opset(const em_onnx_model *m) { return m ? m->opset : 0; }
+em_module *em_onnx_module(em_onnx_model *m) { return m ? m->module : NULL; }
+int em_onnx_num_initializers(const em_onnx_model *m) { return m ? m->ninit : 0; }
+
+const char *em_onnx_input_name(const em_onnx_model *m, int i)
+{
+    return m && i >= 0 && i < m->ninputs ? m->vname[m->input_id[i]] : NULL;
+}
+
+const char *em_onnx_output_name(const em_onnx_model *m, int i)
+{
+    return m && i >= 0 && i < m->noutputs ? m->vname[m->output_id[i]] : NULL;
+}
+
+const char *em_onnx_initializer_name(const em_onnx_model *m, int i)
+{
+    return m && i >= 0 && i < m->ninit ? m->vname[m->init_id[i]] : NULL;
+}
+
+em_tensor *em_onnx_initializer(const em_onnx_model *m, int i)
+{
+    return m && i >= 0 && i < m->ninit ? m->init[m->init_id[i]].t : NULL;
+}
+
+int em_onnx_input_shape(const em_onnx_model *m, int i, int64_t *shape)
+{
+    if (!m || i < 0 || i >= m->ninputs) return -1;
+    const Onnx__TypeProto__Tensor *tt = m->input_vi[i]->type->tensor_type;
+    if (!tt->shape) return -1;
+    int r = (int)tt->shape->n_dim;
+    for (int d = 0; d < r && d < EM_MAX_DIMS; d++) {
+        const Onnx__TensorShapeProto__Dimension *dm = tt->shape->dim[d];
+        shape[d] = dm->value_case == ONNX__TENSOR_SHAPE_PROTO__DIMENSION__VALUE_DIM_VALUE ? dm->dim_value : -1;
+    }
+    return r;
+}
+
+em_dtype em_onnx_input_dtype(const em_onnx_model *m, int i)
+{
+    em_dtype dt = EM_F32;
+    if (m && i >= 0 && i < m->ninputs) onnx_type_to_dtype(m->input_vi[i]->type->tensor_type->elem_type, &dt);
+    return dt;
+}
+
+int em_onnx_output_type(const em_onnx_model *m, int i)
+{
+    if (!m || i < 0 || i >= m->noutputs) return 0;
+    const Onnx__TypeProto *tp = m->output_vi[i]->type;
+    return tp && tp->tensor_type && tp->tensor_type->has_elem_type ? tp->tensor_type->elem_type : 0;
+}
+
+/* ---- run ------------------------------------------------------------------------------ */
+
+static void node_error(const em_onnx_model *m, const onnx_node *n)
+{
+    char msg[768];
+    em_status st = em_last_status() != EM_OK ? em_last_status() : EM_ERR_RUNTIME;
+    snprintf(msg, sizeof msg, "%s", em_last_status() != EM_OK ? em_last_error() : "failed without a message");
+    em_set_error(st, "%s: node '%s' (%s, opset %d): %s", m->name, n->p->name ? n->p->name : "", n->p->op_type, n->opset, msg);
+}
+
+em_status em_onnx_run(em_onnx_model *m, em_tensor *const inputs[], int nin, em_tensor *outputs[], int nout)
+{
+    if (!m) return em_set_error(EM_ERR_INVALID, "em_onnx_run: model is NULL");
+    if (nin != m->ninputs)
+        return em_set_error(EM_ERR_INVALID, "%s: %d inputs given, the model has %d", m->name, nin, m->ninputs);
+    if (nout < 0 || nout > m->noutputs)
+        return em_set_error(EM_ERR_INVALID, "%s: %d outputs asked for, the model has %d", m->name, nout, m->noutputs);
+    if (nout && !outputs) return em_set_error(EM_ERR_INVALID, "em_onnx_run: outputs is NULL");
+    onnx_value *v = calloc((size_t)m->nvalues + 1, sizeof *v);
+    if (!v) return em_set_error(EM_ERR_NOMEM, "out of memory");
+    em_status st = EM_OK;
+    for (int i = 0; i < m->nvalues; i++)
+        if (m->init[i].t) v[i] = (onnx_value){em_tensor_retain(m->init[i].t), m->init[i].type};
+    for (int i = 0; i < nin; i++) {
+        int id = m->input_id[i];
+        const char *nm = m->vname[id];
+        int et = m->input_vi[i]->type->tensor_type->elem_type;
+        em_dtype want;
+        onnx_type_to_dtype(et, &want);
+        if (!inputs || !inputs[i]) {
+            if (m->last_use[id] < 0) continue;
+            st = em_set_error(EM_ERR_INVALID, "%s: input '%s' is NULL", m->name, nm);
+            goto out;
+        }
+        if (em_tensor_dtype(inputs[i]) != want) {
+            st = em_set_error(EM_ERR_DTYPE, "%s: input '%s' is %s, the model declares %s (Ember %s)", m->name, nm,
+                              em_dtype_name(em_tensor_dtype(inputs[i])), em_onnx_type_name(et), em_dtype_name(want));
+            goto out;
+        }
+        int64_t shape[EM_MAX_DIMS];
+        int r = em_onnx_input_shape(m, i, shape);
+        if (r >= 0) {
+            bool ok = r == em_tensor_ndim(inputs[i]);
+            for (int d = 0; ok && d < r; d++)
+                if (shape[d] >= 0 && shape[d] != em_tensor_dim(inputs[i], d)) ok = false;
+            if (!ok) {
+                char a[128], b[128];
+                for (int d = 0; d < r && d < EM_MAX_DIMS; d++)
+                    if (shape[d] < 0) shape[d] = 0;
+                st = em_set_error(EM_ERR_SHAPE, "%s: input '%s' has shape %s, the model declares %s (0 = any)", m->name, nm,
+                                  em_shape_str(em_tensor_shape(inputs[i]), em_tensor_ndim(inputs[i]), a, sizeof a),
+                                  em_shape_str(shape, r < EM_MAX_DIMS ? r : EM_MAX_DIMS, b, sizeof b));
+                goto out;
+            }
+        }
+        em_tensor_release(v[id].t); /* an input overriding an initializer's default */
+        v[id] = (onnx_value){em_tensor_retain(inputs[i]), et};
+    }
+    for (int k = 0; k < m->nnodes; k++) {
+        const onnx_node *n = &m->nodes[k];
+        onnx_value inv[64], outv[64];
+        if (n->nin > 64 || n->nout > 64) {
+            em_set_error(EM_ERR_UNSUPPORTED, "more than 64 inputs or outputs");
+            node_error(m, n);
+            st = em_last_status();
+            goto out;
+        }
+        for (int i = 0; i < n->nin; i++) inv[i] = n->in[i] >= 0 ? v[n->in[i]] : (onnx_value){NULL, 0};
+        memset(outv, 0, sizeof(onnx_value) * (size_t)(n->nout + 1));
+        onnx_ctx c = {m, n, n->opset, n->nin, inv, n->nout, outv};
+        em_clear_error();
+        em_scope_begin();
+        st = n->op->fn(&c);
+        if (st == EM_OK)
+            for (int i = 0; i < n->nout; i++) {
+                if (n->out[i] < 0) continue;
+                if (!outv[i].t) {
+                    st = em_set_error(EM_ERR_RUNTIME, "output %d ('%s') was not computed", i, m->vname[n->out[i]]);
+                    break;
+                }
+            }
+        for (int i = 0; i < n->nout; i++)
+            if (outv[i].t) em_tensor_retain(outv[i].t);
+        em_scope_end();
+        if (st != EM_OK) {
+            for (int i = 0; i < n->nout; i++) em_tensor_release(outv[i].t);
+            node_error(m, n);
+            st = em_last_status();
+            goto out;
+        }
+        for (int i = 0; i < n->nout; i++) {
+            if (n->out[i] < 0) em_tensor_release(outv[i].t);
+            else v[n->out[i]] = outv[i];
+        }
+        for (int i = 0; i < n->nin; i++) {
+            int id = n->in[i];
+            if (id >= 0 && m->last_use[id] == k && v[id].t) {
+                em_tensor_release(v[id].t);
+                v[id].t = NULL;
+            }
+        }
+    }
+    for (int i = 0; i < nout; i++) outputs[i] = em_tensor_retain(v[m->output_id[i]].t);
+out:
+    for (int i = 0; i < m->nvalues; i++) em_tensor_release(v[i].t);
+    free(v);
+    return st;
+}
+
+/* ---- helpers for the operators -------------------------------------------------------- */
+
+em_tensor *onnx_in(onnx_ctx *c, int i) { return i >= 0 && i < c->nin ? c->in[i].t : NULL; }
+
+int onnx_in_type(onnx_ctx *c, int i) { return i >= 0 && i < c->nin && c->in[i].t ? c->in[i].type : 0; }
+
+em_tensor *onnx_in_req(onnx_ctx *c, int i)
+{
+    em_tensor *t = onnx_in(c, i);
+    if (!t) em_set_error(EM_ERR_FORMAT, "input %d is required", i);
+    return t;
+}
+
+int onnx_in_ints(onnx_ctx *c, int i, int64_t *buf, int max)
+{
+    em_tensor *t = onnx_in_req(c, i);
+    if (!t) return -1;
+    em_dtype dt = em_tensor_dtype(t);
+    if (dt != EM_I64 && dt != EM_I32) {
+        em_set_error(EM_ERR_DTYPE, "input %d must be int64 or int32, not %s", i, em_dtype_name(dt));
+        return -1;
+    }
+    if (em_tensor_ndim(t) > 1) {
+        em_set_error(EM_ERR_SHAPE, "input %d must be a scalar or 1-D, it has rank %d", i, em_tensor_ndim(t));
+        return -1;
+    }
+    int64_t n = em_tensor_numel(t);
+    if (n > max) {
+        em_set_error(EM_ERR_SHAPE, "input %d has %lld values, at most %d are allowed", i, (long long)n, max);
+        return -1;
+    }
+    if (n == 0) return 0;
+    em_tensor *t64 = dt == EM_I64 ? em_contiguous(t) : em_cast(t, EM_I64);
+    if (!t64 || em_to_host(t64, buf, (size_t)n * 8) != EM_OK) return -1;
+    return (int)n;
+}
+
+em_status onnx_in_scalar(onnx_ctx *c, int i, double *v)
+{
+    em_tensor *t = onnx_in_req(c, i);
+    if (!t) return em_last_status();
+    if (em_tensor_numel(t) != 1) return em_set_error(EM_ERR_SHAPE, "input %d must have one element, it has %lld", i, (long long)em_tensor_numel(t));
+    return em_item(t, v);
+}
+
+const Onnx__AttributeProto *onnx_attr(onnx_ctx *c, const char *name)
+{
+    const Onnx__NodeProto *p = c->node->p;
+    for (size_t i = 0; i < p->n_attribute; i++)
+        if (p->attribute[i]->name && !strcmp(p->attribute[i]->name, name)) return p->attribute[i];
+    return NULL;
+}
+
+bool onnx_has_attr(onnx_ctx *c, const char *name) { return onnx_attr(c, name) != NULL; }
+
+int64_t onnx_attr_int(onnx_ctx *c, const char *name, int64_t def)
+{
+    const Onnx__AttributeProto *a = onnx_attr(c, name);
+    return a && a->has_i ? a->i : def;
+}
+
+double onnx_attr_float(onnx_ctx *c, const char *name, double def)
+{
+    const Onnx__AttributeProto *a = onnx_attr(c, name);
+    return a && a->has_f ? (double)a->f : def;
+}
+
+const char *onnx_attr_string(onnx_ctx *c, const char *name, const char *def)
+{
+    const Onnx__AttributeProto *a = onnx_attr(c, name);
+    if (!a || !a->has_s) return def;
+    /* protobuf-c's bytes are not NUL-terminated: the value is copied into
+     * a thread-local ring of 8 slots of 255 characters (attribute strings
+     * are short mode names), valid until 8 more calls. */
+    static __thread char ring[8][256];
+    static __thread int next;
+    char *b = ring[next++ & 7];
+    size_t n = a->s.len < 255 ? a->s.len : 255;
+    memcpy(b, a->s.data, n);
+    b[n] = 0;
+    return b;
+}
+
+int onnx_attr_ints(onnx_ctx *c, const char *name, const int64_t **v)
+{
+    const Onnx__AttributeProto *a = onnx_attr(c, name);
+    if (!a) return -1;
+    *v = a->ints;
+    return (int)a->n_ints;
+}
+
+int onnx_attr_floats(onnx_ctx *c, const char *name, const float **v)
+{
+    const Onnx__AttributeProto *a = onnx_attr(c, name);
+    if (!a) return -1;
+    *v = a->floats;
+    return (int)a->n_floats;
+}
+
+em_tensor *onnx_attr_tensor(onnx_ctx *c, const char *name, int *type)
+{
+    const Onnx__AttributeProto *a = onnx_attr(c, name);
+    if (!a || !a->t) return NULL;
+    return onnx_tensor_from_proto(a->t, c->model->base_dir, type);
+}
+
+em_status onnx_out(onnx_ctx *c, int i, em_tensor *t, int type)
+{
+    if (!t) return em_last_status() != EM_OK ? em_last_status() : em_set_error(EM_ERR_RUNTIME, "output %d is NULL", i);
+    if (i < 0 || i >= c->nout) return EM_OK;
+    if (!type) {
+        if (c->nin > 0 && c->in[0].t && em_tensor_dtype(c->in[0].t) == em_tensor_dtype(t)) type = c->in[0].type;
+        else type = onnx_type_of_dtype(em_tensor_dtype(t));
+    }
+    c->out[i].t = t;
+    c->out[i].type = type;
+    return EM_OK;
+}
+
+em_status onnx_unsupported(onnx_ctx *c, const char *fmt, ...)
+{
+    char msg[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    return em_set_error(EM_ERR_UNSUPPORTED, "%s", msg);
+}
+
+em_status onnx_axis(onnx_ctx *c, int64_t axis, int rank, int *out)
+{
+    (void)c;
+    int64_t a = axis < 0 ? axis + rank : axis;
+    if (a < 0 || a >= (rank > 0 ? rank : 1))
+        return em_set_error(EM_ERR_INVALID, "axis %lld is out of range for rank %d", (long long)axis, rank);
+    *out = (int)a;
+    return EM_OK;
+}
+
+em_tensor *onnx_wrap_int(em_tensor *t, int type)
+{
+    double span, lo;
+    switch (type) {
+    case ONNX_INT8: span = 256, lo = -128; break;
+    case ONNX_INT16: span = 65536, lo = -32768; break;
+    case ONNX_UINT16: span = 65536, lo = 0; break;
+    case ONNX_UINT32: span = 4294967296.0, lo = 0; break;
+    default: return t;
+    }
+    /* ((x - lo) mod span) + lo with a floor modulo: the two's-complement wrap */
+    em_tensor *a = em_sub_scalar(t, lo);
+    em_tensor *b = em_remainder_scalar(a, span);
+    em_tensor *r = em_add_scalar(b, lo);
+    return r && em_tensor_dtype(r) != em_tensor_dtype(t) ? em_cast(r, em_tensor_dtype(t)) : r;
+}
