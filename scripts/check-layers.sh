@@ -90,6 +90,8 @@ while IFS= read -r f; do
   while IFS=: read -r line text; do
     if [[ "$text" =~ \#[[:space:]]*include[[:space:]]*\"([^\"]+)\" ]]; then
       inc="${BASH_REMATCH[1]}"
+      # store/onnx.proto's protoc-c output lives in the build tree (store/)
+      if [ "$inc" = "onnx.pb-c.h" ] && [ "$L" = store ]; then continue; fi
       if [ -e "$inc" ]; then t="$inc"
       elif [ -e "$(dirname "$f")/$inc" ]; then t="$(realpath --relative-to=. "$(dirname "$f")/$inc")"
       elif [ -e "include/$inc" ]; then t="include/$inc"
@@ -137,9 +139,10 @@ if [ "$#" -gt 0 ]; then
   tmp="$(mktemp)"
   trap 'rm -f "$tmp"' EXIT
   for o in "$@"; do
-    # .../ember_objs.dir/<layer>/<file>.o ; the generated OpenCL sources are devices/
+    # .../ember_objs.dir/<layer>/<file>.o ; the generated OpenCL sources are devices/,
+    # the protoc-c output of store/onnx.proto is store/
     rel="${o#*.dir/}"
-    case "$rel" in generated/*) l=devices ;; *) l="$(layer_of "$rel")" ;; esac
+    case "$rel" in generated/onnx.pb-c.*) l=store ;; generated/*) l=devices ;; *) l="$(layer_of "$rel")" ;; esac
     nm -P "$o" 2>/dev/null | awk -v o="$rel" -v l="$l" 'NF >= 2 { print l, o, $1, $2 }' >> "$tmp"
   done
   out="$(awk -v matrix="$matrix" '
