@@ -705,11 +705,13 @@ static em_status build_graph(em_onnx_model *m)
         const Onnx__NodeProto *np = g->node[k];
         onnx_node *n = &m->nodes[k];
         n->p = np;
-        const char *nname = np->name && *np->name ? np->name : "";
+        char nname[160];
+        if (np->name && *np->name) snprintf(nname, sizeof nname, "'%s'", np->name);
+        else snprintf(nname, sizeof nname, "#%d (unnamed)", k);
         const char *opt = np->op_type ? np->op_type : "";
         const char *dom = np->domain ? np->domain : "";
         if (*dom && strcmp(dom, "ai.onnx")) {
-            st = em_set_error(EM_ERR_UNSUPPORTED, "%s: node '%s' (%s): domain '%s' is not supported (only the default ai.onnx)",
+            st = em_set_error(EM_ERR_UNSUPPORTED, "%s: node %s (%s): domain '%s' is not supported (only the default ai.onnx)",
                               mn, nname, opt, dom);
             goto out;
         }
@@ -718,10 +720,10 @@ static em_status build_graph(em_onnx_model *m)
         n->opset = m->opset;
         if (!n->op) {
             if (oldest)
-                st = em_set_error(EM_ERR_UNSUPPORTED, "%s: node '%s' (%s, opset %d): Ember implements %s from opset %d", mn, nname,
+                st = em_set_error(EM_ERR_UNSUPPORTED, "%s: node %s (%s, opset %d): Ember implements %s from opset %d", mn, nname,
                                   opt, m->opset, opt, oldest);
             else
-                st = em_set_error(EM_ERR_UNSUPPORTED, "%s: node '%s' (%s, opset %d): operator %s is not supported", mn, nname, opt,
+                st = em_set_error(EM_ERR_UNSUPPORTED, "%s: node %s (%s, opset %d): operator %s is not supported", mn, nname, opt,
                                   m->opset, opt);
             goto out;
         }
@@ -745,7 +747,7 @@ static em_status build_graph(em_onnx_model *m)
             int id;
             VALUE_ID(np->output[i], id);
             if (defined[id]) {
-                st = em_set_error(EM_ERR_FORMAT, "%s: node '%s' (%s): output '%s' is already defined (graphs are SSA)", mn, nname,
+                st = em_set_error(EM_ERR_FORMAT, "%s: node %s (%s): output '%s' is already defined (graphs are SSA)", mn, nname,
                                   opt, np->output[i]);
                 goto out;
             }
@@ -761,8 +763,8 @@ static em_status build_graph(em_onnx_model *m)
         for (int i = 0; i < m->nodes[k].nin; i++) {
             int id = m->nodes[k].in[i];
             if (id >= 0 && !defined[id]) {
-                st = em_set_error(EM_ERR_FORMAT, "%s: node '%s' (%s): input '%s' is not produced by any node, input or initializer",
-                                  mn, m->nodes[k].p->name ? m->nodes[k].p->name : "", m->nodes[k].p->op_type, m->vname[id]);
+                st = em_set_error(EM_ERR_FORMAT, "%s: node #%d '%s' (%s): input '%s' is not produced by any node, input or initializer",
+                                  mn, k, m->nodes[k].p->name ? m->nodes[k].p->name : "", m->nodes[k].p->op_type, m->vname[id]);
                 goto out;
             }
         }
@@ -808,8 +810,8 @@ static em_status build_graph(em_onnx_model *m)
         if (no < nn) {
             int k = 0;
             while (placed[k]) k++;
-            st = em_set_error(EM_ERR_FORMAT, "%s: the graph has a cycle (node '%s' (%s) depends on its own output)", mn,
-                              m->nodes[k].p->name ? m->nodes[k].p->name : "", m->nodes[k].p->op_type);
+            st = em_set_error(EM_ERR_FORMAT, "%s: the graph has a cycle (node #%d '%s' (%s) depends on its own output)", mn,
+                              k, m->nodes[k].p->name ? m->nodes[k].p->name : "", m->nodes[k].p->op_type);
             free(indeg);
             free(order);
             free(done);
@@ -1015,10 +1017,12 @@ int em_onnx_output_type(const em_onnx_model *m, int i)
 
 static void node_error(const em_onnx_model *m, const onnx_node *n)
 {
-    char msg[768];
+    char msg[768], label[160];
     em_status st = em_last_status() != EM_OK ? em_last_status() : EM_ERR_RUNTIME;
     snprintf(msg, sizeof msg, "%s", em_last_status() != EM_OK ? em_last_error() : "failed without a message");
-    em_set_error(st, "%s: node '%s' (%s, opset %d): %s", m->name, n->p->name ? n->p->name : "", n->p->op_type, n->opset, msg);
+    if (n->p->name && *n->p->name) snprintf(label, sizeof label, "'%s'", n->p->name);
+    else snprintf(label, sizeof label, "#%d (unnamed)", (int)(n - m->nodes));
+    em_set_error(st, "%s: node %s (%s, opset %d): %s", m->name, label, n->p->op_type, n->opset, msg);
 }
 
 em_status em_onnx_run(em_onnx_model *m, em_tensor *const inputs[], int nin, em_tensor *outputs[], int nout)

@@ -10,6 +10,7 @@
 #include "ember/data.h"
 #include "ember/text.h"
 #include "ember/store.h"
+#include "ember/onnx.h"
 #include "ember/train.h"
 #include "ember/amp.h"
 #include "ember/dist.h"

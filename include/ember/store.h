@@ -145,6 +145,19 @@ EM_API em_status em_safetensors_load_from(const em_st_file *f, const char *const
  *  and em_safetensors_open's errors. */
 EM_API em_status em_gpt2_load_hf_safetensors(em_module *m, const char *path);
 
+/* ---- NumPy .npy ----------------------------------------------------------------- */
+
+/** Reads a .npy file (format 1.0 to 3.0, C order; dtypes <f4 <f8 <f2 <i4 <i8
+ *  |u1 |b1 → f32 f64 f16 i32 i64 u8 bool). Returns a new tensor (tensor.h
+ *  ownership rules) or NULL: EM_ERR_IO, EM_ERR_FORMAT (not .npy, a header or
+ *  size that does not match), EM_ERR_UNSUPPORTED (Fortran order, another
+ *  dtype, rank above EM_MAX_DIMS), each naming the file. */
+EM_API em_tensor *em_npy_load(const char *path);
+/** Writes @p t as a .npy 1.0 file (C order; bf16 is EM_ERR_DTYPE: numpy has
+ *  no bfloat16), atomically as em_safetensors_save: an existing @p path is
+ *  untouched on failure. Waits for pending tasks on @p t. */
+EM_API em_status em_npy_save(const char *path, const em_tensor *t);
+
 /** SafeTensors dtype string of an Ember dtype ("F32", "BOOL", ...), NULL if invalid. */
 EM_API const char *em_safetensors_dtype_str(em_dtype dt);
 
