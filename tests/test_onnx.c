@@ -593,7 +593,7 @@ static void test_npy(void **state)
     fclose(f);
     assert_null(em_npy_load(q));
     assert_non_null(strstr(em_last_error(), "need 24"));
-    memcpy(hdr + 22, "<c8", 3);
+    memcpy(hdr + 21, "<c8", 3);
     f = fopen(q, "wb");
     fwrite(hdr, 1, 128, f);
     fclose(f);
