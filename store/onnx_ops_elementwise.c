@@ -1,6 +1,783 @@
-/* ONNX operators, elementwise group (see store/onnx_internal.h). */
+/* ONNX operators, elementwise group (see store/onnx_internal.h): the
+ * arithmetic, comparison, logical, bit-shift and cast operators, the unary
+ * math functions and activations, and Dropout in inference. Semantics from
+ * onnx/docs/Operators.md (onnx 1.23); each function names the opsets whose
+ * differences it handles.
+ *
+ * Integer types Ember holds widened (INT8 / INT16 / UINT16 in EM_I32,
+ * UINT32 in EM_I64) are wrapped back into their range after arithmetic that
+ * can leave it; UINT8 arithmetic is done in EM_I32 and wrapped, so that
+ * Ember's u8 overflow rules do not matter. Composite float functions of
+ * f32 / f16 / bf16 inputs (tan, the inverse and hyperbolic functions) are
+ * evaluated in f64 and rounded once. */
 #include "store/onnx_internal.h"
 
+#include <math.h>
+#include <string.h>
+
+#define LN2 0.69314718055994530942
+
+/* ---- type helpers ---- */
+
+static bool is_float_type(int t) { return t == ONNX_FLOAT || t == ONNX_DOUBLE || t == ONNX_FLOAT16 || t == ONNX_BFLOAT16; }
+static bool is_unsigned_type(int t) { return t == ONNX_UINT8 || t == ONNX_UINT16 || t == ONNX_UINT32 || t == ONNX_UINT64; }
+static bool is_signed_int_type(int t)
+{
+    return t == ONNX_INT8 || t == ONNX_INT16 || t == ONNX_INT32 || t == ONNX_INT64;
+}
+static bool is_int_type(int t) { return is_unsigned_type(t) || is_signed_int_type(t); }
+
+static int int_bits(int t)
+{
+    switch (t) {
+    case ONNX_INT8: case ONNX_UINT8: return 8;
+    case ONNX_INT16: case ONNX_UINT16: return 16;
+    case ONNX_INT32: case ONNX_UINT32: return 32;
+    default: return 64;
+    }
+}
+
+static em_dtype holder(int t)
+{
+    em_dtype d = EM_F32;
+    onnx_type_to_dtype(t, &d);
+    return d;
+}
+
+static const char *tname(int t) { return em_onnx_type_name(t); }
+
+/* Input i, required, of a float type. */
+static em_tensor *in_float(onnx_ctx *c, int i)
+{
+    em_tensor *x = onnx_in_req(c, i);
+    if (!x) return NULL;
+    if (!is_float_type(onnx_in_type(c, i))) {
+        em_set_error(EM_ERR_DTYPE, "input %d has type %s, the operator takes float types only", i, tname(onnx_in_type(c, i)));
+        return NULL;
+    }
+    return x;
+}
+
+/* Inputs 0 and 1, required, of one ONNX type; returns it (0 + error otherwise). */
+static int same_type2(onnx_ctx *c, em_tensor **a, em_tensor **b)
+{
+    *a = onnx_in_req(c, 0);
+    *b = onnx_in_req(c, 1);
+    if (!*a || !*b) return 0;
+    int ta = onnx_in_type(c, 0), tb = onnx_in_type(c, 1);
+    if (ta != tb) {
+        em_set_error(EM_ERR_DTYPE, "inputs have types %s and %s, the operator takes one type", tname(ta), tname(tb));
+        return 0;
+    }
+    return ta;
+}
+
+/* The tensor integer arithmetic of type t is done in: UINT8 in EM_I32. */
+static em_tensor *arith_in(em_tensor *x, int t) { return t == ONNX_UINT8 ? em_cast(x, EM_I32) : x; }
+
+/* Result of integer arithmetic back in type t's range and holder dtype. */
+static em_tensor *arith_out(em_tensor *r, int t)
+{
+    if (!r) return NULL;
+    if (t == ONNX_UINT8) return em_cast(em_remainder_scalar(r, 256), EM_U8);
+    if (t == ONNX_INT32 && em_tensor_dtype(r) == EM_I64) {
+        em_tensor *w = em_add_scalar(em_remainder_scalar(em_add_scalar(r, 2147483648.0), 4294967296.0), -2147483648.0);
+        return em_cast(w, EM_I32);
+    }
+    r = onnx_wrap_int(r, t);
+    em_dtype h = holder(t);
+    return r && em_tensor_dtype(r) != h ? em_cast(r, h) : r;
+}
+
+/* Float function of type t evaluated in f64 when t is narrower. */
+static em_tensor *to_f64(em_tensor *x) { return em_tensor_dtype(x) == EM_F64 ? x : em_cast(x, EM_F64); }
+static em_tensor *from_f64(em_tensor *r, int t)
+{
+    em_dtype h = holder(t);
+    return r && em_tensor_dtype(r) != h ? em_cast(r, h) : r;
+}
+
+/* ---- binary arithmetic ---- */
+
+typedef em_tensor *(*binfn)(const em_tensor *, const em_tensor *);
+
+static em_status arith(onnx_ctx *c, binfn f)
+{
+    em_tensor *a, *b;
+    int t = same_type2(c, &a, &b);
+    if (!t) return em_last_status();
+    if (t == ONNX_BOOL) return em_set_error(EM_ERR_DTYPE, "the operator does not take bool inputs");
+    if (is_float_type(t)) return onnx_out(c, 0, f(a, b), t);
+    return onnx_out(c, 0, arith_out(f(arith_in(a, t), arith_in(b, t)), t), t);
+}
+
+/* Add, Sub, Mul (7, 13, 14): numpy broadcasting (the broadcast / axis
+ * attributes of opsets before 7 are outside Ember's range). */
+static em_status op_add(onnx_ctx *c) { return arith(c, em_add); }
+static em_status op_sub(onnx_ctx *c) { return arith(c, em_sub); }
+static em_status op_mul(onnx_ctx *c) { return arith(c, em_mul); }
+
+/* Integer division truncated toward zero (C, and numpy's division cast
+ * back to the integer type, as the reference does). */
+static em_tensor *trunc_div(em_tensor *a, em_tensor *b)
+{
+    em_tensor *q = em_floor_divide(a, b);
+    em_tensor *r = em_remainder(a, b);
+    /* floor and trunc differ where the remainder is non-zero and the signs differ */
+    em_tensor *fix = em_logical_and(em_ne_scalar(r, 0), em_ne(em_lt_scalar(a, 0), em_lt_scalar(b, 0)));
+    return em_add(q, em_cast(fix, em_tensor_dtype(q)));
+}
+
+/* Div (7, 13, 14): integer division truncates toward zero. */
+static em_status op_div(onnx_ctx *c)
+{
+    em_tensor *a, *b;
+    int t = same_type2(c, &a, &b);
+    if (!t) return em_last_status();
+    if (t == ONNX_BOOL) return em_set_error(EM_ERR_DTYPE, "Div does not take bool inputs");
+    if (is_float_type(t)) return onnx_out(c, 0, em_div(a, b), t);
+    return onnx_out(c, 0, arith_out(trunc_div(arith_in(a, t), arith_in(b, t)), t), t);
+}
+
+/* Mod (10, 13, 28): fmod = 0 takes the sign of the divisor (Python's %),
+ * fmod = 1 that of the dividend (C's fmod). Before opset 28 float inputs
+ * require fmod = 1. */
+static em_status op_mod(onnx_ctx *c)
+{
+    em_tensor *a, *b;
+    int t = same_type2(c, &a, &b);
+    if (!t) return em_last_status();
+    if (t == ONNX_BOOL) return em_set_error(EM_ERR_DTYPE, "Mod does not take bool inputs");
+    int64_t fm = onnx_attr_int(c, "fmod", 0);
+    if (fm != 0 && fm != 1) return em_set_error(EM_ERR_INVALID, "fmod must be 0 or 1, not %lld", (long long)fm);
+    if (is_float_type(t) && fm == 0 && c->opset < 28)
+        return em_set_error(EM_ERR_INVALID, "Mod of float inputs requires fmod = 1 before opset 28");
+    binfn f = fm ? em_fmod : em_remainder;
+    if (is_float_type(t)) return onnx_out(c, 0, f(a, b), t);
+    return onnx_out(c, 0, arith_out(f(arith_in(a, t), arith_in(b, t)), t), t);
+}
+
+/* Pow (7, 12, 13, 15): the result has the base's type; from opset 12 the
+ * exponent's type may differ. Computed in f64 (an integer result is then
+ * truncated, as numpy's power cast back to the base's type). */
+static em_status op_pow(onnx_ctx *c)
+{
+    em_tensor *a = onnx_in_req(c, 0), *b = onnx_in_req(c, 1);
+    if (!a || !b) return em_last_status();
+    int ta = onnx_in_type(c, 0), tb = onnx_in_type(c, 1);
+    if (ta == ONNX_BOOL || tb == ONNX_BOOL) return em_set_error(EM_ERR_DTYPE, "Pow does not take bool inputs");
+    if (c->opset < 12 && ta != tb) return em_set_error(EM_ERR_DTYPE, "Pow before opset 12 takes one type (%s and %s)", tname(ta), tname(tb));
+    if (ta == tb && is_float_type(ta)) return onnx_out(c, 0, em_pow(a, b), ta);
+    em_tensor *r = em_pow(em_cast(a, EM_F64), em_cast(b, EM_F64));
+    if (is_float_type(ta)) return onnx_out(c, 0, from_f64(r, ta), ta);
+    /* float -> int: truncation toward zero, then the wrap into the type */
+    return onnx_out(c, 0, arith_out(em_cast(r, EM_I64), ta), ta);
+}
+
+/* ---- variadic ---- */
+
+/* Max, Min (8, 12, 13), Sum, Mean (8, 13): numpy broadcasting over all
+ * inputs; NaN propagates through Max / Min. */
+static em_status variadic(onnx_ctx *c, binfn f, bool wrap, bool mean)
+{
+    if (c->nin < 1) return em_set_error(EM_ERR_FORMAT, "the operator needs at least one input");
+    em_tensor *acc = onnx_in_req(c, 0);
+    if (!acc) return em_last_status();
+    int t = onnx_in_type(c, 0);
+    if (t == ONNX_BOOL) return em_set_error(EM_ERR_DTYPE, "the operator does not take bool inputs");
+    if (mean && !is_float_type(t)) return em_set_error(EM_ERR_DTYPE, "Mean takes float types only, not %s", tname(t));
+    bool ints = wrap && !is_float_type(t);
+    if (ints) acc = arith_in(acc, t);
+    for (int i = 1; i < c->nin; i++) {
+        em_tensor *x = onnx_in_req(c, i);
+        if (!x) return em_last_status();
+        if (onnx_in_type(c, i) != t)
+            return em_set_error(EM_ERR_DTYPE, "input %d has type %s, input 0 %s", i, tname(onnx_in_type(c, i)), tname(t));
+        acc = f(acc, ints ? arith_in(x, t) : x);
+    }
+    if (ints) acc = arith_out(acc, t);
+    else if (c->nin == 1) acc = em_reshape(acc, em_tensor_shape(acc), em_tensor_ndim(acc));
+    if (mean && c->nin > 1) acc = em_div_scalar(acc, (double)c->nin);
+    return onnx_out(c, 0, acc, t);
+}
+
+static em_status op_max(onnx_ctx *c) { return variadic(c, em_maximum, false, false); }
+static em_status op_min(onnx_ctx *c) { return variadic(c, em_minimum, false, false); }
+static em_status op_sum(onnx_ctx *c) { return variadic(c, em_add, true, false); }
+static em_status op_mean(onnx_ctx *c) { return variadic(c, em_add, false, true); }
+
+/* ---- comparisons and logic ---- */
+
+static em_status compare(onnx_ctx *c, binfn f)
+{
+    em_tensor *a, *b;
+    int t = same_type2(c, &a, &b);
+    if (!t) return em_last_status();
+    return onnx_out(c, 0, f(a, b), ONNX_BOOL);
+}
+
+/* Equal (7, 11, 13, 19), Less / Greater (7, 9, 13), LessOrEqual /
+ * GreaterOrEqual (12, 16); string inputs are refused at load. */
+static em_status op_equal(onnx_ctx *c) { return compare(c, em_eq); }
+static em_status op_less(onnx_ctx *c) { return compare(c, em_lt); }
+static em_status op_greater(onnx_ctx *c) { return compare(c, em_gt); }
+static em_status op_less_equal(onnx_ctx *c) { return compare(c, em_le); }
+static em_status op_greater_equal(onnx_ctx *c) { return compare(c, em_ge); }
+
+static em_status logic(onnx_ctx *c, binfn f)
+{
+    em_tensor *a, *b;
+    int t = same_type2(c, &a, &b);
+    if (!t) return em_last_status();
+    if (t != ONNX_BOOL) return em_set_error(EM_ERR_DTYPE, "the operator takes bool inputs, not %s", tname(t));
+    return onnx_out(c, 0, f(a, b), ONNX_BOOL);
+}
+
+/* And, Or, Xor (7), Not (1). */
+static em_status op_and(onnx_ctx *c) { return logic(c, em_logical_and); }
+static em_status op_or(onnx_ctx *c) { return logic(c, em_logical_or); }
+static em_status op_xor(onnx_ctx *c) { return logic(c, em_ne); }
+static em_status op_not(onnx_ctx *c)
+{
+    em_tensor *x = onnx_in_req(c, 0);
+    if (!x) return em_last_status();
+    if (onnx_in_type(c, 0) != ONNX_BOOL) return em_set_error(EM_ERR_DTYPE, "Not takes bool input, not %s", tname(onnx_in_type(c, 0)));
+    return onnx_out(c, 0, em_logical_not(x), ONNX_BOOL);
+}
+
+/* Where (9, 16): condition ? X : Y, all three broadcast. */
+static em_status op_where(onnx_ctx *c)
+{
+    em_tensor *m = onnx_in_req(c, 0), *x = onnx_in_req(c, 1), *y = onnx_in_req(c, 2);
+    if (!m || !x || !y) return em_last_status();
+    if (onnx_in_type(c, 0) != ONNX_BOOL) return em_set_error(EM_ERR_DTYPE, "condition must be bool, not %s", tname(onnx_in_type(c, 0)));
+    int t = onnx_in_type(c, 1);
+    if (onnx_in_type(c, 2) != t) return em_set_error(EM_ERR_DTYPE, "X and Y have types %s and %s", tname(t), tname(onnx_in_type(c, 2)));
+    return onnx_out(c, 0, em_where(m, x, y), t);
+}
+
+/* ---- bits ---- */
+
+/* 2^s for an i64 tensor s in [0, 62]. */
+static em_tensor *pow2(em_tensor *s) { return em_cast(em_exp2(em_cast(s, EM_F64)), EM_I64); }
+
+/* BitShift (11: unsigned types; 28: signed types too, an arithmetic right
+ * shift). A shift < 0 or >= the type's width gives what the sign extension
+ * alone gives: -1 for a right shift of a negative value, else 0. Done in
+ * i64 as a multiplication / floor division by powers of two (a shift by s
+ * of a 64-bit type as two factors of at most 2^32). */
+static em_status op_bitshift(onnx_ctx *c)
+{
+    em_tensor *x, *y;
+    int t = same_type2(c, &x, &y);
+    if (!t) return em_last_status();
+    if (!is_int_type(t)) return em_set_error(EM_ERR_DTYPE, "BitShift takes integer inputs, not %s", tname(t));
+    if (c->opset < 28 && !is_unsigned_type(t)) return em_set_error(EM_ERR_DTYPE, "BitShift before opset 28 takes unsigned types, not %s", tname(t));
+    const char *dir = onnx_attr_string(c, "direction", NULL);
+    if (!dir) return em_set_error(EM_ERR_FORMAT, "BitShift without the direction attribute");
+    bool left = !strcmp(dir, "LEFT");
+    if (!left && strcmp(dir, "RIGHT")) return em_set_error(EM_ERR_INVALID, "direction must be LEFT or RIGHT, not '%s'", dir);
+    int w = int_bits(t);
+    em_tensor *xi = em_cast(x, EM_I64), *s = em_cast(y, EM_I64);
+    em_tensor *valid = em_logical_and(em_ge_scalar(s, 0), em_lt_scalar(s, w));
+    em_tensor *sc = em_clamp(s, 0, w - 1);
+    em_tensor *s1 = em_floor_divide(sc, em_scalar(2, EM_I64)), *s2 = em_sub(sc, s1);
+    em_tensor *r;
+    if (left) r = em_mul(em_mul(xi, pow2(s1)), pow2(s2));
+    else r = em_floor_divide(em_floor_divide(xi, pow2(s1)), pow2(s2));
+    em_tensor *fill = left ? em_zeros_like(xi) : em_neg(em_cast(em_lt_scalar(xi, 0), EM_I64));
+    r = em_where(valid, r, fill);
+    if (left) r = arith_out(r, t);
+    else r = em_tensor_dtype(r) != holder(t) ? em_cast(r, holder(t)) : r;
+    return onnx_out(c, 0, r, t);
+}
+
+/* BitwiseNot (18): ~x = -1 - x for signed types, (2^w - 1) - x for unsigned. */
+static em_status op_bitwise_not(onnx_ctx *c)
+{
+    em_tensor *x = onnx_in_req(c, 0);
+    if (!x) return em_last_status();
+    int t = onnx_in_type(c, 0);
+    if (!is_int_type(t)) return em_set_error(EM_ERR_DTYPE, "BitwiseNot takes integer input, not %s", tname(t));
+    if (t == ONNX_UINT64) return onnx_unsupported(c, "BitwiseNot of UINT64");
+    double top = is_unsigned_type(t) ? ldexp(1.0, int_bits(t)) - 1 : -1;
+    em_tensor *xi = arith_in(x, t);
+    return onnx_out(c, 0, arith_out(em_rsub_scalar(xi, top), t), t);
+}
+
+/* BitwiseAnd / Or / Xor (18): bit by bit in i64, bit k of x being
+ * floor(x / 2^k) mod 2 (two's complement for the signed types: the sign
+ * bit weighs -2^(w-1)). */
+enum { BW_AND, BW_OR, BW_XOR };
+static em_status bitwise(onnx_ctx *c, int kind)
+{
+    em_tensor *a, *b;
+    int t = same_type2(c, &a, &b);
+    if (!t) return em_last_status();
+    if (!is_int_type(t)) return em_set_error(EM_ERR_DTYPE, "the operator takes integer inputs, not %s", tname(t));
+    int w = int_bits(t);
+    if (t == ONNX_UINT64) return onnx_unsupported(c, "bitwise operators on UINT64");
+    em_tensor *ai = em_cast(a, EM_I64), *bi = em_cast(b, EM_I64), *two = em_scalar(2, EM_I64);
+    em_tensor *acc = NULL;
+    for (int k = 0; k < w; k++) {
+        /* bit k: the low bit of x shifted right k times (floor division by 2) */
+        em_tensor *ba = em_remainder_scalar(ai, 2), *bb = em_remainder_scalar(bi, 2);
+        em_tensor *bit;
+        if (kind == BW_AND) bit = em_mul(ba, bb);
+        else if (kind == BW_OR) bit = em_maximum(ba, bb);
+        else bit = em_remainder_scalar(em_add(ba, bb), 2);
+        double weight = ldexp(1.0, k);
+        if (k == w - 1 && !is_unsigned_type(t)) weight = -weight;
+        em_tensor *term = em_mul_scalar(bit, weight);
+        acc = acc ? em_add(acc, term) : term;
+        if (!acc) return em_last_status();
+        if (k + 1 < w) {
+            ai = em_floor_divide(ai, two);
+            bi = em_floor_divide(bi, two);
+        }
+    }
+    em_tensor *r = acc;
+    em_dtype h = holder(t);
+    if (r && em_tensor_dtype(r) != h) r = em_cast(r, h);
+    return onnx_out(c, 0, r, t);
+}
+static em_status op_bitwise_and(onnx_ctx *c) { return bitwise(c, BW_AND); }
+static em_status op_bitwise_or(onnx_ctx *c) { return bitwise(c, BW_OR); }
+static em_status op_bitwise_xor(onnx_ctx *c) { return bitwise(c, BW_XOR); }
+
+/* ---- Cast ---- */
+
+/* x (ONNX type from) converted to ONNX type to: float -> int truncates
+ * toward zero, then wraps into the type as a C cast of an in-range value;
+ * anything -> bool is x != 0. */
+static em_tensor *cast_to(em_tensor *x, int from, int to)
+{
+    em_dtype dt;
+    if (!onnx_type_to_dtype(to, &dt)) return NULL;
+    if (to == ONNX_BOOL) return em_tensor_dtype(x) == EM_BOOL ? em_cast(x, EM_BOOL) : em_ne_scalar(x, 0);
+    if (is_float_type(to) || to == ONNX_INT64) return em_cast(x, dt);
+    if (from == to) return em_cast(x, dt);
+    /* a narrower integer type: through i64, then the wrap */
+    em_tensor *i = em_cast(x, EM_I64);
+    return arith_out(i, to);
+}
+
+static em_status cast_common(onnx_ctx *c, em_tensor *x, int from, int to)
+{
+    em_dtype dt;
+    if (!onnx_type_to_dtype(to, &dt)) return onnx_unsupported(c, "cast to %s (type %d) is not supported", tname(to), to);
+    const char *rm = onnx_attr_string(c, "round_mode", "up");
+    if (strcmp(rm, "up") && strcmp(rm, "down") && strcmp(rm, "nearest"))
+        return em_set_error(EM_ERR_INVALID, "round_mode must be up, down or nearest, not '%s'", rm);
+    /* saturate and round_mode concern the float8 / e8m0 targets only */
+    return onnx_out(c, 0, cast_to(x, from, to), to);
+}
+
+/* Cast (6, 9, 13, 19, 21, 23, 24, 25, 28): to is an int from opset 6;
+ * saturate (19) and round_mode (28) apply to float8 / float8e8m0 targets,
+ * which Ember does not hold (refused at load). */
+static em_status op_cast(onnx_ctx *c)
+{
+    em_tensor *x = onnx_in_req(c, 0);
+    if (!x) return em_last_status();
+    const Onnx__AttributeProto *a = onnx_attr(c, "to");
+    if (!a || !a->has_i) return em_set_error(EM_ERR_FORMAT, "Cast without an int 'to' attribute");
+    return cast_common(c, x, onnx_in_type(c, 0), (int)a->i);
+}
+
+/* CastLike (15, 19, 21, 23, 24, 25): to the type of input 1. */
+static em_status op_castlike(onnx_ctx *c)
+{
+    em_tensor *x = onnx_in_req(c, 0), *like = onnx_in_req(c, 1);
+    if (!x || !like) return em_last_status();
+    return cast_common(c, x, onnx_in_type(c, 0), onnx_in_type(c, 1));
+}
+
+/* ---- unary ---- */
+
+typedef em_tensor *(*unfn)(const em_tensor *);
+
+static em_status unary_float(onnx_ctx *c, unfn f)
+{
+    em_tensor *x = in_float(c, 0);
+    if (!x) return em_last_status();
+    return onnx_out(c, 0, f(x), onnx_in_type(c, 0));
+}
+
+/* Sqrt, Exp, Log, Reciprocal, Tanh, Sigmoid, Ceil, Floor (6, 13), Cos,
+ * Sin (7, 22), Round (11, 22: half to even), Erf (9, 13), Softsign (1,
+ * 22), HardSwish (14, 22), Mish (18, 22): float types. */
+static em_status op_sqrt(onnx_ctx *c) { return unary_float(c, em_sqrt); }
+static em_status op_exp(onnx_ctx *c) { return unary_float(c, em_exp); }
+static em_status op_log(onnx_ctx *c) { return unary_float(c, em_log); }
+static em_status op_reciprocal(onnx_ctx *c) { return unary_float(c, em_reciprocal); }
+static em_status op_tanh(onnx_ctx *c) { return unary_float(c, em_tanh); }
+static em_status op_sigmoid(onnx_ctx *c) { return unary_float(c, em_sigmoid); }
+static em_status op_ceil(onnx_ctx *c) { return unary_float(c, em_ceil); }
+static em_status op_floor(onnx_ctx *c) { return unary_float(c, em_floor); }
+static em_status op_round(onnx_ctx *c) { return unary_float(c, em_round); }
+static em_status op_cos(onnx_ctx *c) { return unary_float(c, em_cos); }
+static em_status op_sin(onnx_ctx *c) { return unary_float(c, em_sin); }
+static em_status op_erf(onnx_ctx *c) { return unary_float(c, em_erf); }
+static em_status op_softsign(onnx_ctx *c) { return unary_float(c, em_softsign); }
+static em_status op_softplus(onnx_ctx *c) { return unary_float(c, em_softplus); }
+static em_status op_hardswish(onnx_ctx *c) { return unary_float(c, em_hardswish); }
+static em_status op_mish(onnx_ctx *c) { return unary_float(c, em_mish); }
+
+/* Composite float functions, in f64. */
+static em_tensor *f_tan(em_tensor *x) { return em_div(em_sin(x), em_cos(x)); }
+static em_tensor *f_sqrt1m(em_tensor *x) /* sqrt((1 - x)(1 + x)) */
+{
+    return em_sqrt(em_mul(em_rsub_scalar(x, 1), em_add_scalar(x, 1)));
+}
+static em_tensor *f_asin(em_tensor *x) { return em_atan2(x, f_sqrt1m(x)); }
+static em_tensor *f_acos(em_tensor *x) { return em_atan2(f_sqrt1m(x), x); }
+static em_tensor *f_atan(em_tensor *x) { return em_atan2(x, em_ones_like(x)); }
+static em_tensor *f_sinh(em_tensor *x)
+{
+    /* u = expm1(|x|): sinh|x| = u (u + 2) / (2 (u + 1)), accurate near 0;
+     * large |x|: exp(|x| - ln 2) avoids the overflow of u * u */
+    em_tensor *ax = em_abs(x);
+    em_tensor *u = em_expm1(ax);
+    em_tensor *small = em_div(em_mul(u, em_add_scalar(u, 2)), em_mul_scalar(em_add_scalar(u, 1), 2));
+    em_tensor *big = em_exp(em_sub_scalar(ax, LN2));
+    em_tensor *s = em_where(em_lt_scalar(ax, 20), small, big);
+    /* sign of x (NaN stays NaN) */
+    return em_where(em_lt_scalar(x, 0), em_neg(s), em_where(em_ne(x, x), x, s));
+}
+static em_tensor *f_cosh(em_tensor *x)
+{
+    em_tensor *ax = em_abs(x);
+    em_tensor *e = em_exp(em_sub_scalar(ax, LN2));
+    /* cosh = e^|x| / 2 + e^-|x| / 2 */
+    return em_add(e, em_mul_scalar(em_exp(em_neg(ax)), 0.5));
+}
+static em_tensor *f_asinh(em_tensor *x)
+{
+    /* asinh|x| = log1p(|x| + x^2 / (1 + sqrt(1 + x^2))); large |x|: log(2|x|) */
+    em_tensor *ax = em_abs(x);
+    em_tensor *x2 = em_mul(ax, ax);
+    em_tensor *small = em_log1p(em_add(ax, em_div(x2, em_add_scalar(em_sqrt(em_add_scalar(x2, 1)), 1))));
+    em_tensor *big = em_add_scalar(em_log(ax), LN2);
+    em_tensor *s = em_where(em_lt_scalar(ax, 1e150), small, big);
+    return em_where(em_lt_scalar(x, 0), em_neg(s), em_where(em_ne(x, x), x, s));
+}
+static em_tensor *f_acosh(em_tensor *x)
+{
+    /* log1p((x - 1) + sqrt((x - 1)(x + 1))); NaN below 1 from the sqrt */
+    em_tensor *xm = em_sub_scalar(x, 1);
+    em_tensor *small = em_log1p(em_add(xm, em_sqrt(em_mul(xm, em_add_scalar(x, 1)))));
+    em_tensor *big = em_add_scalar(em_log(x), LN2);
+    return em_where(em_lt_scalar(x, 1e150), small, big);
+}
+static em_tensor *f_atanh(em_tensor *x)
+{
+    /* 0.5 log1p(2x / (1 - x)) */
+    return em_mul_scalar(em_log1p(em_div(em_mul_scalar(x, 2), em_rsub_scalar(x, 1))), 0.5);
+}
+
+typedef em_tensor *(*compfn)(em_tensor *);
+
+static em_status unary_f64(onnx_ctx *c, compfn f)
+{
+    em_tensor *x = in_float(c, 0);
+    if (!x) return em_last_status();
+    int t = onnx_in_type(c, 0);
+    return onnx_out(c, 0, from_f64(f(to_f64(x)), t), t);
+}
+
+/* Tan, Asin, Acos, Atan (7, 22), Sinh, Cosh, Asinh, Acosh, Atanh (9, 22). */
+static em_status op_tan(onnx_ctx *c) { return unary_f64(c, f_tan); }
+static em_status op_asin(onnx_ctx *c) { return unary_f64(c, f_asin); }
+static em_status op_acos(onnx_ctx *c) { return unary_f64(c, f_acos); }
+static em_status op_atan(onnx_ctx *c) { return unary_f64(c, f_atan); }
+static em_status op_sinh(onnx_ctx *c) { return unary_f64(c, f_sinh); }
+static em_status op_cosh(onnx_ctx *c) { return unary_f64(c, f_cosh); }
+static em_status op_asinh(onnx_ctx *c) { return unary_f64(c, f_asinh); }
+static em_status op_acosh(onnx_ctx *c) { return unary_f64(c, f_acosh); }
+static em_status op_atanh(onnx_ctx *c) { return unary_f64(c, f_atanh); }
+
+/* Neg (6, 13): signed types and floats; Abs (6, 13): every numeric type. */
+static em_status op_neg(onnx_ctx *c)
+{
+    em_tensor *x = onnx_in_req(c, 0);
+    if (!x) return em_last_status();
+    int t = onnx_in_type(c, 0);
+    if (is_float_type(t)) return onnx_out(c, 0, em_neg(x), t);
+    if (!is_signed_int_type(t)) return em_set_error(EM_ERR_DTYPE, "Neg takes signed types, not %s", tname(t));
+    return onnx_out(c, 0, arith_out(em_neg(x), t), t);
+}
+
+static em_status op_abs(onnx_ctx *c)
+{
+    em_tensor *x = onnx_in_req(c, 0);
+    if (!x) return em_last_status();
+    int t = onnx_in_type(c, 0);
+    if (t == ONNX_BOOL) return em_set_error(EM_ERR_DTYPE, "Abs does not take bool input");
+    if (is_float_type(t)) return onnx_out(c, 0, em_abs(x), t);
+    if (is_unsigned_type(t)) return onnx_out(c, 0, em_reshape(x, em_tensor_shape(x), em_tensor_ndim(x)), t);
+    return onnx_out(c, 0, arith_out(em_abs(x), t), t);
+}
+
+/* Sign (9, 13): -1, 0, 1 (NaN stays NaN). */
+static em_status op_sign(onnx_ctx *c)
+{
+    em_tensor *x = onnx_in_req(c, 0);
+    if (!x) return em_last_status();
+    int t = onnx_in_type(c, 0);
+    if (t == ONNX_BOOL) return em_set_error(EM_ERR_DTYPE, "Sign does not take bool input");
+    em_tensor *s = em_sign(x);
+    if (is_float_type(t)) s = em_where(em_ne(x, x), x, s);
+    return onnx_out(c, 0, s, t);
+}
+
+/* IsNaN (9, 13, 20), IsInf (10, 20): detect_positive / detect_negative. */
+static em_status op_isnan(onnx_ctx *c)
+{
+    em_tensor *x = in_float(c, 0);
+    if (!x) return em_last_status();
+    return onnx_out(c, 0, em_ne(x, x), ONNX_BOOL);
+}
+
+static em_status op_isinf(onnx_ctx *c)
+{
+    em_tensor *x = in_float(c, 0);
+    if (!x) return em_last_status();
+    bool pos = onnx_attr_int(c, "detect_positive", 1) != 0, neg = onnx_attr_int(c, "detect_negative", 1) != 0;
+    em_tensor *r;
+    if (pos && neg) r = em_eq_scalar(em_abs(x), INFINITY);
+    else if (pos) r = em_eq_scalar(x, INFINITY);
+    else if (neg) r = em_eq_scalar(x, -INFINITY);
+    else r = em_zeros(em_tensor_shape(x), em_tensor_ndim(x), EM_BOOL);
+    return onnx_out(c, 0, r, ONNX_BOOL);
+}
+
+/* ---- activations with attributes ---- */
+
+/* Elu (6, 22): alpha 1. */
+static em_status op_elu(onnx_ctx *c)
+{
+    em_tensor *x = in_float(c, 0);
+    if (!x) return em_last_status();
+    return onnx_out(c, 0, em_elu(x, onnx_attr_float(c, "alpha", 1.0)), 0);
+}
+
+/* Celu (12, 28): alpha 1. */
+static em_status op_celu(onnx_ctx *c)
+{
+    em_tensor *x = in_float(c, 0);
+    if (!x) return em_last_status();
+    return onnx_out(c, 0, em_celu(x, onnx_attr_float(c, "alpha", 1.0)), 0);
+}
+
+/* Selu (6, 22): gamma * (x > 0 ? x : alpha (exp(x) - 1)). */
+static em_status op_selu(onnx_ctx *c)
+{
+    em_tensor *x = in_float(c, 0);
+    if (!x) return em_last_status();
+    double alpha = onnx_attr_float(c, "alpha", 1.67326319217681884765625);
+    double gamma = onnx_attr_float(c, "gamma", 1.05070102214813232421875);
+    em_tensor *neg = em_mul_scalar(em_expm1(x), alpha);
+    return onnx_out(c, 0, em_mul_scalar(em_where(em_gt_scalar(x, 0), x, neg), gamma), 0);
+}
+
+/* LeakyRelu (6, 16): alpha 0.01. */
+static em_status op_leaky_relu(onnx_ctx *c)
+{
+    em_tensor *x = in_float(c, 0);
+    if (!x) return em_last_status();
+    return onnx_out(c, 0, em_leaky_relu(x, onnx_attr_float(c, "alpha", 0.01)), 0);
+}
+
+/* ThresholdedRelu (10, 22): x > alpha ? x : 0, alpha 1. */
+static em_status op_thresholded_relu(onnx_ctx *c)
+{
+    em_tensor *x = in_float(c, 0);
+    if (!x) return em_last_status();
+    double alpha = onnx_attr_float(c, "alpha", 1.0);
+    return onnx_out(c, 0, em_where(em_gt_scalar(x, alpha), x, em_zeros_like(x)), 0);
+}
+
+/* HardSigmoid (6, 22): max(0, min(1, alpha x + beta)), alpha 0.2, beta 0.5. */
+static em_status op_hard_sigmoid(onnx_ctx *c)
+{
+    em_tensor *x = in_float(c, 0);
+    if (!x) return em_last_status();
+    double alpha = onnx_attr_float(c, "alpha", 0.2), beta = onnx_attr_float(c, "beta", 0.5);
+    return onnx_out(c, 0, em_clamp(em_add_scalar(em_mul_scalar(x, alpha), beta), 0, 1), 0);
+}
+
+/* Swish (24): x sigmoid(alpha x), alpha 1. */
+static em_status op_swish(onnx_ctx *c)
+{
+    em_tensor *x = in_float(c, 0);
+    if (!x) return em_last_status();
+    double alpha = onnx_attr_float(c, "alpha", 1.0);
+    if (alpha == 1.0) return onnx_out(c, 0, em_silu(x), 0);
+    return onnx_out(c, 0, em_mul(x, em_sigmoid(em_mul_scalar(x, alpha))), 0);
+}
+
+/* Gelu (20): approximate "none" (erf) or "tanh". */
+static em_status op_gelu(onnx_ctx *c)
+{
+    em_tensor *x = in_float(c, 0);
+    if (!x) return em_last_status();
+    const char *ap = onnx_attr_string(c, "approximate", "none");
+    if (!strcmp(ap, "none")) return onnx_out(c, 0, em_gelu(x), 0);
+    if (!strcmp(ap, "tanh")) return onnx_out(c, 0, em_gelu_tanh(x), 0);
+    return em_set_error(EM_ERR_INVALID, "approximate must be none or tanh, not '%s'", ap);
+}
+
+/* Shrink (9): x < -lambd ? x + bias : x > lambd ? x - bias : 0; lambd 0.5,
+ * bias 0; numeric types. */
+static em_status op_shrink(onnx_ctx *c)
+{
+    em_tensor *x = onnx_in_req(c, 0);
+    if (!x) return em_last_status();
+    int t = onnx_in_type(c, 0);
+    if (t == ONNX_BOOL) return em_set_error(EM_ERR_DTYPE, "Shrink does not take bool input");
+    double lambd = onnx_attr_float(c, "lambd", 0.5), bias = onnx_attr_float(c, "bias", 0.0);
+    em_tensor *xi = is_float_type(t) ? x : em_cast(x, EM_F64);
+    em_tensor *lo = em_add_scalar(xi, bias), *hi = em_sub_scalar(xi, bias);
+    em_tensor *r = em_where(em_lt_scalar(xi, -lambd), lo, em_where(em_gt_scalar(xi, lambd), hi, em_zeros_like(xi)));
+    if (!is_float_type(t)) r = arith_out(em_cast(r, EM_I64), t);
+    return onnx_out(c, 0, r, t);
+}
+
+/* PRelu (7, 9, 16): x < 0 ? slope x : x, slope broadcast to x. */
+static em_status op_prelu(onnx_ctx *c)
+{
+    em_tensor *x, *s;
+    int t = same_type2(c, &x, &s);
+    if (!t) return em_last_status();
+    if (t == ONNX_BOOL) return em_set_error(EM_ERR_DTYPE, "PRelu does not take bool inputs");
+    em_tensor *r = em_where(em_lt_scalar(x, 0), em_mul(arith_in(x, t), arith_in(s, t)), arith_in(x, t));
+    if (!r) return em_last_status();
+    if (em_tensor_ndim(r) != em_tensor_ndim(x) || memcmp(em_tensor_shape(r), em_tensor_shape(x), sizeof(int64_t) * (size_t)em_tensor_ndim(x)))
+        return em_set_error(EM_ERR_SHAPE, "slope does not broadcast to X's shape");
+    return onnx_out(c, 0, is_float_type(t) ? r : arith_out(r, t), t);
+}
+
+/* Clip (6: min / max attributes; 11, 12, 13: optional min / max inputs,
+ * scalars of the input's type): min(max(x, min), max), so min > max gives
+ * max everywhere, as numpy's clip. */
+static em_status op_clip(onnx_ctx *c)
+{
+    em_tensor *x = onnx_in_req(c, 0);
+    if (!x) return em_last_status();
+    int t = onnx_in_type(c, 0);
+    if (t == ONNX_BOOL) return em_set_error(EM_ERR_DTYPE, "Clip does not take bool input");
+    em_tensor *r = x;
+    if (c->opset < 11) {
+        if (onnx_has_attr(c, "min")) r = em_maximum_scalar(r, onnx_attr_float(c, "min", 0));
+        if (onnx_has_attr(c, "max")) r = em_minimum_scalar(r, onnx_attr_float(c, "max", 0));
+    } else {
+        for (int i = 1; i <= 2; i++) {
+            em_tensor *b = onnx_in(c, i);
+            if (!b) continue;
+            if (onnx_in_type(c, i) != t)
+                return em_set_error(EM_ERR_DTYPE, "input %d has type %s, the input %s", i, tname(onnx_in_type(c, i)), tname(t));
+            if (em_tensor_numel(b) != 1)
+                return em_set_error(EM_ERR_SHAPE, "input %d (%s) must be a scalar, it has %lld values", i, i == 1 ? "min" : "max",
+                                    (long long)em_tensor_numel(b));
+            em_tensor *b0 = em_reshape(b, NULL, 0);
+            r = i == 1 ? em_maximum(r, b0) : em_minimum(r, b0);
+        }
+    }
+    if (r == x) r = em_reshape(x, em_tensor_shape(x), em_tensor_ndim(x));
+    return onnx_out(c, 0, r, t);
+}
+
+/* Dropout (7, 10: ratio attribute, no training; 12, 13, 22: ratio and
+ * training_mode inputs). Inference, or training with ratio 0: output =
+ * input, mask all true (before opset 10 the mask has the input's type:
+ * ones). Training with a non-zero ratio draws numbers: unsupported. */
+static em_status op_dropout(onnx_ctx *c)
+{
+    em_tensor *x = onnx_in_req(c, 0);
+    if (!x) return em_last_status();
+    int t = onnx_in_type(c, 0);
+    if (c->opset >= 12 && onnx_in(c, 2)) {
+        double train, ratio = 0.5;
+        if (onnx_in_scalar(c, 2, &train) != EM_OK) return em_last_status();
+        if (onnx_in(c, 1) && onnx_in_scalar(c, 1, &ratio) != EM_OK) return em_last_status();
+        if (train != 0 && ratio != 0) return onnx_unsupported(c, "Dropout in training mode with ratio %g (random numbers)", ratio);
+    }
+    em_status st = onnx_out(c, 0, em_reshape(x, em_tensor_shape(x), em_tensor_ndim(x)), t);
+    if (st != EM_OK || c->nout < 2 || c->node->out[1] < 0) return st;
+    if (c->opset < 10) return onnx_out(c, 1, em_ones_like(x), t);
+    return onnx_out(c, 1, em_ones(em_tensor_shape(x), em_tensor_ndim(x), EM_BOOL), ONNX_BOOL);
+}
+
 const onnx_op onnx_ops_elementwise[] = {
+    {"Add", 7, op_add},
+    {"Sub", 7, op_sub},
+    {"Mul", 7, op_mul},
+    {"Div", 7, op_div},
+    {"Mod", 10, op_mod},
+    {"Pow", 7, op_pow},
+    {"Max", 8, op_max},
+    {"Min", 8, op_min},
+    {"Sum", 8, op_sum},
+    {"Mean", 8, op_mean},
+    {"Equal", 7, op_equal},
+    {"Less", 7, op_less},
+    {"Greater", 7, op_greater},
+    {"LessOrEqual", 12, op_less_equal},
+    {"GreaterOrEqual", 12, op_greater_equal},
+    {"And", 7, op_and},
+    {"Or", 7, op_or},
+    {"Xor", 7, op_xor},
+    {"Not", 1, op_not},
+    {"Where", 9, op_where},
+    {"BitShift", 11, op_bitshift},
+    {"BitwiseNot", 18, op_bitwise_not},
+    {"BitwiseAnd", 18, op_bitwise_and},
+    {"BitwiseOr", 18, op_bitwise_or},
+    {"BitwiseXor", 18, op_bitwise_xor},
+    {"Cast", 6, op_cast},
+    {"CastLike", 15, op_castlike},
+    {"Sqrt", 6, op_sqrt},
+    {"Exp", 6, op_exp},
+    {"Log", 6, op_log},
+    {"Reciprocal", 6, op_reciprocal},
+    {"Tanh", 6, op_tanh},
+    {"Sigmoid", 6, op_sigmoid},
+    {"Ceil", 6, op_ceil},
+    {"Floor", 6, op_floor},
+    {"Round", 11, op_round},
+    {"Cos", 7, op_cos},
+    {"Sin", 7, op_sin},
+    {"Tan", 7, op_tan},
+    {"Asin", 7, op_asin},
+    {"Acos", 7, op_acos},
+    {"Atan", 7, op_atan},
+    {"Sinh", 9, op_sinh},
+    {"Cosh", 9, op_cosh},
+    {"Asinh", 9, op_asinh},
+    {"Acosh", 9, op_acosh},
+    {"Atanh", 9, op_atanh},
+    {"Erf", 9, op_erf},
+    {"Softsign", 1, op_softsign},
+    {"Softplus", 1, op_softplus},
+    {"HardSwish", 14, op_hardswish},
+    {"Mish", 18, op_mish},
+    {"Neg", 6, op_neg},
+    {"Abs", 6, op_abs},
+    {"Sign", 9, op_sign},
+    {"IsNaN", 9, op_isnan},
+    {"IsInf", 10, op_isinf},
+    {"Elu", 6, op_elu},
+    {"Celu", 12, op_celu},
+    {"Selu", 6, op_selu},
+    {"LeakyRelu", 6, op_leaky_relu},
+    {"ThresholdedRelu", 10, op_thresholded_relu},
+    {"HardSigmoid", 6, op_hard_sigmoid},
+    {"Swish", 24, op_swish},
+    {"Gelu", 20, op_gelu},
+    {"Shrink", 9, op_shrink},
+    {"PRelu", 7, op_prelu},
+    {"Clip", 6, op_clip},
+    {"Dropout", 7, op_dropout},
     {NULL, 0, NULL},
 };
