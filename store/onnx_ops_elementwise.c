@@ -168,6 +168,26 @@ static em_status op_pow(onnx_ctx *c)
     if (ta == ONNX_BOOL || tb == ONNX_BOOL) return em_set_error(EM_ERR_DTYPE, "Pow does not take bool inputs");
     if (c->opset < 12 && ta != tb) return em_set_error(EM_ERR_DTYPE, "Pow before opset 12 takes one type (%s and %s)", tname(ta), tname(tb));
     if (ta == tb && is_float_type(ta)) return onnx_out(c, 0, em_pow(a, b), ta);
+    if (!is_float_type(ta) && !is_float_type(tb)) {
+        /* integer ** integer: exact, by squaring (in i64, wrapping as C); a
+         * negative exponent gives the truncated 1 / a^-e: 1 for a = 1, +-1
+         * for a = -1, else 0 */
+        em_tensor *base = em_cast(a, EM_I64), *e = em_cast(b, EM_I64);
+        em_tensor *ek = em_abs(e), *r = em_ones_like(base), *two = em_scalar(2, EM_I64);
+        if (!r) return em_last_status();
+        for (int k = 0; k < 63; k++) {
+            r = em_where(em_eq_scalar(em_remainder_scalar(ek, 2), 1), em_mul(r, base), r);
+            if (k < 62) {
+                base = em_mul(base, base);
+                ek = em_floor_divide(ek, two);
+            }
+            if (!r) return em_last_status();
+        }
+        em_tensor *a64 = em_cast(a, EM_I64);
+        em_tensor *inv = em_where(em_eq_scalar(em_abs(a64), 1), r, em_zeros_like(r));
+        r = em_where(em_lt_scalar(e, 0), inv, r);
+        return onnx_out(c, 0, arith_out(r, ta), ta);
+    }
     em_tensor *r = em_pow(em_cast(a, EM_F64), em_cast(b, EM_F64));
     if (is_float_type(ta)) return onnx_out(c, 0, from_f64(r, ta), ta);
     /* float -> int: truncation toward zero, then the wrap into the type */
@@ -391,6 +411,130 @@ static em_status op_castlike(onnx_ctx *c)
     em_tensor *x = onnx_in_req(c, 0), *like = onnx_in_req(c, 1);
     if (!x || !like) return em_last_status();
     return cast_common(c, x, onnx_in_type(c, 0), onnx_in_type(c, 1));
+}
+
+/* BitCast (26): the bit pattern reinterpreted as a type of the same width.
+ * Composed from arithmetic, no host access to the data: a float's sign,
+ * exponent field and mantissa are found in f64 (exact for every width:
+ * log2 corrected against exact powers of two, the mantissa scaled to an
+ * integer), giving the pattern as the signed integer of that width in i64;
+ * the reverse builds the value from the fields. Integer <-> integer of one
+ * width is the two's-complement wrap. A NaN input cannot be taken apart
+ * this way (its sign and payload are not reachable by arithmetic): it is
+ * refused at run time (one flag read to the host). A pattern that encodes a
+ * NaN gives a quiet NaN (its payload is not kept). */
+typedef struct fparams {
+    int m, ebits;
+} fparams;
+
+static bool float_params(int t, fparams *p)
+{
+    switch (t) {
+    case ONNX_FLOAT: *p = (fparams){23, 8}; return true;
+    case ONNX_DOUBLE: *p = (fparams){52, 11}; return true;
+    case ONNX_FLOAT16: *p = (fparams){10, 5}; return true;
+    case ONNX_BFLOAT16: *p = (fparams){7, 8}; return true;
+    default: return false;
+    }
+}
+
+static int type_bits(int t)
+{
+    switch (t) {
+    case ONNX_BOOL: case ONNX_INT8: case ONNX_UINT8: return 8;
+    case ONNX_INT16: case ONNX_UINT16: case ONNX_FLOAT16: case ONNX_BFLOAT16: return 16;
+    case ONNX_INT32: case ONNX_UINT32: case ONNX_FLOAT: return 32;
+    case ONNX_INT64: case ONNX_UINT64: case ONNX_DOUBLE: return 64;
+    default: return 0;
+    }
+}
+
+/* rest + sign * (-2^(w-1)) without an intermediate 2^63 */
+static em_tensor *apply_sign_bit(em_tensor *rest, em_tensor *s, int w)
+{
+    double h = -ldexp(1.0, w - 2);
+    return em_where(s, em_add_scalar(em_add_scalar(rest, h), h), rest);
+}
+
+/* The pattern of float tensor x (type t, no NaN) as the signed w-bit integer, in i64. */
+static em_tensor *float_to_bits(em_tensor *x, int t)
+{
+    fparams p = {0, 0};
+    float_params(t, &p);
+    int w = type_bits(t), bias = (1 << (p.ebits - 1)) - 1, emax = (1 << p.ebits) - 1;
+    em_tensor *x64 = to_f64(x);
+    em_tensor *a = em_abs(x64);
+    em_tensor *s = em_logical_or(em_lt_scalar(x64, 0), em_logical_and(em_eq_scalar(x64, 0), em_lt_scalar(em_reciprocal(x64), 0)));
+    em_tensor *e = em_floor(em_log2(a));
+    e = em_where(em_gt(em_exp2(e), a), em_sub_scalar(e, 1), e);
+    e = em_where(em_le(em_exp2(em_add_scalar(e, 1)), a), em_add_scalar(e, 1), e);
+    em_tensor *normal = em_ge_scalar(e, 1 - bias);
+    em_tensor *mant_n = em_mul_scalar(em_sub_scalar(em_div(a, em_exp2(e)), 1), ldexp(1.0, p.m));
+    em_tensor *mant_s = em_mul_scalar(em_mul_scalar(a, ldexp(1.0, bias - 1)), ldexp(1.0, p.m));
+    em_tensor *zero = em_scalar(0, EM_F64);
+    em_tensor *field = em_where(normal, em_add_scalar(e, bias), zero);
+    em_tensor *mant = em_where(normal, mant_n, mant_s);
+    em_tensor *inf = em_eq_scalar(a, INFINITY);
+    field = em_where(inf, em_scalar(emax, EM_F64), field);
+    mant = em_where(inf, zero, mant);
+    em_tensor *rest = em_add(em_mul_scalar(em_cast(field, EM_I64), ldexp(1.0, p.m)), em_cast(mant, EM_I64));
+    return apply_sign_bit(rest, s, w);
+}
+
+/* Float of type t from v (i64) holding a w-bit pattern as integer type vt. */
+static em_tensor *bits_to_float(em_tensor *v, int vt, int t)
+{
+    fparams p = {0, 0};
+    float_params(t, &p);
+    int w = type_bits(t), bias = (1 << (p.ebits - 1)) - 1, emax = (1 << p.ebits) - 1;
+    em_tensor *s, *rest;
+    double h = ldexp(1.0, w - 2);
+    if (is_unsigned_type(vt)) {
+        s = em_ge_scalar(v, 2 * h);
+        rest = em_where(s, em_sub_scalar(em_sub_scalar(v, h), h), v);
+    } else {
+        s = em_lt_scalar(v, 0);
+        rest = em_where(s, em_add_scalar(em_add_scalar(v, h), h), v);
+    }
+    em_tensor *field = em_floor_divide(rest, em_scalar(ldexp(1.0, p.m), EM_I64));
+    em_tensor *mant = em_remainder_scalar(rest, ldexp(1.0, p.m));
+    em_tensor *mf = em_mul_scalar(em_cast(mant, EM_F64), ldexp(1.0, -p.m));
+    em_tensor *ff = em_cast(field, EM_F64);
+    em_tensor *normal = em_mul(em_add_scalar(mf, 1), em_exp2(em_sub_scalar(ff, bias)));
+    em_tensor *sub = em_mul_scalar(mf, ldexp(1.0, 1 - bias));
+    em_tensor *special = em_where(em_eq_scalar(mant, 0), em_scalar(INFINITY, EM_F64), em_scalar(NAN, EM_F64));
+    em_tensor *val = em_where(em_eq_scalar(field, 0), sub, em_where(em_eq_scalar(field, emax), special, normal));
+    val = em_where(s, em_neg(val), val);
+    return from_f64(val, t);
+}
+
+static em_status op_bitcast(onnx_ctx *c)
+{
+    em_tensor *x = onnx_in_req(c, 0);
+    if (!x) return em_last_status();
+    const Onnx__AttributeProto *a = onnx_attr(c, "to");
+    if (!a || !a->has_i) return em_set_error(EM_ERR_FORMAT, "BitCast without an int 'to' attribute");
+    int from = onnx_in_type(c, 0), to = (int)a->i;
+    em_dtype dt;
+    if (!onnx_type_to_dtype(to, &dt)) return onnx_unsupported(c, "BitCast to %s (type %d) is not supported", tname(to), to);
+    if (type_bits(from) != type_bits(to) || !type_bits(from))
+        return em_set_error(EM_ERR_INVALID, "BitCast from %s to %s: the widths differ", tname(from), tname(to));
+    if (from == ONNX_UINT64 || to == ONNX_UINT64) return onnx_unsupported(c, "BitCast of UINT64");
+    if (from == to) return onnx_out(c, 0, em_reshape(x, em_tensor_shape(x), em_tensor_ndim(x)), to);
+    em_tensor *bits; /* the pattern as an i64 value of an integer type bt */
+    int bt = from;
+    if (is_float_type(from)) {
+        double nan = 0;
+        if (em_tensor_numel(x) > 0 && em_item(em_any(em_ne(x, x), NULL, 0, false), &nan) != EM_OK) return em_last_status();
+        if (nan != 0) return onnx_unsupported(c, "BitCast of a NaN (its sign and payload are not reachable by Ember's ops)");
+        bits = float_to_bits(x, from);
+        bt = type_bits(from) == 16 ? ONNX_INT16 : type_bits(from) == 32 ? ONNX_INT32 : ONNX_INT64;
+    } else {
+        bits = em_cast(x, EM_I64);
+    }
+    if (is_float_type(to)) return onnx_out(c, 0, bits_to_float(bits, bt, to), to);
+    if (to == ONNX_BOOL) return onnx_out(c, 0, em_ne_scalar(bits, 0), to);
+    return onnx_out(c, 0, arith_out(bits, to), to);
 }
 
 /* ---- unary ---- */
@@ -624,7 +768,8 @@ static em_status op_gelu(onnx_ctx *c)
     if (!x) return em_last_status();
     const char *ap = onnx_attr_string(c, "approximate", "none");
     if (!strcmp(ap, "none")) return onnx_out(c, 0, em_gelu(x), 0);
-    if (!strcmp(ap, "tanh")) return onnx_out(c, 0, em_gelu_tanh(x), 0);
+    /* in f64 for the narrower types: 1 + tanh(u) cancels in f32 for x < -5 */
+    if (!strcmp(ap, "tanh")) return onnx_out(c, 0, from_f64(em_gelu_tanh(to_f64(x)), onnx_in_type(c, 0)), 0);
     return em_set_error(EM_ERR_INVALID, "approximate must be none or tanh, not '%s'", ap);
 }
 
@@ -737,6 +882,7 @@ const onnx_op onnx_ops_elementwise[] = {
     {"BitwiseXor", 18, op_bitwise_xor},
     {"Cast", 6, op_cast},
     {"CastLike", 15, op_castlike},
+    {"BitCast", 26, op_bitcast},
     {"Sqrt", 6, op_sqrt},
     {"Exp", 6, op_exp},
     {"Log", 6, op_log},
