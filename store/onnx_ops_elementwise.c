@@ -803,7 +803,7 @@ static em_status op_prelu(onnx_ctx *c)
     return onnx_out(c, 0, is_float_type(t) ? r : arith_out(r, t), t);
 }
 
-/* Clip (6: min / max attributes; 11, 12, 13: optional min / max inputs,
+/* Clip (6: min / max attributes, defaults -FLT_MAX / FLT_MAX; 11, 12, 13: optional min / max inputs,
  * scalars of the input's type): min(max(x, min), max), so min > max gives
  * max everywhere, as numpy's clip. */
 static em_status op_clip(onnx_ctx *c)
@@ -814,8 +814,9 @@ static em_status op_clip(onnx_ctx *c)
     if (t == ONNX_BOOL) return em_set_error(EM_ERR_DTYPE, "Clip does not take bool input");
     em_tensor *r = x;
     if (c->opset < 11) {
-        if (onnx_has_attr(c, "min")) r = em_maximum_scalar(r, onnx_attr_float(c, "min", 0));
-        if (onnx_has_attr(c, "max")) r = em_minimum_scalar(r, onnx_attr_float(c, "max", 0));
+        /* float attributes, defaults the float's lowest and max (so +-inf become +-FLT_MAX) */
+        r = em_maximum_scalar(r, onnx_attr_float(c, "min", -3.4028234663852886e38));
+        r = em_minimum_scalar(r, onnx_attr_float(c, "max", 3.4028234663852886e38));
     } else {
         for (int i = 1; i <= 2; i++) {
             em_tensor *b = onnx_in(c, i);
