@@ -803,6 +803,153 @@ static em_status op_prelu(onnx_ctx *c)
     return onnx_out(c, 0, is_float_type(t) ? r : arith_out(r, t), t);
 }
 
+/* SwiGLU (28): Swish_alpha(A) * B, A and B of one shape (no broadcasting). */
+static em_status op_swiglu(onnx_ctx *c)
+{
+    em_tensor *a = in_float(c, 0), *b = in_float(c, 1);
+    if (!a || !b) return em_last_status();
+    if (onnx_in_type(c, 0) != onnx_in_type(c, 1))
+        return em_set_error(EM_ERR_DTYPE, "A and B have types %s and %s", tname(onnx_in_type(c, 0)), tname(onnx_in_type(c, 1)));
+    if (em_tensor_ndim(a) != em_tensor_ndim(b) || memcmp(em_tensor_shape(a), em_tensor_shape(b), sizeof(int64_t) * (size_t)em_tensor_ndim(a))) {
+        char sa[96], sb[96];
+        return em_set_error(EM_ERR_SHAPE, "A %s and B %s must have one shape", em_shape_str(em_tensor_shape(a), em_tensor_ndim(a), sa, sizeof sa),
+                            em_shape_str(em_tensor_shape(b), em_tensor_ndim(b), sb, sizeof sb));
+    }
+    double alpha = onnx_attr_float(c, "alpha", 1.0);
+    em_tensor *g = alpha == 1.0 ? em_silu(a) : em_mul(a, em_sigmoid(em_mul_scalar(a, alpha)));
+    return onnx_out(c, 0, em_mul(g, b), onnx_in_type(c, 0));
+}
+
+/* ---- QuantizeLinear / DequantizeLinear ---- */
+
+/* Scale or zero point v made broadcastable to x: a scalar (or one value)
+ * per tensor; 1-D of x's dim @p axis per axis (opset 13); blocked (21,
+ * block_size > 0): x's rank, dim axis of ceil(D / block_size), each value
+ * repeated block_size times along axis. */
+static em_tensor *q_param(onnx_ctx *c, em_tensor *v, em_tensor *x, const char *what)
+{
+    if (em_tensor_numel(v) == 1) return em_reshape(v, NULL, 0);
+    int r = em_tensor_ndim(x), ax;
+    if (c->opset < 13) {
+        em_set_error(EM_ERR_SHAPE, "%s must be a scalar before opset 13", what);
+        return NULL;
+    }
+    if (onnx_axis(c, onnx_attr_int(c, "axis", 1), r, &ax) != EM_OK) return NULL;
+    int64_t block = c->opset >= 21 ? onnx_attr_int(c, "block_size", 0) : 0;
+    int64_t d = em_tensor_dim(x, ax);
+    char sv[96], sx[96];
+    em_shape_str(em_tensor_shape(v), em_tensor_ndim(v), sv, sizeof sv);
+    em_shape_str(em_tensor_shape(x), r, sx, sizeof sx);
+    if (block < 0) {
+        em_set_error(EM_ERR_INVALID, "block_size %lld is negative", (long long)block);
+        return NULL;
+    }
+    if (block == 0) {
+        if (em_tensor_ndim(v) != 1 || em_tensor_dim(v, 0) != d) {
+            em_set_error(EM_ERR_SHAPE, "%s %s must be 1-D of x's dim %d (x %s)", what, sv, ax, sx);
+            return NULL;
+        }
+        int64_t s[EM_MAX_DIMS];
+        for (int i = 0; i < r; i++) s[i] = i == ax ? d : 1;
+        return em_reshape(v, s, r);
+    }
+    int64_t nb = (d + block - 1) / block;
+    bool ok = em_tensor_ndim(v) == r;
+    for (int i = 0; ok && i < r; i++) ok = em_tensor_dim(v, i) == (i == ax ? nb : em_tensor_dim(x, i));
+    if (!ok) {
+        em_set_error(EM_ERR_SHAPE, "%s %s does not match x %s with block_size %lld on axis %d", what, sv, sx, (long long)block, ax);
+        return NULL;
+    }
+    if (r + 1 > EM_MAX_DIMS) {
+        onnx_unsupported(c, "blocked quantization of rank %d", r);
+        return NULL;
+    }
+    int64_t e[EM_MAX_DIMS], m[EM_MAX_DIMS];
+    for (int i = 0, j = 0; i < r; i++) {
+        e[j++] = em_tensor_dim(v, i);
+        if (i == ax) e[j++] = block;
+        m[i] = i == ax ? nb * block : em_tensor_dim(v, i);
+    }
+    em_tensor *u = em_expand(em_unsqueeze(v, ax + 1), e, r + 1);
+    return em_narrow(em_reshape(u, m, r), ax, 0, d);
+}
+
+static bool q_range(int t, double *lo, double *hi)
+{
+    switch (t) {
+    case ONNX_UINT8: *lo = 0, *hi = 255; return true;
+    case ONNX_INT8: *lo = -128, *hi = 127; return true;
+    case ONNX_UINT16: *lo = 0, *hi = 65535; return true;
+    case ONNX_INT16: *lo = -32768, *hi = 32767; return true;
+    default: return false;
+    }
+}
+
+/* QuantizeLinear (10, 13: axis, 19: saturate for float8, 21: block_size
+ * and output_dtype, 23: precision): saturate(round_half_even(x / scale) +
+ * zero_point) into the zero point's type (else output_dtype, else UINT8);
+ * the division in the scale's type (or precision's). Integer targets only. */
+static em_status op_quantize(onnx_ctx *c)
+{
+    em_tensor *x = in_float(c, 0), *scale = in_float(c, 1), *zp = onnx_in(c, 2);
+    if (!x || !scale) return em_last_status();
+    int t = zp ? onnx_in_type(c, 2) : 0;
+    int64_t od = c->opset >= 21 ? onnx_attr_int(c, "output_dtype", 0) : 0;
+    if (od && t && od != t) return em_set_error(EM_ERR_INVALID, "output_dtype %lld differs from the zero point's type %s", (long long)od, tname(t));
+    if (!t) t = od ? (int)od : ONNX_UINT8;
+    double lo, hi;
+    if (!q_range(t, &lo, &hi)) return onnx_unsupported(c, "QuantizeLinear to %s (type %d)", tname(t), t);
+    int64_t prec = c->opset >= 23 ? onnx_attr_int(c, "precision", 0) : 0;
+    if (prec) {
+        em_dtype pd;
+        if (!is_float_type((int)prec) || !onnx_type_to_dtype((int)prec, &pd)) return onnx_unsupported(c, "precision %lld", (long long)prec);
+        x = em_cast(x, pd);
+        scale = em_cast(scale, pd);
+    } else if (em_tensor_dtype(x) != em_tensor_dtype(scale)) {
+        /* x / scale in the scale's type unless x's is wider (numpy's promotion, as the reference) */
+        x = em_cast(x, em_dtype_size(em_tensor_dtype(x)) > em_dtype_size(em_tensor_dtype(scale)) ? em_tensor_dtype(x) : em_tensor_dtype(scale));
+    }
+    em_tensor *s = q_param(c, scale, x, "y_scale");
+    if (!s) return em_last_status();
+    em_tensor *q = em_cast(em_round(em_div(x, s)), EM_F64);
+    if (zp) {
+        em_tensor *z = q_param(c, zp, x, "y_zero_point");
+        if (!z) return em_last_status();
+        q = em_add(q, em_cast(z, EM_F64));
+    }
+    return onnx_out(c, 0, em_cast(em_clamp(q, lo, hi), holder(t)), t);
+}
+
+/* DequantizeLinear (10, 13: axis, 19, 21: block_size, 23: output_dtype):
+ * (x - zero_point) * scale in f32 (f64 for a double scale), given the
+ * scale's type or output_dtype. Integer x only (float8 / 4-bit types are
+ * refused at load). */
+static em_status op_dequantize(onnx_ctx *c)
+{
+    em_tensor *x = onnx_in_req(c, 0), *scale = in_float(c, 1), *zp = onnx_in(c, 2);
+    if (!x || !scale) return em_last_status();
+    int tx = onnx_in_type(c, 0);
+    if (!is_int_type(tx)) return onnx_unsupported(c, "DequantizeLinear of %s", tname(tx));
+    if (zp && onnx_in_type(c, 2) != tx) return em_set_error(EM_ERR_DTYPE, "x_zero_point has type %s, x %s", tname(onnx_in_type(c, 2)), tname(tx));
+    int to = onnx_in_type(c, 1);
+    int64_t od = c->opset >= 23 ? onnx_attr_int(c, "output_dtype", 0) : 0;
+    if (od) {
+        if (!is_float_type((int)od)) return em_set_error(EM_ERR_INVALID, "output_dtype %lld is not a float type", (long long)od);
+        to = (int)od;
+    }
+    em_dtype cd = em_tensor_dtype(scale) == EM_F64 ? EM_F64 : EM_F32;
+    em_tensor *dx = em_cast(x, cd);
+    if (zp) {
+        em_tensor *z = q_param(c, zp, x, "x_zero_point");
+        if (!z) return em_last_status();
+        dx = em_sub(dx, em_cast(z, cd));
+    }
+    em_tensor *s = q_param(c, scale, x, "x_scale");
+    if (!s) return em_last_status();
+    em_tensor *y = em_mul(dx, em_cast(s, cd));
+    return onnx_out(c, 0, em_cast(y, holder(to)), to);
+}
+
 /* Clip (6: min / max attributes, defaults -FLT_MAX / FLT_MAX; 11, 12, 13: optional min / max inputs,
  * scalars of the input's type): min(max(x, min), max), so min > max gives
  * max everywhere, as numpy's clip. */
@@ -925,6 +1072,9 @@ const onnx_op onnx_ops_elementwise[] = {
     {"Shrink", 9, op_shrink},
     {"PRelu", 7, op_prelu},
     {"Clip", 6, op_clip},
+    {"SwiGLU", 28, op_swiglu},
+    {"QuantizeLinear", 10, op_quantize},
+    {"DequantizeLinear", 10, op_dequantize},
     {"Dropout", 7, op_dropout},
     {NULL, 0, NULL},
 };
