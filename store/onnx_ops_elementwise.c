@@ -950,6 +950,28 @@ static em_status op_dequantize(onnx_ctx *c)
     return onnx_out(c, 0, em_cast(y, holder(to)), to);
 }
 
+/* DynamicQuantizeLinear (11): uint8 with scale (max(0, max x) - min(0,
+ * min x)) / 255 (1 / 255 when that range is 0) and zero point
+ * round(clamp(-min / scale, 0, 255)); all in f32 on the device. */
+static em_status op_dynamic_quantize(onnx_ctx *c)
+{
+    em_tensor *x = onnx_in_req(c, 0);
+    if (!x) return em_last_status();
+    if (onnx_in_type(c, 0) != ONNX_FLOAT) return em_set_error(EM_ERR_DTYPE, "DynamicQuantizeLinear takes FLOAT input, not %s", tname(onnx_in_type(c, 0)));
+    if (em_tensor_numel(x) == 0) return onnx_unsupported(c, "DynamicQuantizeLinear of an empty tensor");
+    em_tensor *mx = em_maximum_scalar(em_max(x, NULL, 0, false), 0);
+    em_tensor *mn = em_minimum_scalar(em_min(x, NULL, 0, false), 0);
+    em_tensor *range = em_sub(mx, mn);
+    range = em_where(em_eq_scalar(range, 0), em_ones_like(range), range);
+    em_tensor *scale = em_div_scalar(range, 255);
+    em_tensor *zp = em_round(em_clamp(em_rsub_scalar(em_div(mn, scale), 0), 0, 255));
+    em_tensor *y = em_clamp(em_add(em_round(em_div(x, scale)), zp), 0, 255);
+    em_status st = onnx_out(c, 0, em_cast(y, EM_U8), ONNX_UINT8);
+    if (st == EM_OK) st = onnx_out(c, 1, scale, ONNX_FLOAT);
+    if (st == EM_OK) st = onnx_out(c, 2, em_cast(zp, EM_U8), ONNX_UINT8);
+    return st;
+}
+
 /* Clip (6: min / max attributes, defaults -FLT_MAX / FLT_MAX; 11, 12, 13: optional min / max inputs,
  * scalars of the input's type): min(max(x, min), max), so min > max gives
  * max everywhere, as numpy's clip. */
@@ -1075,6 +1097,7 @@ const onnx_op onnx_ops_elementwise[] = {
     {"SwiGLU", 28, op_swiglu},
     {"QuantizeLinear", 10, op_quantize},
     {"DequantizeLinear", 10, op_dequantize},
+    {"DynamicQuantizeLinear", 11, op_dynamic_quantize},
     {"Dropout", 7, op_dropout},
     {NULL, 0, NULL},
 };
