@@ -1,8 +1,9 @@
 /* ONNX operators, elementwise group (see store/onnx_internal.h): the
- * arithmetic, comparison, logical, bit-shift and cast operators, the unary
- * math functions and activations, and Dropout in inference. Semantics from
- * onnx/docs/Operators.md (onnx 1.23); each function names the opsets whose
- * differences it handles.
+ * arithmetic, comparison, logical, bit-shift, bitwise, Cast / CastLike /
+ * BitCast operators, the unary math functions and activations, Clip,
+ * Dropout in inference, SwiGLU and the integer (De)QuantizeLinear /
+ * DynamicQuantizeLinear. Semantics from onnx/docs/Operators.md (onnx
+ * 1.23); each function names the opsets whose differences it handles.
  *
  * Integer types Ember holds widened (INT8 / INT16 / UINT16 in EM_I32,
  * UINT32 in EM_I64) are wrapped back into their range after arithmetic that
