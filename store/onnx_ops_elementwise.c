@@ -59,7 +59,24 @@ static em_tensor *in_float(onnx_ctx *c, int i)
     return x;
 }
 
-/* Inputs 0 and 1, required, of one ONNX type; returns it (0 + error otherwise). */
+/* EM_ERR_SHAPE naming both shapes unless a and b broadcast together (checked
+ * before a chain of ops, whose later steps would report only a NULL input). */
+static em_status check_bcast(const em_tensor *a, const em_tensor *b)
+{
+    int na = em_tensor_ndim(a), nb = em_tensor_ndim(b), n = na > nb ? na : nb;
+    for (int i = 0; i < n; i++) {
+        int64_t da = i < n - na ? 1 : em_tensor_dim(a, i - (n - na)), db = i < n - nb ? 1 : em_tensor_dim(b, i - (n - nb));
+        if (da != db && da != 1 && db != 1) {
+            char sa[96], sb[96];
+            return em_set_error(EM_ERR_SHAPE, "shapes %s and %s do not broadcast", em_shape_str(em_tensor_shape(a), na, sa, sizeof sa),
+                                em_shape_str(em_tensor_shape(b), nb, sb, sizeof sb));
+        }
+    }
+    return EM_OK;
+}
+
+/* Inputs 0 and 1, required, of one ONNX type and broadcastable shapes;
+ * returns the type (0 + error otherwise). */
 static int same_type2(onnx_ctx *c, em_tensor **a, em_tensor **b)
 {
     *a = onnx_in_req(c, 0);
@@ -70,7 +87,7 @@ static int same_type2(onnx_ctx *c, em_tensor **a, em_tensor **b)
         em_set_error(EM_ERR_DTYPE, "inputs have types %s and %s, the operator takes one type", tname(ta), tname(tb));
         return 0;
     }
-    return ta;
+    return check_bcast(*a, *b) == EM_OK ? ta : 0;
 }
 
 /* The tensor integer arithmetic of type t is done in: UINT8 in EM_I32. */
@@ -168,6 +185,7 @@ static em_status op_pow(onnx_ctx *c)
     int ta = onnx_in_type(c, 0), tb = onnx_in_type(c, 1);
     if (ta == ONNX_BOOL || tb == ONNX_BOOL) return em_set_error(EM_ERR_DTYPE, "Pow does not take bool inputs");
     if (c->opset < 12 && ta != tb) return em_set_error(EM_ERR_DTYPE, "Pow before opset 12 takes one type (%s and %s)", tname(ta), tname(tb));
+    if (check_bcast(a, b) != EM_OK) return em_last_status();
     if (ta == tb && is_float_type(ta)) return onnx_out(c, 0, em_pow(a, b), ta);
     if (!is_float_type(ta) && !is_float_type(tb)) {
         /* integer ** integer: exact, by squaring (in i64, wrapping as C); a
@@ -214,7 +232,9 @@ static em_status variadic(onnx_ctx *c, binfn f, bool wrap, bool mean)
         if (!x) return em_last_status();
         if (onnx_in_type(c, i) != t)
             return em_set_error(EM_ERR_DTYPE, "input %d has type %s, input 0 %s", i, tname(onnx_in_type(c, i)), tname(t));
+        if (check_bcast(acc, x) != EM_OK) return em_last_status();
         acc = f(acc, ints ? arith_in(x, t) : x);
+        if (!acc) return em_last_status();
     }
     if (ints) acc = arith_out(acc, t);
     else if (c->nin == 1) acc = em_reshape(acc, em_tensor_shape(acc), em_tensor_ndim(acc));
@@ -274,6 +294,7 @@ static em_status op_where(onnx_ctx *c)
     if (onnx_in_type(c, 0) != ONNX_BOOL) return em_set_error(EM_ERR_DTYPE, "condition must be bool, not %s", tname(onnx_in_type(c, 0)));
     int t = onnx_in_type(c, 1);
     if (onnx_in_type(c, 2) != t) return em_set_error(EM_ERR_DTYPE, "X and Y have types %s and %s", tname(t), tname(onnx_in_type(c, 2)));
+    if (check_bcast(m, x) != EM_OK || check_bcast(m, y) != EM_OK || check_bcast(x, y) != EM_OK) return em_last_status();
     return onnx_out(c, 0, em_where(m, x, y), t);
 }
 
