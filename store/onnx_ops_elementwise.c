@@ -491,8 +491,10 @@ static em_tensor *float_to_bits(em_tensor *x, int t)
     e = em_where(em_gt(em_exp2(e), a), em_sub_scalar(e, 1), e);
     e = em_where(em_le(em_exp2(em_add_scalar(e, 1)), a), em_add_scalar(e, 1), e);
     em_tensor *normal = em_ge_scalar(e, 1 - bias);
-    em_tensor *mant_n = em_mul_scalar(em_sub_scalar(em_div(a, em_exp2(e)), 1), ldexp(1.0, p.m));
-    em_tensor *mant_s = em_mul_scalar(em_mul_scalar(a, ldexp(1.0, bias - 1)), ldexp(1.0, p.m));
+    /* integers already where exp2 is exact; the rounding guards a device whose
+     * exp2 is not, for the types narrower than f64 */
+    em_tensor *mant_n = em_round(em_mul_scalar(em_sub_scalar(em_div(a, em_exp2(e)), 1), ldexp(1.0, p.m)));
+    em_tensor *mant_s = em_round(em_mul_scalar(em_mul_scalar(a, ldexp(1.0, bias - 1)), ldexp(1.0, p.m)));
     em_tensor *zero = em_scalar(0, EM_F64);
     em_tensor *field = em_where(normal, em_add_scalar(e, bias), zero);
     em_tensor *mant = em_where(normal, mant_n, mant_s);
