@@ -280,7 +280,7 @@ static json_t *model_metadata(server *s, ems_model *m)
         if (!strcmp(s->repo.models[i]->name, m->name)) json_array_append_new(vers, json_string(s->repo.models[i]->version_str));
     json_object_set_new(j, "name", json_string(m->name));
     json_object_set_new(j, "versions", vers);
-    json_object_set_new(j, "platform", json_string("ember"));
+    json_object_set_new(j, "platform", json_string(m->onnx ? "onnx" : "ember"));
     json_t *in = json_object();
     json_object_set_new(in, "name", json_string(m->cfg.input_name));
     json_object_set_new(in, "datatype", json_string(ems_dtype_name(m->cfg.input_dtype)));
@@ -720,7 +720,7 @@ int ems_serve(const ems_options *o)
             w += (size_t)snprintf(devs + w, sizeof devs - w, "%s%s", k ? ", " : "", m->inst[k].device_name);
         fprintf(stderr, "ember serve: model '%s' version %s: %s; input '%s' %s %s -> %s [-1, %lld]; max_batch_size %lld, "
                         "max_queue_delay %lld us, max_queue_size %lld; instances %s\n",
-                m->name, m->version_str, m->kind == EMS_KIND_GPT ? "GPT" : "classifier", m->cfg.input_name,
+                m->name, m->version_str, m->kind == EMS_KIND_GPT ? "GPT" : m->onnx ? "ONNX classifier" : "classifier", m->cfg.input_name,
                 ems_dtype_name(m->cfg.input_dtype), sh, m->kind == EMS_KIND_GPT ? "logits" : "logits, probabilities",
                 (long long)m->out_cols, (long long)m->cfg.max_batch_size, (long long)m->cfg.max_queue_delay_us,
                 (long long)m->cfg.max_queue_size, devs);

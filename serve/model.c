@@ -171,24 +171,43 @@ static int run_batch(ems_instance *in, ems_job *batch, int64_t rows, char *err, 
     em_scope_begin();
     em_no_grad_begin();
     em_tensor *xt = em_from_host(x, shape, nd, m->kind == EMS_KIND_GPT ? EM_I64 : EM_F32);
-    em_tensor *y = xt ? em_module_forward(in->module, xt) : NULL;
-    if (y && m->kind == EMS_KIND_GPT) y = em_contiguous(em_reshape(em_narrow(y, 1, sample - 1, 1), (int64_t[]){rows, K}, 2));
-    em_tensor *pt = y && probs ? em_softmax(y, 1) : NULL;
-    bool ok = y && (!probs || pt);
-    if (ok && K == 0 && em_tensor_ndim(y) == 2) K = m->out_cols = em_tensor_dim(y, 1);
-    if (ok && (K < 1 || em_tensor_ndim(y) != 2 || em_tensor_dim(y, 0) != rows || em_tensor_dim(y, 1) != K)) {
-        char b1[96];
-        snprintf(err, nerr, "the model's output has shape %s, not [%lld, %lld]",
-                 em_shape_str(em_tensor_shape(y), em_tensor_ndim(y), b1, sizeof b1), (long long)rows, (long long)K);
+    em_tensor *y = NULL, *y_owned = NULL; /* em_onnx_run's output is the caller's, not the scope's */
+    if (xt && in->onnx) {
+        if (em_onnx_run(in->onnx, &xt, 1, &y_owned, 1) == EM_OK) y = y_owned;
+    } else if (xt) {
+        y = em_module_forward(in->module, xt);
+    }
+    if (y && em_tensor_dtype(y) != EM_F32) {
+        snprintf(err, nerr, "the model's output is %s, not FP32 logits", em_dtype_name(em_tensor_dtype(y)));
+        em_tensor_release(y_owned);
         em_no_grad_end();
         em_scope_end();
         goto out;
     }
+    if (y && m->kind == EMS_KIND_GPT) y = em_contiguous(em_reshape(em_narrow(y, 1, sample - 1, 1), (int64_t[]){rows, K}, 2));
+    bool ok = y != NULL;
+    if (ok && K == 0 && em_tensor_ndim(y) == 2) K = m->out_cols = em_tensor_dim(y, 1);
+    if (ok && (K < 1 || em_tensor_ndim(y) != 2 || em_tensor_dim(y, 0) != rows || em_tensor_dim(y, 1) != K)) {
+        char b1[96];
+        if (K > 0)
+            snprintf(err, nerr, "the model's output has shape %s, not [%lld, %lld]",
+                     em_shape_str(em_tensor_shape(y), em_tensor_ndim(y), b1, sizeof b1), (long long)rows, (long long)K);
+        else
+            snprintf(err, nerr, "the model's output has shape %s, not [%lld, classes] (rank 2 logits)",
+                     em_shape_str(em_tensor_shape(y), em_tensor_ndim(y), b1, sizeof b1), (long long)rows);
+        em_tensor_release(y_owned);
+        em_no_grad_end();
+        em_scope_end();
+        goto out;
+    }
+    em_tensor *pt = ok && probs ? em_softmax(y, 1) : NULL;
+    ok = ok && (!probs || pt);
     if (ok) {
         logits = malloc((size_t)(rows * K) * sizeof(float));
         p = probs ? malloc((size_t)(rows * K) * sizeof(float)) : NULL;
         if (!logits || (probs && !p)) {
             snprintf(err, nerr, "out of host memory for a batch of %lld rows", (long long)rows);
+            em_tensor_release(y_owned);
             em_no_grad_end();
             em_scope_end();
             goto out;
@@ -197,6 +216,7 @@ static int run_batch(ems_instance *in, ems_job *batch, int64_t rows, char *err, 
     if (ok) ok = em_to_host(y, logits, (size_t)(rows * K) * sizeof(float)) == EM_OK;
     if (ok && probs) ok = em_to_host(pt, p, (size_t)(rows * K) * sizeof(float)) == EM_OK;
     if (!ok) snprintf(err, nerr, "forward on %s failed: %s", in->device_name, em_last_error());
+    em_tensor_release(y_owned);
     em_no_grad_end();
     em_scope_end();
     if (!ok) goto out;
@@ -255,6 +275,86 @@ typedef struct {
     pthread_cond_t cv;
 } inst_start;
 
+static const char *dims_str(const int64_t *d, int nd, int64_t lead, char *buf, size_t n);
+
+/* Checks that the ONNX model @p om is one ember serve can serve as a
+ * classifier and sets the model's request shape from it: exactly one graph
+ * input, of dtype FLOAT, declared as [batch, d1, ...] with d1... static (dim
+ * 0 symbolic: the batch); config.json's input dims, when given, equal to
+ * d1...; the first output FLOAT (or undeclared). Sets m->dims / ndim /
+ * sample / nchan and, unless config.json names the input, its name. 0, or
+ * -1 with the reason in @p err. */
+static int onnx_describe(ems_model *m, const em_onnx_model *om, char *err, size_t nerr)
+{
+    int nin = em_onnx_num_inputs(om);
+    if (nin != 1) {
+        char names[256] = "";
+        size_t w = 0;
+        for (int i = 0; i < nin && i < 4 && w < sizeof names; i++)
+            w += (size_t)snprintf(names + w, sizeof names - w, "%s'%s'", i ? ", " : "", em_onnx_input_name(om, i));
+        if (nin > 4 && w < sizeof names) snprintf(names + w, sizeof names - w, ", ...");
+        snprintf(err, nerr, "%.300s: the ONNX model has %d inputs%s%s%s: ember serve serves models of exactly one input", m->path, nin,
+                 nin ? " (" : "", names, nin ? ")" : "");
+        return -1;
+    }
+    const char *iname = em_onnx_input_name(om, 0);
+    em_dtype dt = em_onnx_input_dtype(om, 0);
+    if (dt != EM_F32) {
+        snprintf(err, nerr, "%.300s: the ONNX model's input '%s' is %s: ember serve serves ONNX models of one FLOAT input", m->path, iname,
+                 em_dtype_name(dt));
+        return -1;
+    }
+    int64_t shape[EM_MAX_DIMS];
+    int r = em_onnx_input_shape(om, 0, shape);
+    char b1[160], b2[160];
+    if (r < 2 || r > EMS_MAX_RANK) { /* a request's rank, batch included, is at most EMS_MAX_RANK */
+        if (r < 0) snprintf(err, nerr, "%.300s: the ONNX model's input '%s' declares no shape: ember serve needs [batch, dims...]", m->path, iname);
+        else snprintf(err, nerr, "%.300s: the ONNX model's input '%s' has rank %d: ember serve needs [batch, dims...] of rank 2 to %d", m->path,
+                      iname, r, EMS_MAX_RANK);
+        return -1;
+    }
+    bool dyn = false;
+    for (int i = 1; i < r; i++) dyn = dyn || shape[i] < 1;
+    if (shape[0] >= 0 || dyn) {
+        /* shape[0] as the model declares it: -1 prints as the batch */
+        snprintf(err, nerr, "%.300s: the ONNX model's input '%s' has shape %s: ember serve needs dim 0 symbolic (the batch) and the others static",
+                 m->path, iname, dims_str(shape + 1, r - 1, shape[0], b1, sizeof b1));
+        return -1;
+    }
+    if (m->cfg.input_ndim > 0) {
+        bool same = m->cfg.input_ndim == r - 1;
+        for (int i = 0; same && i < r - 1; i++) same = m->cfg.input_dims[i] == shape[1 + i];
+        if (!same) {
+            snprintf(err, nerr, "config.json input dims %s do not fit the ONNX model's input '%s' %s (give the dims after the batch as the model declares them)",
+                     dims_str(m->cfg.input_dims, m->cfg.input_ndim, -1, b1, sizeof b1), iname, dims_str(shape + 1, r - 1, -1, b2, sizeof b2));
+            return -1;
+        }
+    }
+    int ot = em_onnx_num_outputs(om) > 0 ? em_onnx_output_type(om, 0) : -1;
+    if (ot != 1 && ot != 0) {
+        if (ot < 0) snprintf(err, nerr, "%.300s: the ONNX model has no output", m->path);
+        else snprintf(err, nerr, "%.300s: the ONNX model's first output '%s' is %s: ember serve serves it as FLOAT logits", m->path,
+                      em_onnx_output_name(om, 0), em_onnx_type_name(ot));
+        return -1;
+    }
+    if (!m->cfg.input_name[0]) {
+        if (strlen(iname) >= sizeof m->cfg.input_name) {
+            snprintf(err, nerr, "%.300s: the ONNX model's input name '%.40s...' is longer than %zu bytes: name it in config.json's \"input\"",
+                     m->path, iname, sizeof m->cfg.input_name - 1);
+            return -1;
+        }
+        snprintf(m->cfg.input_name, sizeof m->cfg.input_name, "%s", iname);
+    }
+    m->ndim = r - 1;
+    m->sample = 1;
+    for (int i = 0; i < m->ndim; i++) {
+        m->dims[i] = shape[1 + i];
+        m->sample *= shape[1 + i];
+    }
+    m->nchan = m->ndim == 3 ? (int)m->dims[0] : 1; /* as a CNN's [C, H, W] */
+    return 0;
+}
+
 static void *instance_main(void *arg)
 {
     inst_start *st = arg;
@@ -265,6 +365,19 @@ static void *instance_main(void *arg)
     if (em_set_thread_device(in->device) != EM_OK) {
         snprintf(err, sizeof err, "instance on %s: %s", in->device_name, em_last_error());
         rc = -1;
+    }
+    /* an ONNX model: this instance's own copy, loaded on its device; the
+     * first instance also checks it and sets the request shape (the loader
+     * starts the instances one after the other) */
+    if (rc == 0 && m->onnx) {
+        const char *e = NULL;
+        in->onnx = em_onnx_load(m->path, &e);
+        if (!in->onnx) {
+            snprintf(err, sizeof err, "%s", e ? e : em_last_error());
+            rc = -1;
+        } else if (in->index == 0 && onnx_describe(m, in->onnx, err, sizeof err) != 0) {
+            rc = -1;
+        }
     }
     /* warm-up forwards of one row (a classifier's also of a full batch), each
      * size EMS_WARMUP times: the first pays for the device's start (CUDA
@@ -281,6 +394,9 @@ static void *instance_main(void *arg)
     pthread_cond_signal(&st->cv);
     pthread_mutex_unlock(&st->mu);
     if (rc != 0) { /* st belongs to the loader from here */
+        em_onnx_free(in->onnx);
+        in->onnx = NULL;
+        em_clear_thread_device();
         em_thread_exit();
         return NULL;
     }
@@ -331,6 +447,8 @@ static void *instance_main(void *arg)
         pthread_mutex_lock(&m->mu);
     }
     pthread_mutex_unlock(&m->mu);
+    em_onnx_free(in->onnx);
+    in->onnx = NULL;
     em_clear_thread_device();
     em_thread_exit();
     return NULL;
@@ -660,6 +778,30 @@ static em_module *build_module(ems_model *m, const ems_options *o, char *err, si
     return mod;
 }
 
+/* Checks the normalisation's statistics against the input's channels (1
+ * value broadcasts to every channel). 0, or -1 with the reason in @p err. */
+static int check_norm(ems_model *m, char *err, size_t nerr)
+{
+    if (!m->normalize) return 0;
+    if (m->nchan > EMS_NORM_MAX) {
+        snprintf(err, nerr, "the input has %d channels: normalisation covers at most %d", m->nchan, EMS_NORM_MAX);
+        return -1;
+    }
+    if (m->nnorm != 1 && m->nnorm != m->nchan) {
+        char give[32] = "1";
+        if (m->nchan > 1) snprintf(give, sizeof give, "1 or %d", m->nchan);
+        snprintf(err, nerr, "the normalisation has %d values per statistic but the model's input has %d channel%s (give %s)", m->nnorm,
+                 m->nchan, m->nchan == 1 ? "" : "s", give);
+        return -1;
+    }
+    if (m->nnorm == 1) /* one value for every channel */
+        for (int c = 1; c < m->nchan && c < EMS_NORM_MAX; c++) {
+            m->mean[c] = m->mean[0];
+            m->std[c] = m->std[0];
+        }
+    return 0;
+}
+
 static void model_stop_threads(ems_model *m)
 {
     pthread_mutex_lock(&m->mu);
@@ -698,6 +840,21 @@ ems_model *ems_model_load(const char *name, int64_t version, const char *path, c
     if (stat(path, &sb) != 0 || !S_ISREG(sb.st_mode)) {
         snprintf(err, nerr, "%s: %s", path, errno == ENOENT ? "no such file" : "not a regular file");
         goto fail;
+    }
+    size_t plen = strlen(path);
+    m->onnx = plen >= 5 && !strcmp(path + plen - 5, ".onnx");
+    if (m->onnx) {
+        /* an ONNX classifier: each instance loads and checks the file on its
+         * own thread (instance_main); no normalisation unless config.json sets one */
+        m->kind = EMS_KIND_CLASSIFIER;
+        snprintf(m->spec, sizeof m->spec, "onnx");
+        if (cfg->norm == 1) {
+            m->normalize = true;
+            m->nnorm = cfg->nnorm;
+            memcpy(m->mean, cfg->mean, sizeof m->mean);
+            memcpy(m->std, cfg->std, sizeof m->std);
+        }
+        goto checked;
     }
     em_st_file *f = em_safetensors_open(path);
     if (!f) {
@@ -740,7 +897,8 @@ ems_model *ems_model_load(const char *name, int64_t version, const char *path, c
         snprintf(err, nerr, "config.json \"normalize\" applies to classifiers, not to a GPT");
         goto fail;
     }
-    if (!m->cfg.input_name[0]) snprintf(m->cfg.input_name, sizeof m->cfg.input_name, "%s", m->kind == EMS_KIND_GPT ? "input_ids" : "input");
+checked:
+    if (!m->cfg.input_name[0] && !m->onnx) snprintf(m->cfg.input_name, sizeof m->cfg.input_name, "%s", m->kind == EMS_KIND_GPT ? "input_ids" : "input");
     if (m->cfg.input_dtype == EMS_DTYPE_COUNT) m->cfg.input_dtype = m->kind == EMS_KIND_GPT ? EMS_INT64 : EMS_FP32;
     if ((m->kind == EMS_KIND_GPT) != (m->cfg.input_dtype != EMS_FP32)) {
         snprintf(err, nerr, "config.json input data_type %s does not fit a %s", ems_dtype_name(m->cfg.input_dtype),
@@ -765,24 +923,10 @@ ems_model *ems_model_load(const char *name, int64_t version, const char *path, c
         in->device = is[i].device;
         em_device_str(in->device, in->device_name, sizeof in->device_name);
         cond_init_mono(&in->cv);
-        in->module = build_module(m, o, err, nerr);
-        if (!in->module) goto fail;
-        if (m->normalize && m->nchan > EMS_NORM_MAX) {
-            snprintf(err, nerr, "the input has %d channels: normalisation covers at most %d", m->nchan, EMS_NORM_MAX);
-            goto fail;
+        if (!m->onnx) { /* an ONNX instance loads its model on its own thread */
+            in->module = build_module(m, o, err, nerr);
+            if (!in->module) goto fail;
         }
-        if (m->normalize && m->nnorm != 1 && m->nnorm != m->nchan) {
-            char give[32] = "1";
-            if (m->nchan > 1) snprintf(give, sizeof give, "1 or %d", m->nchan);
-            snprintf(err, nerr, "the normalisation has %d values per statistic but the model's input has %d channel%s (give %s)", m->nnorm,
-                     m->nchan, m->nchan == 1 ? "" : "s", give);
-            goto fail;
-        }
-        if (m->normalize && m->nnorm == 1) /* one value for every channel */
-            for (int c = 1; c < m->nchan && c < EMS_NORM_MAX; c++) {
-                m->mean[c] = m->mean[0];
-                m->std[c] = m->std[0];
-            }
         inst_start st = {.in = in};
         pthread_mutex_init(&st.mu, NULL);
         pthread_cond_init(&st.cv, NULL);
@@ -800,7 +944,9 @@ ems_model *ems_model_load(const char *name, int64_t version, const char *path, c
             snprintf(err, nerr, "%s", st.err);
             goto fail;
         }
-        /* the classifier's class count comes from its first forward */
+        /* the classifier's class count comes from its first forward; the
+         * input's channels (an ONNX model's request shape) are known now */
+        if (i == 0 && check_norm(m, err, nerr) != 0) goto fail;
     }
     for (int i = 0; i < cfg->noutput_dims; i++)
         if (cfg->output_dims[i] != m->out_cols) {

@@ -4,9 +4,15 @@
  *   DIR/<model>/config.json                 optional
  *   DIR/<model>/<version>/model.safetensors  an `ember train` checkpoint; versions are
  *                                            positive integers (folder names)
+ *   DIR/<model>/<version>/model.onnx         or an ONNX classifier: one FLOAT input
+ *                                            [batch, static dims...], its first output
+ *                                            served as "logits" [N, K] (serve/model.c)
  *
  * config.json keys (Triton's names, docs/user_guide/model_configuration.md):
  *   "name"                 must equal the folder's name when given
+ *   "platform" / "backend" "ember" (model.safetensors) or "onnxruntime_onnx" /
+ *                          "onnxruntime" (model.onnx, run by Ember's ONNX import);
+ *                          without either a version folder must hold one of the two
  *   "max_batch_size"       rows per batch, >= 1 (default 64; Triton's 0, a
  *                          model without a batch dimension, is not offered)
  *   "dynamic_batching": {
@@ -22,14 +28,16 @@
  *                          instances on each listed GPU, every GPU when "gpus" is absent)
  *   "input": [ {"name": str, "data_type": "TYPE_FP32" | "TYPE_INT64" | "TYPE_INT32", "dims": [int...]} ]
  *                          one input: its name, type and per-sample dims (the
- *                          dims' product must equal the model's input size)
+ *                          dims' product must equal the model's input size; an
+ *                          ONNX model's dims must equal its declared ones)
  *   "output": [ {"name": str, "data_type": "TYPE_FP32", "dims": [int...]} ]
  *                          checked against the model's outputs when given
  *   "version_policy": {"latest": {"num_versions": n}} | {"all": {}} | {"specific": {"versions": [...]}}
  *   "normalize": false | {"mean": [f...], "std": [f...]}
  *                          Ember's: the classifier's input normalisation,
  *                          (x - mean[c]) / std[c] per channel; by default the
- *                          checkpoint's own (ember.norm_mean / ember.norm_std)
+ *                          checkpoint's own (ember.norm_mean / ember.norm_std);
+ *                          an ONNX model's: none
  * Any other key is an error naming it (a typo must not be ignored).
  */
 #define _GNU_SOURCE
@@ -583,10 +591,16 @@ int ems_config_read(const char *path, const char *model_name, ems_model_config *
             }
         } else if (!strcmp(k, "platform") || !strcmp(k, "backend")) {
             const char *s = json_is_string(v) ? json_string_value(v) : "";
-            if (strcmp(s, "ember")) {
-                snprintf(err, nerr, "%s: \"%s\" '%s' is not served here (only \"ember\")", path, k, s);
+            int f = !strcmp(s, "ember") ? EMS_FORMAT_EMBER
+                    : !strcmp(s, !strcmp(k, "platform") ? "onnxruntime_onnx" : "onnxruntime") ? EMS_FORMAT_ONNX : -1;
+            if (f < 0 || (c->format != EMS_FORMAT_ANY && (int)c->format != f)) {
+                if (f < 0)
+                    snprintf(err, nerr, "%s: \"%s\" '%s' is not served here (only \"ember\" or \"%s\")", path, k, s,
+                             !strcmp(k, "platform") ? "onnxruntime_onnx" : "onnxruntime");
+                else snprintf(err, nerr, "%s: \"platform\" and \"backend\" disagree", path);
                 goto out;
             }
+            c->format = f;
         } else {
             unknown_key(path, "", k,
                         "name, platform, backend, max_batch_size, dynamic_batching, instance_group, input, output, version_policy, "
@@ -644,6 +658,27 @@ static bool valid_model_name(const char *s)
     for (const char *p = s; *p; p++)
         if (!isalnum((unsigned char)*p) && *p != '_' && *p != '-' && *p != '.') return false;
     return true;
+}
+
+/* The model file of version @p v: model.safetensors or model.onnx, the one
+ * config.json's "platform" / "backend" (@p format) names, else the one the
+ * folder holds; both without a "platform" is an error naming both (as
+ * Triton, which picks a file by the platform, Ember does not guess). Writes
+ * the path into @p p. 0, or -1 with the reason in @p err. */
+static int version_file(const char *dir, const char *name, int64_t v, int format, char *p, size_t np, char *err, size_t nerr)
+{
+    char st[4096], ox[4096];
+    snprintf(st, sizeof st, "%s/%s/%lld/model.safetensors", dir, name, (long long)v);
+    snprintf(ox, sizeof ox, "%s/%s/%lld/model.onnx", dir, name, (long long)v);
+    bool has_st = access(st, F_OK) == 0, has_ox = access(ox, F_OK) == 0;
+    if (format == EMS_FORMAT_ANY && has_st && has_ox) {
+        snprintf(err, nerr, "%s/%s/%lld holds both model.safetensors and model.onnx: remove one, or choose with config.json's "
+                            "\"platform\" (\"ember\" or \"onnxruntime_onnx\")", dir, name, (long long)v);
+        return -1;
+    }
+    bool onnx = format == EMS_FORMAT_ONNX || (format == EMS_FORMAT_ANY && has_ox);
+    snprintf(p, np, "%s", onnx ? ox : st);
+    return 0;
 }
 
 int ems_repo_load(const char *dir, const ems_options *o, const ems_instance_spec *def_inst, int ndef, ems_repo *out)
@@ -734,7 +769,7 @@ int ems_repo_load(const char *dir, const ems_options *o, const ems_instance_spec
         }
         free(vers);
         if (np == 0) {
-            fprintf(stderr, "ember serve: model '%s' skipped: no version folder (%s/%s/<1, 2, ...>/model.safetensors)\n", name, dir, name);
+            fprintf(stderr, "ember serve: model '%s' skipped: no version folder (%s/%s/<1, 2, ...>/model.safetensors or model.onnx)\n", name, dir, name);
             bad++;
             continue;
         }
@@ -742,7 +777,7 @@ int ems_repo_load(const char *dir, const ems_options *o, const ems_instance_spec
         ems_model *ms[EMS_MAX_VERSIONS];
         int nm = 0;
         for (int j = 0; j < np; j++) {
-            snprintf(p, sizeof p, "%s/%s/%lld/model.safetensors", dir, name, (long long)pick[j]);
+            if (version_file(dir, name, pick[j], cfg.format, p, sizeof p, err, sizeof err) != 0) break;
             ms[nm] = ems_model_load(name, pick[j], p, &cfg, o, def_inst, ndef, err, sizeof err);
             if (!ms[nm]) break;
             nm++;
@@ -764,7 +799,7 @@ int ems_repo_load(const char *dir, const ems_options *o, const ems_instance_spec
     for (int i = 0; i < nn; i++) free(names[i]);
     free(names);
     if (out->n == 0) {
-        fprintf(stderr, "ember serve: no model to serve in %s (%d skipped; a model is DIR/<name>/<version>/model.safetensors)\n", dir,
+        fprintf(stderr, "ember serve: no model to serve in %s (%d skipped; a model is DIR/<name>/<version>/model.safetensors or model.onnx)\n", dir,
                 bad);
         return -1;
     }

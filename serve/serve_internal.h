@@ -22,7 +22,8 @@
 #define EMS_HIST_T 11
 
 typedef enum ems_model_kind {
-    EMS_KIND_CLASSIFIER, /**< input [N, dims...] FP32 -> "logits", "probabilities" [N, K] */
+    EMS_KIND_CLASSIFIER, /**< input [N, dims...] FP32 -> "logits", "probabilities" [N, K] (an Ember
+                              checkpoint's MLP / CNN, or an ONNX model: ems_model.onnx) */
     EMS_KIND_GPT,        /**< input_ids [N, T] INT64 (or INT32) -> "logits" [N, vocab] of the last position */
 } ems_model_kind;
 
@@ -41,7 +42,9 @@ typedef struct ems_model_config {
     ems_dtype input_dtype;                   /**< FP32 / INT64 by default */
     int input_ndim;                          /**< per-sample dims from config (0: the model's own) */
     int64_t input_dims[EMS_MAX_RANK];
-    int norm;                                /**< -1 from the checkpoint, 0 none, 1 config's mean/std */
+    int norm;                                /**< -1 from the checkpoint (ONNX: none), 0 none, 1 config's mean/std */
+    enum { EMS_FORMAT_ANY, EMS_FORMAT_EMBER, EMS_FORMAT_ONNX } format; /**< "platform" / "backend": which
+                                                  file a version folder serves (ANY: the one present) */
     int nnorm;
     float mean[EMS_NORM_MAX], std[EMS_NORM_MAX];
     enum { EMS_VERSIONS_LATEST, EMS_VERSIONS_ALL, EMS_VERSIONS_SPECIFIC } version_policy;
@@ -82,7 +85,9 @@ typedef struct ems_instance {
     int index;
     em_device device;
     char device_name[32];
-    em_module *module;
+    em_module *module;     /**< an Ember checkpoint's module (owned; NULL for ONNX) */
+    em_onnx_model *onnx;   /**< an ONNX model's own copy (owned; em_onnx_load'ed and em_onnx_free'd on
+                                the instance's thread, on its device; NULL for a checkpoint) */
     pthread_t thread;
     bool started;
     /* under model->mu */
@@ -103,6 +108,8 @@ typedef struct ems_model {
     char version_str[24];
     char path[4096];
     ems_model_kind kind;
+    bool onnx;                       /**< path is a model.onnx (a classifier: one FLOAT input
+                                          [N, static dims...], first output the logits [N, K]) */
     ems_model_config cfg;
     char spec[1024];                 /**< 'ember.model' */
     int64_t dims[EMS_MAX_RANK];      /**< per-sample input dims of requests (GPT: [-1]) */
@@ -158,7 +165,9 @@ void ems_repo_flush(ems_repo *r);
 /** Stops every model (its queue drained: queued jobs still run) and frees it. */
 void ems_repo_free(ems_repo *r);
 
-/** Loads one (model, version) from @p path and starts its instances and batcher. */
+/** Loads one (model, version) from @p path (a model.safetensors checkpoint,
+ *  or a model.onnx when the name ends in ".onnx") and starts its instances
+ *  and batcher. NULL with the reason in @p err. */
 ems_model *ems_model_load(const char *name, int64_t version, const char *path, const ems_model_config *cfg,
                           const ems_options *o, const ems_instance_spec *def_inst, int ndef, char *err, size_t nerr);
 void ems_model_free(ems_model *m);
