@@ -8,10 +8,11 @@
  *
  * The model repository is laid out as Triton's:
  *   DIR/<model>/config.json              optional (serve/repository.c)
- *   DIR/<model>/<version>/model.safetensors
+ *   DIR/<model>/<version>/model.safetensors   or   model.onnx
  * where model.safetensors is a checkpoint of `ember train` (its metadata
- * 'ember.model' names the architecture). The library above libember uses
- * only Ember's public API.
+ * 'ember.model' names the architecture) and model.onnx an ONNX classifier
+ * run by libember's ONNX import (ember/onnx.h). The library above libember
+ * uses only Ember's public API.
  */
 #ifndef EMBER_SERVE_SERVER_H
 #define EMBER_SERVE_SERVER_H
