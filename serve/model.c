@@ -4,7 +4,11 @@
  * Each (model, version) has one bounded queue of requests (ems_job), one
  * batcher thread and its instances, each a thread with its own copy of the
  * module on one device (the CPU workers, or one GPU: em_set_thread_device,
- * so StarPU runs the instance's tasks there).
+ * so StarPU runs the instance's tasks there). A checkpoint's module is built
+ * by the loader; an ONNX model (model.onnx) is em_onnx_load'ed by each
+ * instance on its own thread and device, checked by the first
+ * (onnx_describe), run with em_onnx_run and em_onnx_free'd by that thread;
+ * from the batch's forward on it is the classifier path (softmax, outputs).
  *
  * The batcher, as Triton's dynamic batcher (docs/user_guide/model_configuration.md,
  * "Dynamic Batcher"): requests of the same per-sample shape are merged, in
@@ -778,6 +782,47 @@ static em_module *build_module(ems_model *m, const ems_options *o, char *err, si
     return mod;
 }
 
+/* Reads an `ember train` checkpoint's metadata at m->path: its architecture
+ * ('ember.model' -> m->spec, m->kind) and, when config.json leaves the
+ * normalisation to the checkpoint (cfg->norm -1), its ember.norm_mean /
+ * ember.norm_std. 0, or -1 with the reason in @p err. */
+static int read_checkpoint_meta(ems_model *m, const ems_model_config *cfg, char *err, size_t nerr)
+{
+    const char *path = m->path;
+    em_st_file *f = em_safetensors_open(path);
+    if (!f) {
+        snprintf(err, nerr, "%s", em_last_error());
+        return -1;
+    }
+    const char *spec = em_safetensors_metadata(f, "ember.model");
+    if (!spec || strlen(spec) >= sizeof m->spec) {
+        snprintf(err, nerr, "%s: %s", path, spec ? "metadata 'ember.model' is too long" :
+                 "no 'ember.model' metadata: not a checkpoint written by ember train");
+        em_safetensors_close(f);
+        return -1;
+    }
+    snprintf(m->spec, sizeof m->spec, "%s", spec);
+    m->kind = !strncmp(spec, "gpt:", 4) ? EMS_KIND_GPT : EMS_KIND_CLASSIFIER;
+    if (m->kind == EMS_KIND_CLASSIFIER && cfg->norm == -1) {
+        const char *ms = em_safetensors_metadata(f, "ember.norm_mean"), *ss = em_safetensors_metadata(f, "ember.norm_std");
+        if (ms || ss) {
+            int a = parse_norm_list(ms, m->mean, EMS_NORM_MAX), b = parse_norm_list(ss, m->std, EMS_NORM_MAX);
+            bool ok = a >= 1 && a == b;
+            for (int i = 0; ok && i < a; i++) ok = isfinite(m->mean[i]) && isfinite(m->std[i]) && m->std[i] > 0;
+            if (!ok) {
+                snprintf(err, nerr, "%s: bad normalisation metadata (ember.norm_mean '%.60s', ember.norm_std '%.60s')", path, ms ? ms : "",
+                         ss ? ss : "");
+                em_safetensors_close(f);
+                return -1;
+            }
+            m->normalize = true;
+            m->nnorm = a;
+        }
+    }
+    em_safetensors_close(f);
+    return 0;
+}
+
 /* Checks the normalisation's statistics against the input's channels (1
  * value broadcasts to every channel). 0, or -1 with the reason in @p err. */
 static int check_norm(ems_model *m, char *err, size_t nerr)
@@ -843,61 +888,23 @@ ems_model *ems_model_load(const char *name, int64_t version, const char *path, c
     }
     size_t plen = strlen(path);
     m->onnx = plen >= 5 && !strcmp(path + plen - 5, ".onnx");
-    if (m->onnx) {
-        /* an ONNX classifier: each instance loads and checks the file on its
-         * own thread (instance_main); no normalisation unless config.json sets one */
+    if (m->onnx) { /* an ONNX classifier: each instance loads and checks the file on its own thread (instance_main) */
         m->kind = EMS_KIND_CLASSIFIER;
         snprintf(m->spec, sizeof m->spec, "onnx");
-        if (cfg->norm == 1) {
-            m->normalize = true;
-            m->nnorm = cfg->nnorm;
-            memcpy(m->mean, cfg->mean, sizeof m->mean);
-            memcpy(m->std, cfg->std, sizeof m->std);
-        }
-        goto checked;
-    }
-    em_st_file *f = em_safetensors_open(path);
-    if (!f) {
-        snprintf(err, nerr, "%s", em_last_error());
+    } else if (read_checkpoint_meta(m, cfg, err, nerr) != 0) {
         goto fail;
     }
-    const char *spec = em_safetensors_metadata(f, "ember.model");
-    if (!spec || strlen(spec) >= sizeof m->spec) {
-        snprintf(err, nerr, "%s: %s", path, spec ? "metadata 'ember.model' is too long" :
-                 "no 'ember.model' metadata: not a checkpoint written by ember train");
-        em_safetensors_close(f);
-        goto fail;
-    }
-    snprintf(m->spec, sizeof m->spec, "%s", spec);
-    m->kind = !strncmp(spec, "gpt:", 4) ? EMS_KIND_GPT : EMS_KIND_CLASSIFIER;
-    /* normalisation: config.json's, else the checkpoint's, else none */
+    /* normalisation: config.json's, else a checkpoint's own (read_checkpoint_meta), else none (always for ONNX) */
     if (m->kind == EMS_KIND_CLASSIFIER && cfg->norm == 1) {
         m->normalize = true;
         m->nnorm = cfg->nnorm;
         memcpy(m->mean, cfg->mean, sizeof m->mean);
         memcpy(m->std, cfg->std, sizeof m->std);
-    } else if (m->kind == EMS_KIND_CLASSIFIER && cfg->norm == -1) {
-        const char *ms = em_safetensors_metadata(f, "ember.norm_mean"), *ss = em_safetensors_metadata(f, "ember.norm_std");
-        if (ms || ss) {
-            int a = parse_norm_list(ms, m->mean, EMS_NORM_MAX), b = parse_norm_list(ss, m->std, EMS_NORM_MAX);
-            bool ok = a >= 1 && a == b;
-            for (int i = 0; ok && i < a; i++) ok = isfinite(m->mean[i]) && isfinite(m->std[i]) && m->std[i] > 0;
-            if (!ok) {
-                snprintf(err, nerr, "%s: bad normalisation metadata (ember.norm_mean '%.60s', ember.norm_std '%.60s')", path, ms ? ms : "",
-                         ss ? ss : "");
-                em_safetensors_close(f);
-                goto fail;
-            }
-            m->normalize = true;
-            m->nnorm = a;
-        }
     }
-    em_safetensors_close(f);
     if (m->kind == EMS_KIND_GPT && cfg->norm == 1) {
         snprintf(err, nerr, "config.json \"normalize\" applies to classifiers, not to a GPT");
         goto fail;
     }
-checked:
     if (!m->cfg.input_name[0] && !m->onnx) snprintf(m->cfg.input_name, sizeof m->cfg.input_name, "%s", m->kind == EMS_KIND_GPT ? "input_ids" : "input");
     if (m->cfg.input_dtype == EMS_DTYPE_COUNT) m->cfg.input_dtype = m->kind == EMS_KIND_GPT ? EMS_INT64 : EMS_FP32;
     if ((m->kind == EMS_KIND_GPT) != (m->cfg.input_dtype != EMS_FP32)) {
