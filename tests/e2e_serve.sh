@@ -33,7 +33,8 @@
 # - ONNX models (issue #19; skipped, saying so, without Debian's torch): an MLP
 #   exported by torch serves beside a checkpoint (and one picked by "platform"),
 #   its metadata gives the ONNX input's name and shape, its logits equal `ember
-#   run`'s within 1e-5; a wrong shape is a 400; models of two inputs or an INT64
+#   run`'s within 1e-5 (also with config.json's input name and normalisation);
+#   a wrong shape is a 400; models of two inputs or an INT64
 #   input, a folder with both files and config.json dims that do not fit are
 #   skipped with the reason while the others serve.
 # Usage: e2e_serve.sh path/to/ember path/to/serve_load
@@ -530,7 +531,7 @@ torch.onnx.export(Ids(), torch.zeros(1, 5, dtype=torch.int64), sys.argv[1] + "/i
                   output_names=["y"], dynamic_axes={"ids": {0: "N"}}, opset_version=17)
 EOF
   R3="$T/repo3"
-  mkdir -p "$R3"/{omlp/1,mlp/1,two/1,ids/1,both/1,ocfg/1,plat/1}
+  mkdir -p "$R3"/{omlp/1,mlp/1,two/1,ids/1,both/1,ocfg/1,plat/1,oren/1}
   cp "$O/mlp.onnx" "$R3/omlp/1/model.onnx"
   cp "$T/mlp2/checkpoint.safetensors" "$R3/mlp/1/model.safetensors"
   cp "$O/two.onnx" "$R3/two/1/model.onnx"
@@ -539,12 +540,17 @@ EOF
   echo '{"platform": "onnxruntime_onnx"}' > "$R3/plat/config.json"
   cp "$O/mlp.onnx" "$R3/ocfg/1/model.onnx"
   echo '{"input": [{"name": "x", "data_type": "TYPE_FP32", "dims": [784]}]}' > "$R3/ocfg/config.json"
+  # renamed input and config.json's normalisation: (x - 0.5) / 0.25
+  cp "$O/mlp.onnx" "$R3/oren/1/model.onnx"
+  echo '{"input": [{"name": "pixels", "data_type": "TYPE_FP32", "dims": [1, 28, 28]}], "normalize": {"mean": [0.5], "std": [0.25]}}' \
+    > "$R3/oren/config.json"
   start_server onnx --model-repository "$R3"
   log="$(cat "$T/onnx.err")"
   [[ "$log" == *"model 'omlp' version 1: ONNX classifier; input 'x' FP32 [-1, 1, 28, 28] -> logits, probabilities [-1, 10];"* ]] \
     || fail "the ONNX MLP is not loaded as a classifier of input 'x' [-1, 1, 28, 28]: $log"
   [[ "$log" == *"model 'plat' version 1: ONNX classifier;"* ]] || fail "\"platform\": \"onnxruntime_onnx\" does not pick model.onnx: $log"
   [[ "$log" == *"model 'mlp' version 1: classifier;"* ]] || fail "the checkpoint beside the ONNX models is not served: $log"
+  [[ "$log" == *"model 'oren' version 1: ONNX classifier; input 'pixels' FP32 [-1, 1, 28, 28]"* ]] || fail "config.json's input name is not used: $log"
   [[ "$log" == *"model 'two' skipped: version 1: $R3/two/1/model.onnx: the ONNX model has 2 inputs ('a', 'b')"* ]] \
     || fail "the ONNX model of two inputs is not skipped with its reason: $log"
   [[ "$log" == *"model 'ids' skipped: version 1: $R3/ids/1/model.onnx: the ONNX model's input 'ids' is int64"* ]] \
@@ -566,19 +572,26 @@ assert m["outputs"] == [{"name": "logits", "datatype": "FP32", "shape": [-1, 10]
 EOF
   ok "ONNX metadata: input 'x' FP32 [-1, 1, 28, 28], logits and probabilities [-1, 10]; ready"
   # 5 rows of the exporter's inputs: the server's logits are `ember run`'s
-  "$TPY" - "$O/x64.npy" "$T/ox.npy" "$T/oreq.json" <<'EOF'
+  "$TPY" - "$O/x64.npy" "$T/ox.npy" "$T/oreq.json" "$T/oxn.npy" "$T/oreq_pixels.json" <<'EOF'
 import json, sys
 import numpy as np
 x = np.load(sys.argv[1])[:5]
 np.save(sys.argv[2], x)
-json.dump({"inputs": [{"name": "x", "datatype": "FP32", "shape": list(x.shape), "data": x.ravel().tolist()}]}, open(sys.argv[3], "w"))
+np.save(sys.argv[4], (x - np.float32(0.5)) / np.float32(0.25))  # oren's normalisation, for ember run
+for name, path in (("x", sys.argv[3]), ("pixels", sys.argv[5])):
+    json.dump({"inputs": [{"name": name, "datatype": "FP32", "shape": list(x.shape), "data": x.ravel().tolist()}]}, open(path, "w"))
 EOF
-  mkdir -p "$T/orun"
-  run "$EMBER" run "$O/mlp.onnx" --input "x=$T/ox.npy" --output-dir "$T/orun" --print-limit 0
+  mkdir -p "$T/orun/omlp" "$T/orun/oren"
+  run "$EMBER" run "$O/mlp.onnx" --input "x=$T/ox.npy" --output-dir "$T/orun/omlp" --print-limit 0
   [ "$rc" = 0 ] || fail "ember run mlp.onnx: exit $rc: $(cat "$T/out.log" "$T/err.log")"
+  cp -r "$T/orun/omlp" "$T/orun/plat"
+  run "$EMBER" run "$O/mlp.onnx" --input "x=$T/oxn.npy" --output-dir "$T/orun/oren" --print-limit 0
+  [ "$rc" = 0 ] || fail "ember run mlp.onnx (normalised input): exit $rc: $(cat "$T/out.log" "$T/err.log")"
   msgs=""
-  for m in omlp plat; do
-    req POST "/v2/models/$m/infer" "${JSONH[@]}" --data-binary @"$T/oreq.json"; expect 200 "\"model_name\":\"$m\"" "infer $m"
+  for m in omlp plat oren; do
+    rq="$T/oreq.json"
+    [ "$m" = oren ] && rq="$T/oreq_pixels.json"
+    req POST "/v2/models/$m/infer" "${JSONH[@]}" --data-binary @"$rq"; expect 200 "\"model_name\":\"$m\"" "infer $m"
     "$TPY" - "$T/body" "$T/o_$m.npy" <<'EOF' || fail "$m infer: $(head -c 400 "$T/body")"
 import json, sys
 import numpy as np
@@ -590,10 +603,10 @@ e = np.exp(lg.astype(np.float64) - lg.max(1, keepdims=True))
 assert np.abs(pr - e / e.sum(1, keepdims=True)).max() < 1e-6, "probabilities are not softmax(logits)"
 np.save(sys.argv[2], lg)
 EOF
-    msg="$("$TPY" "$HERE/onnx_compare.py" "$T/o_$m.npy" "$T/orun/logits.npy" 1e-5 "$m: serve vs ember run")" || fail "$msg"
+    msg="$("$TPY" "$HERE/onnx_compare.py" "$T/o_$m.npy" "$T/orun/$m/logits.npy" 1e-5 "$m: serve vs ember run")" || fail "$msg"
     msgs="${msgs:+$msgs; }$msg"
   done
-  ok "ONNX infer, 5 rows: logits equal ember run's ($msgs), probabilities = softmax(logits)"
+  ok "ONNX infer, 5 rows: logits equal ember run's ($msgs; oren: input 'pixels', normalised by config.json), probabilities = softmax(logits)"
   printf '{"inputs":[{"name":"x","datatype":"FP32","shape":[1,784],"data":[%s0]}]}' "$(printf '0,%.0s' $(seq 783))" > "$T/obad.json"
   req POST /v2/models/omlp/infer "${JSONH[@]}" --data-binary @"$T/obad.json"
   expect 400 "input 'x': shape [1, 784] does not match [-1, 1, 28, 28] of model 'omlp'" "onnx wrong shape"
