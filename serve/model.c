@@ -882,8 +882,12 @@ ems_model *ems_model_load(const char *name, int64_t version, const char *path, c
     pthread_mutex_init(&m->mu, NULL);
     cond_init_mono(&m->cv);
     struct stat sb;
-    if (stat(path, &sb) != 0 || !S_ISREG(sb.st_mode)) {
-        snprintf(err, nerr, "%s: %s", path, errno == ENOENT ? "no such file" : "not a regular file");
+    if (stat(path, &sb) != 0) {
+        snprintf(err, nerr, "%s: %s", path, errno == ENOENT ? "no such file" : strerror(errno));
+        goto fail;
+    }
+    if (!S_ISREG(sb.st_mode)) {
+        snprintf(err, nerr, "%s: not a regular file", path);
         goto fail;
     }
     size_t plen = strlen(path);
