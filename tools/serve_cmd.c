@@ -108,7 +108,7 @@ int em_tool_serve(int argc, char **argv)
                    "tensors or the binary-data extension), GET /metrics (Prometheus).\n"
                    "Inputs: a classifier takes 'input' FP32 [N, <its input dims>] in [0, 1] and\n"
                    "normalises it as in training; outputs 'logits' and 'probabilities' [N, classes].\n"
-                   "An ONNX model takes its own input name and dims, not normalised.\n"
+                   "An ONNX model takes its own input name and dims, normalised only by config.json.\n"
                    "A GPT takes 'input_ids' INT64 [N, T] and gives 'logits' [N, vocab] of the last token.\n"
                    "SIGTERM or Ctrl-C stops accepting, finishes the requests in flight and exits 0.\n\n"
                    "  --model-repository DIR  the model repository (required)\n"
