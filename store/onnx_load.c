@@ -7,6 +7,7 @@
  */
 #define _GNU_SOURCE
 #include "store/onnx_internal.h"
+#include "runtime/runtime_internal.h"
 
 #include <errno.h>
 #include <limits.h>
@@ -535,7 +536,7 @@ static em_tensor *onnx_module_forward(em_module *mod, const em_tensor *x)
     }
     em_tensor *in = (em_tensor *)x, *out = NULL;
     if (em_onnx_run(m, &in, 1, &out, 1) != EM_OK) return NULL;
-    return out;
+    return em__publish(out); /* a module's forward follows tensor.h's rules: the current scope owns it */
 }
 
 static const em_module_vtable ONNX_MODEL_VT = {"OnnxModel", onnx_module_forward, NULL};
