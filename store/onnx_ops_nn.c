@@ -1,6 +1,466 @@
-/* ONNX operators, nn group (see store/onnx_internal.h). */
+/* ONNX operators, nn group: reductions (Reduce*, ArgMax / ArgMin), the
+ * softmax family (Softmax, LogSoftmax, Hardmax), normalizations
+ * (LayerNormalization, RMSNormalization, LpNormalization,
+ * MeanVarianceNormalization), losses (NegativeLogLikelihoodLoss,
+ * SoftmaxCrossEntropyLoss). Semantics from onnx/docs/Operators.md (onnx
+ * 1.23); each function names the opsets whose differences it handles. */
 #include "store/onnx_internal.h"
 
+#include <math.h>
+#include <string.h>
+
+/* ---- small helpers ------------------------------------------------------------------- */
+
+static bool is_low_float(em_dtype dt) { return em_dtype_is_float(dt) && em_dtype_size(dt) == 2; }
+
+/* x in a dtype the reduction kernels compute well: 16-bit floats in f32. */
+static em_tensor *compute_dtype(em_tensor *x) { return is_low_float(em_tensor_dtype(x)) ? em_cast(x, EM_F32) : x; }
+
+/* t cast to dt when it is not already, integer results wrapped to @p type. */
+static em_tensor *to_dtype(em_tensor *t, em_dtype dt, int type)
+{
+    if (!t) return NULL;
+    if (em_tensor_dtype(t) != dt) t = em_cast(t, dt);
+    return em_dtype_is_float(dt) ? t : onnx_wrap_int(t, type);
+}
+
+/* Smallest / largest value of an ONNX integer type. */
+static void int_range(int type, double *lo, double *hi)
+{
+    switch (type) {
+    case ONNX_INT8: *lo = -128, *hi = 127; break;
+    case ONNX_UINT8: *lo = 0, *hi = 255; break;
+    case ONNX_INT16: *lo = -32768, *hi = 32767; break;
+    case ONNX_UINT16: *lo = 0, *hi = 65535; break;
+    case ONNX_INT32: *lo = -2147483648.0, *hi = 2147483647.0; break;
+    case ONNX_UINT32: *lo = 0, *hi = 4294967295.0; break;
+    case ONNX_BOOL: *lo = 0, *hi = 1; break;
+    default: *lo = -9223372036854775808.0, *hi = 9223372036854775807.0; break;
+    }
+}
+
+/* ---- Reduce* --------------------------------------------------------------------------- */
+
+enum rkind { RK_SUM, RK_MEAN, RK_MAX, RK_MIN, RK_PROD, RK_L1, RK_L2, RK_LOGSUM, RK_LOGSUMEXP, RK_SUMSQ };
+
+/* The element-wise part of a reduction applied alone (no axis reduced:
+ * noop_with_empty_axes, or a 0-d input), as the reference's reduction over
+ * axes=() gives. */
+static em_tensor *reduce_none(em_tensor *x, enum rkind k, int type)
+{
+    em_dtype dt = em_tensor_dtype(x);
+    switch (k) {
+    case RK_L1:
+    case RK_L2: return to_dtype(em_abs(x), dt, type);
+    case RK_SUMSQ: return to_dtype(em_square(x), dt, type);
+    case RK_LOGSUM: return to_dtype(em_log(x), dt, type);
+    default: return em_reshape(x, em_tensor_shape(x), em_tensor_ndim(x));
+    }
+}
+
+/* Reduce* of every opset: axes an attribute before @p axes_input_since,
+ * then an optional input with noop_with_empty_axes; keepdims (default 1).
+ * Integer inputs keep their type (sums wrap as the type does); a
+ * reduction over an empty set gives the operation's identity (0 for sums,
+ * 1 for the product, -inf / the type's minimum for max, +inf / the maximum
+ * for min, -inf for the log forms, NaN for the mean). */
+static em_status reduce_op(onnx_ctx *c, enum rkind k, int axes_input_since)
+{
+    em_tensor *x = onnx_in_req(c, 0);
+    if (!x) return em_last_status();
+    int type = onnx_in_type(c, 0);
+    em_dtype dt = em_tensor_dtype(x);
+    int r = em_tensor_ndim(x);
+    int64_t ax[EM_MAX_DIMS + 1];
+    int na = 0;
+    bool from_input = c->opset >= axes_input_since;
+    if (from_input) {
+        if (onnx_in(c, 1)) {
+            na = onnx_in_ints(c, 1, ax, EM_MAX_DIMS + 1);
+            if (na < 0) return em_last_status();
+        }
+    } else {
+        const int64_t *v;
+        na = onnx_attr_ints(c, "axes", &v);
+        if (na < 0) na = 0;
+        if (na > EM_MAX_DIMS + 1) return em_set_error(EM_ERR_INVALID, "%d axes for rank %d", na, r);
+        for (int i = 0; i < na; i++) ax[i] = v[i];
+    }
+    bool keep = onnx_attr_int(c, "keepdims", 1) != 0;
+    bool noop = from_input && onnx_attr_int(c, "noop_with_empty_axes", 0) != 0;
+    bool mask[EM_MAX_DIMS] = {false};
+    if (na == 0) {
+        if (noop) return onnx_out(c, 0, reduce_none(x, k, type), type);
+        for (int d = 0; d < r; d++) mask[d] = true;
+    } else {
+        for (int i = 0; i < na; i++) {
+            int a;
+            if (r == 0 && (ax[i] == 0 || ax[i] == -1)) continue;
+            if (onnx_axis(c, ax[i], r, &a) != EM_OK) return em_last_status();
+            if (mask[a]) return em_set_error(EM_ERR_INVALID, "axis %lld appears more than once", (long long)ax[i]);
+            mask[a] = true;
+        }
+    }
+    int dims[EM_MAX_DIMS], nd = 0;
+    int64_t oshape[EM_MAX_DIMS];
+    int no = 0;
+    int64_t nred = 1;
+    for (int d = 0; d < r; d++) {
+        if (mask[d]) {
+            dims[nd++] = d;
+            nred *= em_tensor_dim(x, d);
+            if (keep) oshape[no++] = 1;
+        } else oshape[no++] = em_tensor_dim(x, d);
+    }
+    if (nd == 0) return onnx_out(c, 0, reduce_none(x, k, type), type);
+    if (em_tensor_numel(x) == 0) {
+        double lo, hi, v;
+        bool fl = em_dtype_is_float(dt);
+        int_range(type, &lo, &hi);
+        switch (k) {
+        case RK_PROD: v = 1; break;
+        case RK_MAX: v = fl ? -INFINITY : lo; break;
+        case RK_MIN: v = fl ? INFINITY : hi; break;
+        case RK_LOGSUM:
+        case RK_LOGSUMEXP:
+            if (!fl) return onnx_unsupported(c, "an integer log-reduction over an empty set (-inf)");
+            v = -INFINITY;
+            break;
+        case RK_MEAN:
+            if (!fl) return onnx_unsupported(c, "an integer mean over an empty set (NaN)");
+            v = NAN;
+            break;
+        default: v = 0; break;
+        }
+        if (nred != 0) v = 0; /* the output is empty too: any value */
+        return onnx_out(c, 0, em_full(oshape, no, dt, v), type);
+    }
+    em_tensor *xc = compute_dtype(x), *y = NULL;
+    bool fl = em_dtype_is_float(dt);
+    switch (k) {
+    case RK_SUM: y = em_sum(xc, dims, nd, keep); break;
+    case RK_MEAN:
+        if (fl) y = em_mean(xc, dims, nd, keep);
+        else y = em_div_scalar(em_cast(em_sum(xc, dims, nd, keep), EM_F64), (double)nred);
+        break;
+    case RK_MAX:
+        y = dt == EM_BOOL ? em_any(xc, dims, nd, keep) : em_max(xc, dims, nd, keep);
+        break;
+    case RK_MIN:
+        y = dt == EM_BOOL ? em_all(xc, dims, nd, keep) : em_min(xc, dims, nd, keep);
+        break;
+    case RK_PROD: y = em_prod(xc, dims, nd, keep); break;
+    case RK_L1: y = em_sum(em_abs(xc), dims, nd, keep); break;
+    case RK_L2: {
+        em_tensor *s = em_sum(em_square(xc), dims, nd, keep);
+        y = em_sqrt(fl ? s : em_cast(s, EM_F64));
+        break;
+    }
+    case RK_LOGSUM: {
+        em_tensor *s = em_sum(xc, dims, nd, keep);
+        y = em_log(fl ? s : em_cast(s, EM_F64));
+        break;
+    }
+    case RK_LOGSUMEXP: y = em_logsumexp(fl ? xc : em_cast(xc, EM_F64), dims, nd, keep); break;
+    case RK_SUMSQ: y = em_sum(em_square(xc), dims, nd, keep); break;
+    }
+    return onnx_out(c, 0, to_dtype(y, dt, type), type);
+}
+
+/* ReduceSum (1, 11, 13: axes an input, noop_with_empty_axes). The others
+ * (1, 11, 13, 18: axes an input; ReduceMax / ReduceMin 20: bool). */
+static em_status op_reduce_sum(onnx_ctx *c) { return reduce_op(c, RK_SUM, 13); }
+static em_status op_reduce_mean(onnx_ctx *c) { return reduce_op(c, RK_MEAN, 18); }
+static em_status op_reduce_max(onnx_ctx *c) { return reduce_op(c, RK_MAX, 18); }
+static em_status op_reduce_min(onnx_ctx *c) { return reduce_op(c, RK_MIN, 18); }
+static em_status op_reduce_prod(onnx_ctx *c) { return reduce_op(c, RK_PROD, 18); }
+static em_status op_reduce_l1(onnx_ctx *c) { return reduce_op(c, RK_L1, 18); }
+static em_status op_reduce_l2(onnx_ctx *c) { return reduce_op(c, RK_L2, 18); }
+static em_status op_reduce_log_sum(onnx_ctx *c) { return reduce_op(c, RK_LOGSUM, 18); }
+static em_status op_reduce_log_sum_exp(onnx_ctx *c) { return reduce_op(c, RK_LOGSUMEXP, 18); }
+static em_status op_reduce_sum_square(onnx_ctx *c) { return reduce_op(c, RK_SUMSQ, 18); }
+
+/* ---- ArgMax / ArgMin -------------------------------------------------------------------- */
+
+/* ArgMax / ArgMin (1, 11: negative axis, 12: select_last_index, 13): int64
+ * indices along axis (default 0), keepdims (default 1). */
+static em_status arg_op(onnx_ctx *c, bool want_max)
+{
+    em_tensor *x = onnx_in_req(c, 0);
+    if (!x) return em_last_status();
+    int r = em_tensor_ndim(x), a;
+    if (r == 0) return em_set_error(EM_ERR_SHAPE, "the input is 0-d");
+    if (onnx_axis(c, onnx_attr_int(c, "axis", 0), r, &a) != EM_OK) return em_last_status();
+    bool keep = onnx_attr_int(c, "keepdims", 1) != 0;
+    bool last = onnx_attr_int(c, "select_last_index", 0) != 0;
+    em_tensor *xc = compute_dtype(x);
+    if (em_tensor_dtype(xc) == EM_BOOL) xc = em_cast(xc, EM_I32);
+    int64_t n = em_tensor_dim(x, a);
+    if (n == 0) return em_set_error(EM_ERR_SHAPE, "axis %d has size 0", a);
+    if (last) xc = em_index_select(xc, a, em_arange((double)(n - 1), -1, -1, EM_I64));
+    em_tensor *idx = want_max ? em_argmax(xc, a, keep) : em_argmin(xc, a, keep);
+    if (last) idx = em_rsub_scalar(idx, (double)(n - 1));
+    return onnx_out(c, 0, idx, ONNX_INT64);
+}
+static em_status op_argmax(onnx_ctx *c) { return arg_op(c, true); }
+static em_status op_argmin(onnx_ctx *c) { return arg_op(c, false); }
+
+/* ---- Softmax family ---------------------------------------------------------------------- */
+
+enum smkind { SM_SOFTMAX, SM_LOG_SOFTMAX, SM_HARDMAX };
+
+/* One-hot of the first maximum along dim a (of x's dtype). */
+static em_tensor *hardmax(em_tensor *x, int a)
+{
+    int r = em_tensor_ndim(x);
+    em_tensor *idx = em_argmax(compute_dtype(x), a, true);
+    int64_t n = em_tensor_dim(x, a), s[EM_MAX_DIMS];
+    for (int d = 0; d < r; d++) s[d] = d == a ? n : 1;
+    em_tensor *ar = em_reshape(em_arange(0, (double)n, 1, EM_I64), s, r);
+    return em_cast(em_eq(ar, idx), em_tensor_dtype(x));
+}
+
+static em_tensor *softmax_along(em_tensor *x, int a, enum smkind k)
+{
+    if (k == SM_HARDMAX) return hardmax(x, a);
+    em_dtype dt = em_tensor_dtype(x);
+    em_tensor *xc = compute_dtype(x);
+    em_tensor *y = k == SM_SOFTMAX ? em_softmax(xc, a) : em_log_softmax(xc, a);
+    return y && em_tensor_dtype(y) != dt ? em_cast(y, dt) : y;
+}
+
+/* Softmax / LogSoftmax / Hardmax. Opsets 1 and 11: the input coerced to
+ * 2-D [prod(dims < axis), prod(dims >= axis)] (axis default 1) and the
+ * operation along the second dim; 13: along the one axis (default -1). */
+static em_status softmax_op(onnx_ctx *c, enum smkind k)
+{
+    em_tensor *x = onnx_in_req(c, 0);
+    if (!x) return em_last_status();
+    if (!em_dtype_is_float(em_tensor_dtype(x))) return em_set_error(EM_ERR_DTYPE, "the input must be a float tensor");
+    int r = em_tensor_ndim(x), a;
+    if (c->opset >= 13) {
+        if (r == 0) return onnx_out(c, 0, softmax_along(em_reshape(x, (int64_t[]){1}, 1), 0, k), 0);
+        if (onnx_axis(c, onnx_attr_int(c, "axis", -1), r, &a) != EM_OK) return em_last_status();
+        return onnx_out(c, 0, softmax_along(x, a, k), 0);
+    }
+    int64_t axis = onnx_attr_int(c, "axis", 1);
+    if (axis < 0) axis += r;
+    if (axis < 0 || axis > r) return em_set_error(EM_ERR_INVALID, "axis %lld is out of range for rank %d", (long long)onnx_attr_int(c, "axis", 1), r);
+    int64_t s[2] = {1, 1};
+    for (int d = 0; d < r; d++) s[d < axis ? 0 : 1] *= em_tensor_dim(x, d);
+    em_tensor *y = softmax_along(em_reshape(x, s, 2), 1, k);
+    return onnx_out(c, 0, em_reshape(y, em_tensor_shape(x), r), 0);
+}
+static em_status op_softmax(onnx_ctx *c) { return softmax_op(c, SM_SOFTMAX); }
+static em_status op_log_softmax(onnx_ctx *c) { return softmax_op(c, SM_LOG_SOFTMAX); }
+static em_status op_hardmax(onnx_ctx *c) { return softmax_op(c, SM_HARDMAX); }
+
+/* ---- normalizations ---------------------------------------------------------------------- */
+
+/* The compute dtype of stash_type (1 = float, 11 = double; others are
+ * unsupported) for input dtype dt. */
+static em_status stash_dtype(onnx_ctx *c, em_dtype *out)
+{
+    int64_t st = onnx_attr_int(c, "stash_type", 1);
+    if (st == ONNX_FLOAT) *out = EM_F32;
+    else if (st == ONNX_DOUBLE) *out = EM_F64;
+    else return onnx_unsupported(c, "stash_type %lld", (long long)st);
+    return EM_OK;
+}
+
+/* LayerNormalization (17): normalised over dims axis.. (default -1) with
+ * the mean and the biased variance computed in stash_type; Y = norm *
+ * Scale + B (B optional); optional outputs Mean and InvStdDev of shape
+ * X's with the normalised dims 1. */
+static em_status op_layer_norm(onnx_ctx *c)
+{
+    em_tensor *x = onnx_in_req(c, 0), *w = onnx_in_req(c, 1), *b = onnx_in(c, 2);
+    if (!x || !w) return em_last_status();
+    em_dtype dt = em_tensor_dtype(x), cdt = EM_F32;
+    if (!em_dtype_is_float(dt)) return em_set_error(EM_ERR_DTYPE, "X must be a float tensor");
+    if (stash_dtype(c, &cdt) != EM_OK) return em_last_status();
+    int r = em_tensor_ndim(x), a;
+    if (onnx_axis(c, onnx_attr_int(c, "axis", -1), r, &a) != EM_OK) return em_last_status();
+    double eps = onnx_attr_float(c, "epsilon", 1e-5);
+    int dims[EM_MAX_DIMS], nd = 0;
+    for (int d = a; d < r; d++) dims[nd++] = d;
+    em_tensor *xs = em_cast(x, cdt);
+    em_tensor *mean = em_mean(xs, dims, nd, true);
+    em_tensor *diff = em_sub(xs, mean);
+    em_tensor *var = em_mean(em_square(diff), dims, nd, true);
+    em_tensor *inv = em_reciprocal(em_sqrt(em_add_scalar(var, eps)));
+    em_tensor *y = em_cast(em_mul(diff, inv), dt);
+    y = em_mul(y, w);
+    if (b) y = em_add(y, b);
+    if (y && em_tensor_dtype(y) != dt) y = em_cast(y, dt);
+    em_status st = onnx_out(c, 0, y, 0);
+    if (st == EM_OK && c->nout > 1) st = onnx_out(c, 1, mean, onnx_type_of_dtype(cdt));
+    if (st == EM_OK && c->nout > 2) st = onnx_out(c, 2, inv, onnx_type_of_dtype(cdt));
+    return st;
+}
+
+/* RMSNormalization (23): Y = X / sqrt(mean(X^2 over dims axis..) +
+ * epsilon) * scale, computed in stash_type. */
+static em_status op_rms_norm(onnx_ctx *c)
+{
+    em_tensor *x = onnx_in_req(c, 0), *w = onnx_in_req(c, 1);
+    if (!x || !w) return em_last_status();
+    em_dtype dt = em_tensor_dtype(x), cdt = EM_F32;
+    if (!em_dtype_is_float(dt)) return em_set_error(EM_ERR_DTYPE, "X must be a float tensor");
+    if (stash_dtype(c, &cdt) != EM_OK) return em_last_status();
+    int r = em_tensor_ndim(x), a;
+    if (onnx_axis(c, onnx_attr_int(c, "axis", -1), r, &a) != EM_OK) return em_last_status();
+    double eps = onnx_attr_float(c, "epsilon", 1e-5);
+    int dims[EM_MAX_DIMS], nd = 0;
+    for (int d = a; d < r; d++) dims[nd++] = d;
+    em_tensor *xs = em_cast(x, cdt);
+    em_tensor *ms = em_mean(em_square(xs), dims, nd, true);
+    em_tensor *y = em_mul(xs, em_reciprocal(em_sqrt(em_add_scalar(ms, eps))));
+    y = em_mul(em_cast(y, dt), w);
+    if (y && em_tensor_dtype(y) != dt) y = em_cast(y, dt);
+    return onnx_out(c, 0, y, 0);
+}
+
+/* LpNormalization (1, 22): x / ||x||_p along axis (default -1), p 1 or 2
+ * (default 2); a zero norm gives 0. */
+static em_status op_lp_norm(onnx_ctx *c)
+{
+    em_tensor *x = onnx_in_req(c, 0);
+    if (!x) return em_last_status();
+    em_dtype dt = em_tensor_dtype(x);
+    if (!em_dtype_is_float(dt)) return em_set_error(EM_ERR_DTYPE, "the input must be a float tensor");
+    int r = em_tensor_ndim(x), a;
+    if (onnx_axis(c, onnx_attr_int(c, "axis", -1), r, &a) != EM_OK) return em_last_status();
+    int64_t p = onnx_attr_int(c, "p", 2);
+    if (p != 1 && p != 2) return em_set_error(EM_ERR_INVALID, "p must be 1 or 2, not %lld", (long long)p);
+    em_tensor *xc = compute_dtype(x);
+    em_tensor *n = p == 1 ? em_sum(em_abs(xc), &a, 1, true) : em_sqrt(em_sum(em_square(xc), &a, 1, true));
+    em_tensor *zero = em_eq_scalar(n, 0);
+    em_tensor *y = em_masked_fill(em_div(xc, em_masked_fill(n, zero, 1.0)), zero, 0.0);
+    return onnx_out(c, 0, to_dtype(y, dt, 0), 0);
+}
+
+/* MeanVarianceNormalization (9, 13): (X - mean) / (sqrt(mean(X^2) -
+ * mean^2) + 1e-9) over axes (default {0, 2, 3}). */
+static em_status op_mvn(onnx_ctx *c)
+{
+    em_tensor *x = onnx_in_req(c, 0);
+    if (!x) return em_last_status();
+    em_dtype dt = em_tensor_dtype(x);
+    if (!em_dtype_is_float(dt)) return em_set_error(EM_ERR_DTYPE, "the input must be a float tensor");
+    int r = em_tensor_ndim(x);
+    const int64_t *v;
+    int64_t defaxes[3] = {0, 2, 3};
+    int na = onnx_attr_ints(c, "axes", &v);
+    if (na < 0) na = 3, v = defaxes;
+    int dims[EM_MAX_DIMS];
+    if (na > r) return em_set_error(EM_ERR_INVALID, "%d axes for rank %d", na, r);
+    for (int i = 0; i < na; i++)
+        if (onnx_axis(c, v[i], r, &dims[i]) != EM_OK) return em_last_status();
+    em_tensor *xc = compute_dtype(x);
+    em_tensor *mean = em_mean(xc, dims, na, true);
+    em_tensor *var = em_sub(em_mean(em_square(xc), dims, na, true), em_square(mean));
+    em_tensor *y = em_div(em_sub(xc, mean), em_add_scalar(em_sqrt(var), 1e-9));
+    return onnx_out(c, 0, to_dtype(y, dt, 0), 0);
+}
+
+/* ---- losses ------------------------------------------------------------------------------- */
+
+/* NLL of log-probabilities lp [N, C, d...] (float) and target [N, d...]:
+ * loss = -lp[n, target, d...] * weight[target] (weight 1 without the
+ * input), 0 where target == ignore_index; mean = sum / sum of the weights
+ * that count. */
+static em_tensor *nll(onnx_ctx *c, em_tensor *lp, em_tensor *target, em_tensor *weight)
+{
+    int r = em_tensor_ndim(lp);
+    if (r < 2 || em_tensor_ndim(target) != r - 1) {
+        em_set_error(EM_ERR_SHAPE, "input of rank %d and target of rank %d (want rank >= 2 and rank - 1)", r, em_tensor_ndim(target));
+        return NULL;
+    }
+    for (int d = 0; d < r - 1; d++)
+        if (em_tensor_dim(target, d) != em_tensor_dim(lp, d == 0 ? 0 : d + 1)) {
+            em_set_error(EM_ERR_SHAPE, "target dim %d (%lld) does not match the input's", d, (long long)em_tensor_dim(target, d));
+            return NULL;
+        }
+    const char *red = onnx_attr_string(c, "reduction", "mean");
+    bool has_ii = onnx_has_attr(c, "ignore_index");
+    int64_t ii = onnx_attr_int(c, "ignore_index", 0);
+    em_tensor *t = em_cast(target, EM_I64);
+    em_tensor *keep = NULL;
+    if (has_ii) {
+        keep = em_ne_scalar(t, (double)ii);
+        t = em_where(keep, t, em_zeros_like(t)); /* ignored targets read class 0 */
+    }
+    em_tensor *g = em_squeeze(em_gather(lp, 1, em_unsqueeze(t, 1)), 1);
+    em_dtype dt = em_tensor_dtype(lp);
+    em_tensor *w = NULL;
+    if (weight) {
+        int64_t n = em_tensor_numel(t);
+        w = em_reshape(em_index_select(em_cast(weight, dt), 0, em_reshape(t, &n, 1)), em_tensor_shape(t), em_tensor_ndim(t));
+    }
+    if (keep) {
+        em_tensor *k = em_cast(keep, dt);
+        w = w ? em_mul(w, k) : k;
+    }
+    em_tensor *loss = em_neg(w ? em_mul(g, w) : g);
+    if (!strcmp(red, "none")) return loss;
+    if (!strcmp(red, "sum")) return em_sum(loss, NULL, 0, false);
+    if (!strcmp(red, "mean")) {
+        if (!w) return em_mean(loss, NULL, 0, false);
+        return em_div(em_sum(loss, NULL, 0, false), em_sum(w, NULL, 0, false));
+    }
+    onnx_unsupported(c, "reduction '%s'", red);
+    return NULL;
+}
+
+/* NegativeLogLikelihoodLoss (12, 13, 22). */
+static em_status op_nll_loss(onnx_ctx *c)
+{
+    em_tensor *x = onnx_in_req(c, 0), *t = onnx_in_req(c, 1);
+    if (!x || !t) return em_last_status();
+    em_dtype dt = em_tensor_dtype(x);
+    if (!em_dtype_is_float(dt)) return em_set_error(EM_ERR_DTYPE, "input must be a float tensor");
+    em_tensor *loss = nll(c, compute_dtype(x), t, onnx_in(c, 2));
+    return onnx_out(c, 0, to_dtype(loss, dt, 0), 0);
+}
+
+/* SoftmaxCrossEntropyLoss (12, 13): nll of log_softmax(scores, 1); output 1
+ * (optional) the log-probabilities. */
+static em_status op_sce_loss(onnx_ctx *c)
+{
+    em_tensor *x = onnx_in_req(c, 0), *t = onnx_in_req(c, 1);
+    if (!x || !t) return em_last_status();
+    em_dtype dt = em_tensor_dtype(x);
+    if (!em_dtype_is_float(dt)) return em_set_error(EM_ERR_DTYPE, "scores must be a float tensor");
+    if (em_tensor_ndim(x) < 2) return em_set_error(EM_ERR_SHAPE, "scores must have rank >= 2");
+    em_tensor *lp = em_log_softmax(compute_dtype(x), 1);
+    em_tensor *loss = nll(c, lp, t, onnx_in(c, 2));
+    em_status st = onnx_out(c, 0, to_dtype(loss, dt, 0), 0);
+    if (st == EM_OK && c->nout > 1) st = onnx_out(c, 1, to_dtype(lp, dt, 0), 0);
+    return st;
+}
+
 const onnx_op onnx_ops_nn[] = {
+    {"ReduceSum", 1, op_reduce_sum},
+    {"ReduceMean", 1, op_reduce_mean},
+    {"ReduceMax", 1, op_reduce_max},
+    {"ReduceMin", 1, op_reduce_min},
+    {"ReduceProd", 1, op_reduce_prod},
+    {"ReduceL1", 1, op_reduce_l1},
+    {"ReduceL2", 1, op_reduce_l2},
+    {"ReduceLogSum", 1, op_reduce_log_sum},
+    {"ReduceLogSumExp", 1, op_reduce_log_sum_exp},
+    {"ReduceSumSquare", 1, op_reduce_sum_square},
+    {"ArgMax", 1, op_argmax},
+    {"ArgMin", 1, op_argmin},
+    {"Softmax", 1, op_softmax},
+    {"LogSoftmax", 1, op_log_softmax},
+    {"Hardmax", 1, op_hardmax},
+    {"LayerNormalization", 17, op_layer_norm},
+    {"RMSNormalization", 23, op_rms_norm},
+    {"LpNormalization", 1, op_lp_norm},
+    {"MeanVarianceNormalization", 9, op_mvn},
+    {"NegativeLogLikelihoodLoss", 12, op_nll_loss},
+    {"SoftmaxCrossEntropyLoss", 12, op_sce_loss},
     {NULL, 0, NULL},
 };
