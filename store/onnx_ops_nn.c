@@ -440,7 +440,143 @@ static em_status op_sce_loss(onnx_ctx *c)
     return st;
 }
 
+
+/* ---- Attention ------------------------------------------------------------------------------ */
+
+/* 0 where allowed, -inf elsewhere, in dtype cd. */
+static em_tensor *allowed_bias(em_tensor *allowed, em_dtype cd)
+{
+    return em_where(allowed, em_scalar(0, cd), em_scalar(-INFINITY, cd));
+}
+
+/* Attention (23, 24: nonpad_kv_seqlen): softmax(softcap(Q K^T * scale) +
+ * bias) V, computed as the composed math path (matmul, softmax) in f32 for
+ * 16-bit inputs. Q, K, V 4-D [B, H, S, D] or 3-D [B, S, H * D] (with
+ * q_num_heads / kv_num_heads); GQA repeats each KV head (h0, h0, h1, ...);
+ * past_key / past_value concatenated along the sequence (present_key /
+ * present_value outputs); attn_mask bool (true = attend) or additive, its
+ * last dim padded to the total length (-inf); is_causal bottom-right
+ * aligned (offset = the past length, or nonpad_kv_seqlen - q_len per
+ * batch); left / right_window_size (25); a row with every key masked gives
+ * zeros. qk_matmul_output (output 3): the scores after softcap for modes 0
+ * and 1 (as the reference implementation: the spec says mode 0 is before
+ * softcap), with the bias for 2, the probabilities for 3. */
+static em_status op_attention(onnx_ctx *c)
+{
+    em_tensor *q = onnx_in_req(c, 0), *k = onnx_in_req(c, 1), *v = onnx_in_req(c, 2);
+    if (!q || !k || !v) return em_last_status();
+    em_tensor *mask = onnx_in(c, 3), *pk = onnx_in(c, 4), *pv = onnx_in(c, 5), *nonpad = onnx_in(c, 6);
+    em_dtype dt = em_tensor_dtype(q);
+    if (!em_dtype_is_float(dt)) return em_set_error(EM_ERR_DTYPE, "Q must be a float tensor");
+    em_dtype cd = is_low_float(dt) ? EM_F32 : dt;
+    int r = em_tensor_ndim(q);
+    if (r != 3 && r != 4) return em_set_error(EM_ERR_SHAPE, "Q must be 3-D or 4-D, it has rank %d", r);
+    if (em_tensor_ndim(k) != r || em_tensor_ndim(v) != r) return em_set_error(EM_ERR_SHAPE, "Q, K and V must have one rank");
+    if (!pk != !pv) return em_set_error(EM_ERR_INVALID, "past_key and past_value must be given together");
+    if (nonpad && pk) return em_set_error(EM_ERR_INVALID, "nonpad_kv_seqlen cannot be combined with past_key");
+    q = em_cast(q, cd), k = em_cast(k, cd), v = em_cast(v, cd);
+    int64_t B = em_tensor_dim(q, 0);
+    if (r == 3) {
+        int64_t hq = onnx_attr_int(c, "q_num_heads", 0), hkv = onnx_attr_int(c, "kv_num_heads", 0);
+        if (hq <= 0 || hkv <= 0) return em_set_error(EM_ERR_INVALID, "3-D inputs need q_num_heads and kv_num_heads");
+        if (em_tensor_dim(q, 2) % hq || em_tensor_dim(k, 2) % hkv || em_tensor_dim(v, 2) % hkv)
+            return em_set_error(EM_ERR_SHAPE, "hidden sizes are not divisible by the head counts");
+        int64_t sq[4] = {B, em_tensor_dim(q, 1), hq, em_tensor_dim(q, 2) / hq};
+        int64_t sk[4] = {B, em_tensor_dim(k, 1), hkv, em_tensor_dim(k, 2) / hkv};
+        int64_t sv[4] = {B, em_tensor_dim(v, 1), hkv, em_tensor_dim(v, 2) / hkv};
+        q = em_transpose(em_reshape(q, sq, 4), 1, 2);
+        k = em_transpose(em_reshape(k, sk, 4), 1, 2);
+        v = em_transpose(em_reshape(v, sv, 4), 1, 2);
+    }
+    if (!q || !k || !v) return em_last_status();
+    int64_t D = em_tensor_dim(q, 3);
+    double scale = onnx_has_attr(c, "scale") ? onnx_attr_float(c, "scale", 1.0) : 1.0 / sqrt((double)D);
+    if (pk) {
+        if (em_tensor_ndim(pk) != 4 || em_tensor_ndim(pv) != 4) return em_set_error(EM_ERR_SHAPE, "past_key and past_value must be 4-D");
+        em_tensor *ks[2] = {em_cast(pk, cd), k}, *vs[2] = {em_cast(pv, cd), v};
+        k = em_cat(ks, 2, 2);
+        v = em_cat(vs, 2, 2);
+        if (!k || !v) return em_last_status();
+    }
+    int64_t Sq = em_tensor_dim(q, 2), Skv = em_tensor_dim(k, 2);
+    int64_t past = pk ? em_tensor_dim(pk, 2) : 0;
+    /* the bias: [Sq, Skv] or broadcastable to [B, H, Sq, Skv] */
+    em_tensor *bias = em_zeros((int64_t[]){Sq, Skv}, 2, cd);
+    if (mask) {
+        em_tensor *mb = em_tensor_dtype(mask) == EM_BOOL ? allowed_bias(mask, cd) : em_cast(mask, cd);
+        int64_t last = em_tensor_dim(mask, -1);
+        if (em_tensor_ndim(mask) < 1 || last > Skv) return em_set_error(EM_ERR_SHAPE, "attn_mask's last dim (%lld) exceeds the total sequence length %lld", (long long)last, (long long)Skv);
+        if (last < Skv) mb = em_pad(mb, (int64_t[]){0, Skv - last}, 2, -INFINITY);
+        bias = em_add(bias, mb);
+    }
+    em_tensor *off = NULL; /* per-batch offsets [B, 1, 1] (i64) or NULL: the scalar `past` */
+    if (nonpad) {
+        if (em_tensor_numel(nonpad) != B) return em_set_error(EM_ERR_SHAPE, "nonpad_kv_seqlen must have batch_size values");
+        em_tensor *np64 = em_reshape(em_cast(nonpad, EM_I64), (int64_t[]){B, 1, 1}, 3);
+        off = em_sub_scalar(np64, (double)Sq);
+        em_tensor *pad_ok = em_lt(em_reshape(em_arange(0, (double)Skv, 1, EM_I64), (int64_t[]){1, 1, Skv}, 3), np64);
+        bias = em_add(bias, em_reshape(allowed_bias(pad_ok, cd), (int64_t[]){B, 1, 1, Skv}, 4));
+    }
+    em_tensor *ii = em_reshape(em_arange(0, (double)Sq, 1, EM_I64), (int64_t[]){Sq, 1}, 2);
+    em_tensor *jj = em_reshape(em_arange(0, (double)Skv, 1, EM_I64), (int64_t[]){1, Skv}, 2);
+    em_tensor *diff = off ? em_sub(em_add(ii, off), jj) : em_sub(em_add_scalar(ii, (double)past), jj); /* i + offset - j */
+    em_tensor *allowed = NULL;
+    if (onnx_attr_int(c, "is_causal", 0)) allowed = em_ge_scalar(diff, 0);
+    int64_t lw = onnx_attr_int(c, "left_window_size", -1), rw = onnx_attr_int(c, "right_window_size", -1);
+    if (lw >= 0) {
+        em_tensor *a = em_le_scalar(diff, (double)lw);
+        allowed = allowed ? em_logical_and(allowed, a) : a;
+    }
+    if (rw >= 0) {
+        em_tensor *a = em_ge_scalar(diff, -(double)rw);
+        allowed = allowed ? em_logical_and(allowed, a) : a;
+    }
+    if (allowed) {
+        em_tensor *ab = allowed_bias(allowed, cd);
+        if (off) ab = em_unsqueeze(ab, 1); /* [B, 1, Sq, Skv] */
+        bias = em_add(bias, ab);
+    }
+    if (!bias) return em_last_status();
+    /* GQA */
+    int64_t hq = em_tensor_dim(q, 1), hk = em_tensor_dim(k, 1);
+    em_tensor *present_k = k, *present_v = v;
+    if (hq != hk) {
+        if (hk <= 0 || hq % hk || em_tensor_dim(v, 1) != hk)
+            return em_set_error(EM_ERR_SHAPE, "%lld query heads cannot share %lld key/value heads", (long long)hq, (long long)hk);
+        int64_t rep = hq / hk;
+        int64_t ek[5] = {B, hk, rep, Skv, D}, ev[5] = {B, hk, rep, Skv, em_tensor_dim(v, 3)};
+        k = em_reshape(em_expand(em_unsqueeze(k, 2), ek, 5), (int64_t[]){B, hq, Skv, D}, 4);
+        v = em_reshape(em_expand(em_unsqueeze(v, 2), ev, 5), (int64_t[]){B, hq, Skv, em_tensor_dim(v, 3)}, 4);
+    }
+    double ss = sqrt(scale);
+    em_tensor *qk = em_matmul(em_mul_scalar(q, ss), em_transpose(em_mul_scalar(k, ss), 2, 3));
+    double softcap = onnx_attr_float(c, "softcap", 0.0);
+    if (softcap > 0) qk = em_mul_scalar(em_tanh(em_div_scalar(qk, softcap)), softcap);
+    em_tensor *qkb = em_add(qk, bias);
+    int64_t mode = onnx_attr_int(c, "qk_matmul_output_mode", 0);
+    em_tensor *qk_out = mode == 2 ? qkb : qk;
+    int64_t sp = onnx_attr_int(c, "softmax_precision", 0);
+    em_tensor *sm_in = qkb;
+    if (sp == ONNX_DOUBLE) sm_in = em_cast(qkb, EM_F64);
+    else if (sp && sp != ONNX_FLOAT && sp != ONNX_FLOAT16 && sp != ONNX_BFLOAT16)
+        return onnx_unsupported(c, "softmax_precision %lld", (long long)sp);
+    int last = -1;
+    em_tensor *p = em_softmax(sm_in, -1);
+    em_tensor *masked = em_logical_or(em_eq_scalar(em_max(bias, &last, 1, true), -INFINITY), em_eq_scalar(em_max(sm_in, &last, 1, true), -INFINITY));
+    p = em_cast(em_where(masked, em_scalar(0, em_tensor_dtype(p)), p), cd);
+    if (mode == 3) qk_out = p;
+    else if (mode < 0 || mode > 3) return em_set_error(EM_ERR_INVALID, "qk_matmul_output_mode %lld", (long long)mode);
+    em_tensor *y = em_matmul(p, v);
+    if (r == 3 && y) y = em_reshape(em_contiguous(em_transpose(y, 1, 2)), (int64_t[]){B, Sq, -1}, 3);
+    em_status st = onnx_out(c, 0, to_dtype(y, dt, 0), 0);
+    if (st == EM_OK && c->nout > 1) st = onnx_out(c, 1, to_dtype(present_k, dt, 0), 0);
+    if (st == EM_OK && c->nout > 2) st = onnx_out(c, 2, to_dtype(present_v, dt, 0), 0);
+    if (st == EM_OK && c->nout > 3) st = onnx_out(c, 3, to_dtype(qk_out, dt, 0), 0);
+    return st;
+}
+
 const onnx_op onnx_ops_nn[] = {
+    {"Attention", 23, op_attention},
     {"ReduceSum", 1, op_reduce_sum},
     {"ReduceMean", 1, op_reduce_mean},
     {"ReduceMax", 1, op_reduce_max},
