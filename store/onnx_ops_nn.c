@@ -463,6 +463,7 @@ static em_tensor *allowed_bias(em_tensor *allowed, em_dtype cd)
  * softcap), with the bias for 2, the probabilities for 3. */
 static em_status op_attention(onnx_ctx *c)
 {
+#define RND(t) (low ? em_cast(em_cast((t), dt), cd) : (t))
     em_tensor *q = onnx_in_req(c, 0), *k = onnx_in_req(c, 1), *v = onnx_in_req(c, 2);
     if (!q || !k || !v) return em_last_status();
     em_tensor *mask = onnx_in(c, 3), *pk = onnx_in(c, 4), *pv = onnx_in(c, 5), *nonpad = onnx_in(c, 6);
@@ -548,11 +549,18 @@ static em_status op_attention(onnx_ctx *c)
         k = em_reshape(em_expand(em_unsqueeze(k, 2), ek, 5), (int64_t[]){B, hq, Skv, D}, 4);
         v = em_reshape(em_expand(em_unsqueeze(v, 2), ev, 5), (int64_t[]){B, hq, Skv, em_tensor_dim(v, 3)}, 4);
     }
+    /* 16-bit inputs: f32 math rounded to their dtype after each step of
+     * the reference (which computes in the dtype; matmuls accumulate in f32) */
+    bool low = cd != dt;
     double ss = sqrt(scale);
-    em_tensor *qk = em_matmul(em_mul_scalar(q, ss), em_transpose(em_mul_scalar(k, ss), 2, 3));
+    if (low) {
+        em_tensor *sst = em_cast(em_scalar(ss, EM_F64), dt);
+        if (!sst || em_item(sst, &ss) != EM_OK) return em_last_status();
+    }
+    em_tensor *qk = RND(em_matmul(RND(em_mul_scalar(q, ss)), em_transpose(RND(em_mul_scalar(k, ss)), 2, 3)));
     double softcap = onnx_attr_float(c, "softcap", 0.0);
-    if (softcap > 0) qk = em_mul_scalar(em_tanh(em_div_scalar(qk, softcap)), softcap);
-    em_tensor *qkb = em_add(qk, bias);
+    if (softcap > 0) qk = RND(em_mul_scalar(RND(em_tanh(RND(em_div_scalar(qk, softcap)))), softcap));
+    em_tensor *qkb = RND(em_add(qk, RND(bias)));
     int64_t mode = onnx_attr_int(c, "qk_matmul_output_mode", 0);
     em_tensor *qk_out = mode == 2 ? qkb : qk;
     int64_t sp = onnx_attr_int(c, "softmax_precision", 0);
@@ -561,18 +569,31 @@ static em_status op_attention(onnx_ctx *c)
     else if (sp && sp != ONNX_FLOAT && sp != ONNX_FLOAT16 && sp != ONNX_BFLOAT16)
         return onnx_unsupported(c, "softmax_precision %lld", (long long)sp);
     int last = -1;
-    em_tensor *p = em_softmax(sm_in, -1);
+    em_tensor *p;
+    if (low && !sp) {
+        em_tensor *m = em_max(sm_in, &last, 1, true);
+        m = em_masked_fill(m, em_eq_scalar(m, -INFINITY), 0.0);
+        em_tensor *e = RND(em_exp(RND(em_sub(sm_in, m))));
+        em_tensor *sum; /* numpy sums float16 in float32 (pairwise), ml_dtypes' bfloat16 in order */
+        if (dt == EM_F16) sum = RND(em_sum(e, &last, 1, true));
+        else {
+            sum = em_narrow(e, -1, 0, 1);
+            for (int64_t j = 1; j < Skv; j++) sum = RND(em_add(sum, em_narrow(e, -1, j, 1)));
+        }
+        p = RND(em_div(e, em_masked_fill(sum, em_eq_scalar(sum, 0), 1.0)));
+    } else p = em_softmax(sm_in, -1);
     em_tensor *masked = em_logical_or(em_eq_scalar(em_max(bias, &last, 1, true), -INFINITY), em_eq_scalar(em_max(sm_in, &last, 1, true), -INFINITY));
     p = em_cast(em_where(masked, em_scalar(0, em_tensor_dtype(p)), p), cd);
     if (mode == 3) qk_out = p;
     else if (mode < 0 || mode > 3) return em_set_error(EM_ERR_INVALID, "qk_matmul_output_mode %lld", (long long)mode);
-    em_tensor *y = em_matmul(p, v);
+    em_tensor *y = em_matmul(RND(p), v);
     if (r == 3 && y) y = em_reshape(em_contiguous(em_transpose(y, 1, 2)), (int64_t[]){B, Sq, -1}, 3);
     em_status st = onnx_out(c, 0, to_dtype(y, dt, 0), 0);
     if (st == EM_OK && c->nout > 1) st = onnx_out(c, 1, to_dtype(present_k, dt, 0), 0);
     if (st == EM_OK && c->nout > 2) st = onnx_out(c, 2, to_dtype(present_v, dt, 0), 0);
     if (st == EM_OK && c->nout > 3) st = onnx_out(c, 3, to_dtype(qk_out, dt, 0), 0);
     return st;
+#undef RND
 }
 
 const onnx_op onnx_ops_nn[] = {
