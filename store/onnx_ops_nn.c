@@ -596,7 +596,65 @@ static em_status op_attention(onnx_ctx *c)
 #undef RND
 }
 
+/* ---- RotaryEmbedding ------------------------------------------------------------------------- */
+
+/* RotaryEmbedding (23): input [B, H, S, D] or [B, S, H * D] (num_heads);
+ * cos / sin caches [max_pos, r/2] indexed by position_ids [B, S], or [B, S,
+ * r/2] without them; the first r = rotary_embedding_dim (0: D) features
+ * rotated as halves (x1 = [:r/2], x2 = [r/2:]) or interleaved pairs (x1 =
+ * [0::2], x2 = [1::2]): real = cos x1 - sin x2, imag = sin x1 + cos x2. */
+static em_status op_rotary(onnx_ctx *c)
+{
+    em_tensor *x = onnx_in_req(c, 0), *cs = onnx_in_req(c, 1), *sn = onnx_in_req(c, 2), *pos = onnx_in(c, 3);
+    if (!x || !cs || !sn) return em_last_status();
+    em_dtype dt = em_tensor_dtype(x);
+    if (!em_dtype_is_float(dt)) return em_set_error(EM_ERR_DTYPE, "the input must be a float tensor");
+    em_dtype cd = is_low_float(dt) ? EM_F32 : dt;
+    int rank = em_tensor_ndim(x);
+    int64_t B = em_tensor_dim(x, 0), S, H, D;
+    em_tensor *xs; /* [B, S, H, D] */
+    if (rank == 4) {
+        xs = em_transpose(x, 1, 2);
+        S = em_tensor_dim(x, 2), H = em_tensor_dim(x, 1), D = em_tensor_dim(x, 3);
+    } else if (rank == 3) {
+        H = onnx_attr_int(c, "num_heads", 0);
+        S = em_tensor_dim(x, 1);
+        if (H <= 0 || em_tensor_dim(x, 2) % H) return em_set_error(EM_ERR_INVALID, "3-D input needs num_heads dividing its hidden size");
+        D = em_tensor_dim(x, 2) / H;
+        xs = em_reshape(x, (int64_t[]){B, S, H, D}, 4);
+    } else return em_set_error(EM_ERR_SHAPE, "the input must be 3-D or 4-D, it has rank %d", rank);
+    xs = em_cast(xs, cd);
+    int64_t r = onnx_attr_int(c, "rotary_embedding_dim", 0);
+    if (r == 0) r = D;
+    if (r < 0 || r > D || r % 2) return em_set_error(EM_ERR_INVALID, "rotary_embedding_dim %lld for head size %lld", (long long)r, (long long)D);
+    int64_t h = r / 2;
+    if (pos) {
+        int64_t n = em_tensor_numel(pos);
+        if (em_tensor_ndim(cs) != 2 || em_tensor_ndim(sn) != 2) return em_set_error(EM_ERR_SHAPE, "with position_ids the caches must be 2-D");
+        em_tensor *flat = em_reshape(em_cast(pos, EM_I64), &n, 1);
+        cs = em_reshape(em_index_select(cs, 0, flat), (int64_t[]){B, S, em_tensor_dim(cs, 1)}, 3);
+        sn = em_reshape(em_index_select(sn, 0, flat), (int64_t[]){B, S, em_tensor_dim(sn, 1)}, 3);
+    }
+    if (!cs || !sn) return em_last_status();
+    if (em_tensor_ndim(cs) != 3 || em_tensor_dim(cs, -1) != h || em_tensor_ndim(sn) != 3 || em_tensor_dim(sn, -1) != h)
+        return em_set_error(EM_ERR_SHAPE, "the caches' last dim must be rotary_embedding_dim / 2 = %lld", (long long)h);
+    cs = em_unsqueeze(em_cast(cs, cd), 2), sn = em_unsqueeze(em_cast(sn, cd), 2); /* [B, S, 1, r/2] */
+    bool inter = onnx_attr_int(c, "interleaved", 0) != 0;
+    em_tensor *x1 = inter ? em_slice(xs, 3, 0, r, 2) : em_narrow(xs, 3, 0, h);
+    em_tensor *x2 = inter ? em_slice(xs, 3, 1, r, 2) : em_narrow(xs, 3, h, h);
+    em_tensor *re = em_sub(em_mul(cs, x1), em_mul(sn, x2));
+    em_tensor *im = em_add(em_mul(sn, x1), em_mul(cs, x2));
+    em_tensor *rot;
+    if (inter) rot = em_reshape(em_stack((em_tensor *[]){re, im}, 2, 4), (int64_t[]){B, S, H, r}, 4);
+    else rot = em_cat((em_tensor *[]){re, im}, 2, 3);
+    em_tensor *y = r < D ? em_cat((em_tensor *[]){rot, em_narrow(xs, 3, r, D - r)}, 2, 3) : rot;
+    if (!y) return em_last_status();
+    y = rank == 4 ? em_contiguous(em_transpose(y, 1, 2)) : em_reshape(em_contiguous(y), em_tensor_shape(x), 3);
+    return onnx_out(c, 0, to_dtype(y, dt, 0), 0);
+}
+
 const onnx_op onnx_ops_nn[] = {
+    {"RotaryEmbedding", 23, op_rotary},
     {"Attention", 23, op_attention},
     {"ReduceSum", 1, op_reduce_sum},
     {"ReduceMean", 1, op_reduce_mean},
