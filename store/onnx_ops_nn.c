@@ -653,7 +653,247 @@ static em_status op_rotary(onnx_ctx *c)
     return onnx_out(c, 0, to_dtype(y, dt, 0), 0);
 }
 
+/* ---- Einsum ------------------------------------------------------------------------------- */
+
+/* Labels: 'A'-'Z' 0-25, 'a'-'z' 26-51 (ASCII order, the implicit output's
+ * order), ellipsis dims 52.. (right-aligned across operands). */
+#define EIN_MAXL (52 + EM_MAX_DIMS)
+
+typedef struct ein_op {
+    em_tensor *t;
+    int n;                  /* rank = label count */
+    int lab[EM_MAX_DIMS];
+} ein_op;
+
+static int ein_label(char ch)
+{
+    if (ch >= 'A' && ch <= 'Z') return ch - 'A';
+    if (ch >= 'a' && ch <= 'z') return 26 + ch - 'a';
+    return -1;
+}
+
+/* Parses one term into labels; *ell = the position of "..." (-1 none) and
+ * the count of letters in *nl. */
+static em_status ein_term(const char *s, size_t len, int *lab, int *nl, int *ell)
+{
+    *nl = 0, *ell = -1;
+    for (size_t i = 0; i < len; i++) {
+        if (s[i] == '.') {
+            if (*ell >= 0 || i + 2 >= len || s[i + 1] != '.' || s[i + 2] != '.')
+                return em_set_error(EM_ERR_INVALID, "bad ellipsis in the equation");
+            *ell = *nl;
+            i += 2;
+            continue;
+        }
+        int l = ein_label(s[i]);
+        if (l < 0) return em_set_error(EM_ERR_INVALID, "bad character '%c' in the equation", s[i]);
+        if (*nl >= EM_MAX_DIMS) return em_set_error(EM_ERR_INVALID, "too many labels in a term");
+        lab[(*nl)++] = l;
+    }
+    return EM_OK;
+}
+
+/* Position of label l in o (-1 when absent). */
+static int ein_pos(const ein_op *o, int l)
+{
+    for (int i = 0; i < o->n; i++)
+        if (o->lab[i] == l) return i;
+    return -1;
+}
+
+/* Sums dims of o whose label is not in need[] (removing them). */
+static void ein_sum_unneeded(ein_op *o, const bool *need)
+{
+    int dims[EM_MAX_DIMS], nd = 0, nl[EM_MAX_DIMS], n = 0;
+    for (int i = 0; i < o->n; i++) {
+        if (need[o->lab[i]]) nl[n++] = o->lab[i];
+        else dims[nd++] = i;
+    }
+    if (!nd) return;
+    o->t = em_sum(o->t, dims, nd, false);
+    o->n = n;
+    memcpy(o->lab, nl, sizeof(int) * (size_t)n);
+}
+
+/* Einsum (12): numpy's einsum for any number of operands: repeated labels
+ * of an operand take its diagonal (a mask with eye and a sum), labels not
+ * needed later are summed, operands are contracted left to right with
+ * batched matmuls (batch dims broadcast), then permuted to the output. */
+static em_status op_einsum(onnx_ctx *c)
+{
+    const char *eq0 = onnx_attr_string(c, "equation", NULL);
+    if (!eq0) return em_set_error(EM_ERR_INVALID, "Einsum needs an equation");
+    char eq[256];
+    size_t n = 0;
+    for (const char *p = eq0; *p && n < sizeof eq - 1; p++)
+        if (*p != ' ') eq[n++] = *p;
+    eq[n] = 0;
+    char *arrow = strstr(eq, "->");
+    size_t lhs_len = arrow ? (size_t)(arrow - eq) : n;
+    int nops = c->nin;
+    if (nops < 1 || nops > 16) return onnx_unsupported(c, "Einsum with %d inputs", nops);
+    ein_op ops[16];
+    int max_ell = 0;
+    int cnt[EIN_MAXL] = {0};
+    size_t start = 0;
+    em_dtype dt = EM_F32;
+    for (int k = 0; k < nops; k++) {
+        size_t end = start;
+        while (end < lhs_len && eq[end] != ',') end++;
+        if (k < nops - 1 ? end >= lhs_len : end != lhs_len) return em_set_error(EM_ERR_INVALID, "the equation has not %d terms", nops);
+        em_tensor *t = onnx_in_req(c, k);
+        if (!t) return em_last_status();
+        if (k == 0) dt = em_tensor_dtype(t);
+        else if (em_tensor_dtype(t) != dt) return em_set_error(EM_ERR_DTYPE, "Einsum inputs of different dtypes");
+        int lab[EM_MAX_DIMS], nl, ell;
+        if (ein_term(eq + start, end - start, lab, &nl, &ell) != EM_OK) return em_last_status();
+        int r = em_tensor_ndim(t), ne = r - nl;
+        if (ne < 0 || (ell < 0 && ne != 0)) return em_set_error(EM_ERR_SHAPE, "term %d has %d labels for rank %d", k, nl, r);
+        if (ne > max_ell) max_ell = ne;
+        ops[k].t = is_low_float(dt) ? em_cast(t, EM_F32) : t;
+        ops[k].n = r;
+        int j = 0;
+        for (int i = 0; i < nl; i++) {
+            if (i == ell)
+                for (int e = 0; e < ne; e++) ops[k].lab[j++] = -(ne - e); /* fixed below */
+            ops[k].lab[j++] = lab[i];
+        }
+        if (ell == nl)
+            for (int e = 0; e < ne; e++) ops[k].lab[j++] = -(ne - e);
+        start = end + 1;
+    }
+    /* ellipsis dims: -m (m-th from the end) -> label 52 + max_ell - m */
+    for (int k = 0; k < nops; k++)
+        for (int i = 0; i < ops[k].n; i++) {
+            if (ops[k].lab[i] < 0) ops[k].lab[i] = 52 + max_ell + ops[k].lab[i];
+            cnt[ops[k].lab[i]]++;
+        }
+    int out[EIN_MAXL], no = 0;
+    if (arrow) {
+        int lab[EM_MAX_DIMS], nl, ell;
+        if (ein_term(arrow + 2, strlen(arrow + 2), lab, &nl, &ell) != EM_OK) return em_last_status();
+        for (int i = 0; i <= nl; i++) {
+            if (i == ell)
+                for (int e = 0; e < max_ell; e++) out[no++] = 52 + e;
+            if (i < nl) out[no++] = lab[i];
+        }
+    } else {
+        for (int e = 0; e < max_ell; e++) out[no++] = 52 + e;
+        for (int l = 0; l < 52; l++)
+            if (cnt[l] == 1) out[no++] = l;
+    }
+    if (no > EM_MAX_DIMS) return onnx_unsupported(c, "an output of rank %d", no);
+    bool in_out[EIN_MAXL] = {false};
+    for (int i = 0; i < no; i++) {
+        if (in_out[out[i]] || !cnt[out[i]]) return em_set_error(EM_ERR_INVALID, "output label repeated or absent from the inputs");
+        in_out[out[i]] = true;
+    }
+    /* diagonals */
+    for (int k = 0; k < nops; k++) {
+        ein_op *o = &ops[k];
+        for (int p = 0; p < o->n; p++)
+            for (int q = p + 1; q < o->n; q++) {
+                if (o->lab[p] != o->lab[q]) continue;
+                int64_t sz = em_tensor_dim(o->t, p);
+                if (em_tensor_dim(o->t, q) != sz) return em_set_error(EM_ERR_SHAPE, "a repeated label's dims differ");
+                int64_t es[EM_MAX_DIMS];
+                for (int d = 0; d < o->n; d++) es[d] = d == p || d == q ? sz : 1;
+                em_tensor *eye = em_reshape(em_eye(sz, sz, em_tensor_dtype(o->t)), es, o->n);
+                o->t = em_sum(em_mul(o->t, eye), &q, 1, false);
+                if (!o->t) return em_last_status();
+                for (int d = q; d + 1 < o->n; d++) o->lab[d] = o->lab[d + 1];
+                o->n--;
+                q--;
+            }
+    }
+    /* contract left to right */
+    ein_op acc = ops[0];
+    for (int k = 0; k < nops; k++) {
+        bool need[EIN_MAXL];
+        for (int l = 0; l < EIN_MAXL; l++) need[l] = in_out[l];
+        for (int j = k + 1; j < nops; j++)
+            for (int i = 0; i < ops[j].n; i++) need[ops[j].lab[i]] = true;
+        if (k == 0) {
+            ein_sum_unneeded(&acc, need);
+            continue;
+        }
+        ein_op b = ops[k];
+        bool need_a[EIN_MAXL], need_b[EIN_MAXL], in_a[EIN_MAXL] = {false}, in_b[EIN_MAXL] = {false};
+        for (int i = 0; i < acc.n; i++) in_a[acc.lab[i]] = true;
+        for (int i = 0; i < b.n; i++) in_b[b.lab[i]] = true;
+        for (int l = 0; l < EIN_MAXL; l++) need_a[l] = need[l] || in_b[l], need_b[l] = need[l] || in_a[l];
+        ein_sum_unneeded(&acc, need_a);
+        ein_sum_unneeded(&b, need_b);
+        if (!acc.t || !b.t) return em_last_status();
+        memset(in_a, 0, sizeof in_a), memset(in_b, 0, sizeof in_b);
+        for (int i = 0; i < acc.n; i++) in_a[acc.lab[i]] = true;
+        for (int i = 0; i < b.n; i++) in_b[b.lab[i]] = true;
+        int bat[EM_MAX_DIMS], nb = 0, con[EM_MAX_DIMS], nc = 0, ao[EM_MAX_DIMS], na = 0, bo[EM_MAX_DIMS], nbo = 0;
+        for (int i = 0; i < acc.n; i++) {
+            int l = acc.lab[i];
+            if (in_b[l]) {
+                if (need[l]) bat[nb++] = l;
+                else con[nc++] = l;
+            } else ao[na++] = l;
+        }
+        for (int i = 0; i < b.n; i++)
+            if (!in_a[b.lab[i]]) bo[nbo++] = b.lab[i];
+        if (nb + na + nbo > EM_MAX_DIMS || nb + 2 > EM_MAX_DIMS) return onnx_unsupported(c, "an intermediate of rank > %d", EM_MAX_DIMS);
+        /* positions */
+        int pa[EM_MAX_DIMS], pb[EM_MAX_DIMS], np_ = 0;
+        int64_t sa[EM_MAX_DIMS], sb[EM_MAX_DIMS], so[EM_MAX_DIMS];
+        int nsa = 0, nsb = 0, nso = 0;
+        int64_t M = 1, K = 1, N = 1;
+        for (int i = 0; i < nb; i++) {
+            int ia = ein_pos(&acc, bat[i]), ib = ein_pos(&b, bat[i]);
+            int64_t da = em_tensor_dim(acc.t, ia), db = em_tensor_dim(b.t, ib);
+            if (da != db && da != 1 && db != 1) return em_set_error(EM_ERR_SHAPE, "label dims %lld and %lld do not broadcast", (long long)da, (long long)db);
+            pa[np_] = ia, pb[np_] = ib, np_++;
+            sa[nsa++] = da, sb[nsb++] = db, so[nso++] = da > db ? da : db;
+        }
+        int npa = np_, npb = np_;
+        for (int i = 0; i < na; i++) {
+            pa[npa++] = ein_pos(&acc, ao[i]);
+            M *= em_tensor_dim(acc.t, pa[npa - 1]);
+            so[nso++] = em_tensor_dim(acc.t, pa[npa - 1]);
+        }
+        for (int i = 0; i < nc; i++) {
+            int ia = ein_pos(&acc, con[i]), ib = ein_pos(&b, con[i]);
+            if (em_tensor_dim(acc.t, ia) != em_tensor_dim(b.t, ib)) return onnx_unsupported(c, "a contracted label with broadcast dims");
+            pa[npa++] = ia;
+            pb[npb++] = ib;
+            K *= em_tensor_dim(acc.t, ia);
+        }
+        for (int i = 0; i < nbo; i++) {
+            pb[npb++] = ein_pos(&b, bo[i]);
+            N *= em_tensor_dim(b.t, pb[npb - 1]);
+            so[nso++] = em_tensor_dim(b.t, pb[npb - 1]);
+        }
+        sa[nsa++] = M, sa[nsa++] = K;
+        sb[nsb++] = K, sb[nsb++] = N;
+        em_tensor *ta = em_reshape(em_contiguous(em_permute(acc.t, pa, npa)), sa, nsa);
+        em_tensor *tb = em_reshape(em_contiguous(em_permute(b.t, pb, npb)), sb, nsb);
+        acc.t = em_reshape(em_matmul(ta, tb), so, nso);
+        if (!acc.t) return em_last_status();
+        acc.n = 0;
+        for (int i = 0; i < nb; i++) acc.lab[acc.n++] = bat[i];
+        for (int i = 0; i < na; i++) acc.lab[acc.n++] = ao[i];
+        for (int i = 0; i < nbo; i++) acc.lab[acc.n++] = bo[i];
+    }
+    if (!acc.t) return em_last_status();
+    int perm[EM_MAX_DIMS];
+    for (int i = 0; i < no; i++) {
+        perm[i] = -1;
+        for (int j = 0; j < acc.n; j++)
+            if (acc.lab[j] == out[i]) perm[i] = j;
+        if (perm[i] < 0) return em_set_error(EM_ERR_INVALID, "output label not found");
+    }
+    em_tensor *y = no ? em_contiguous(em_permute(acc.t, perm, no)) : em_reshape(acc.t, NULL, 0);
+    return onnx_out(c, 0, to_dtype(y, dt, onnx_in_type(c, 0)), onnx_in_type(c, 0));
+}
+
 const onnx_op onnx_ops_nn[] = {
+    {"Einsum", 12, op_einsum},
     {"RotaryEmbedding", 23, op_rotary},
     {"Attention", 23, op_attention},
     {"ReduceSum", 1, op_reduce_sum},
