@@ -892,7 +892,54 @@ static em_status op_einsum(onnx_ctx *c)
     return onnx_out(c, 0, to_dtype(y, dt, onnx_in_type(c, 0)), onnx_in_type(c, 0));
 }
 
+/* ---- Det ------------------------------------------------------------------------------------ */
+
+/* Determinant of the [..., n, n] tensor a by cofactor expansion along the
+ * first row (n! terms: small n only). */
+static em_tensor *det_rec(em_tensor *a, int64_t n)
+{
+    if (n == 1) return em_squeeze(em_squeeze(a, -1), -1);
+    if (n == 2) {
+        em_tensor *r0 = em_narrow(a, -2, 0, 1), *r1 = em_narrow(a, -2, 1, 1);
+        em_tensor *d = em_sub(em_mul(em_narrow(r0, -1, 0, 1), em_narrow(r1, -1, 1, 1)), em_mul(em_narrow(r0, -1, 1, 1), em_narrow(r1, -1, 0, 1)));
+        return em_squeeze(em_squeeze(d, -1), -1);
+    }
+    em_tensor *rest = em_narrow(a, -2, 1, n - 1), *acc = NULL;
+    for (int64_t j = 0; j < n; j++) {
+        em_tensor *parts[2];
+        int np_ = 0;
+        if (j > 0) parts[np_++] = em_narrow(rest, -1, 0, j);
+        if (j < n - 1) parts[np_++] = em_narrow(rest, -1, j + 1, n - 1 - j);
+        em_tensor *minor = np_ == 1 ? parts[0] : em_cat(parts, 2, -1);
+        em_tensor *term = em_mul(em_squeeze(em_squeeze(em_narrow(em_narrow(a, -2, 0, 1), -1, j, 1), -1), -1), det_rec(minor, n - 1));
+        if (!term) return NULL;
+        acc = !acc ? term : (j % 2 ? em_sub(acc, term) : em_add(acc, term));
+    }
+    return acc;
+}
+
+/* Det (11, 22): X [..., M, M] -> [...]; computed in double by cofactor
+ * expansion for M <= 5 (Ember has no LU factorisation for larger M). */
+static em_status op_det(onnx_ctx *c)
+{
+    em_tensor *x = onnx_in_req(c, 0);
+    if (!x) return em_last_status();
+    em_dtype dt = em_tensor_dtype(x);
+    if (!em_dtype_is_float(dt)) return em_set_error(EM_ERR_DTYPE, "X must be a float tensor");
+    int r = em_tensor_ndim(x);
+    if (r < 2 || em_tensor_dim(x, -1) != em_tensor_dim(x, -2)) return em_set_error(EM_ERR_SHAPE, "X must be [..., M, M]");
+    int64_t n = em_tensor_dim(x, -1);
+    if (n == 0) {
+        int64_t s[EM_MAX_DIMS];
+        for (int d = 0; d < r - 2; d++) s[d] = em_tensor_dim(x, d);
+        return onnx_out(c, 0, em_ones(s, r - 2, dt), 0);
+    }
+    if (n > 5) return onnx_unsupported(c, "Det of %lld x %lld matrices (needs an LU factorisation Ember lacks; cofactor expansion up to 5 x 5)", (long long)n, (long long)n);
+    return onnx_out(c, 0, to_dtype(det_rec(em_cast(x, EM_F64), n), dt, 0), 0);
+}
+
 const onnx_op onnx_ops_nn[] = {
+    {"Det", 11, op_det},
     {"Einsum", 12, op_einsum},
     {"RotaryEmbedding", 23, op_rotary},
     {"Attention", 23, op_attention},
