@@ -7,6 +7,7 @@
 #include "store/onnx_internal.h"
 
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 /* ---- small helpers ------------------------------------------------------------------- */
@@ -938,7 +939,98 @@ static em_status op_det(onnx_ctx *c)
     return onnx_out(c, 0, to_dtype(det_rec(em_cast(x, EM_F64), n), dt, 0), 0);
 }
 
+/* ---- LinearAttention ------------------------------------------------------------------------- */
+
+/* (B, T, H * D) -> (B, H, T, D) in f32; NULL + error when H does not divide. */
+static em_tensor *unpack_heads(em_tensor *x, int64_t h, const char *name)
+{
+    if (em_tensor_ndim(x) != 3 || em_tensor_dim(x, 2) % h) {
+        em_set_error(EM_ERR_SHAPE, "%s must be [B, T, H * D] with H = %lld", name, (long long)h);
+        return NULL;
+    }
+    int64_t s[4] = {em_tensor_dim(x, 0), em_tensor_dim(x, 1), h, em_tensor_dim(x, 2) / h};
+    return em_transpose(em_reshape(em_cast(x, EM_F32), s, 4), 1, 2);
+}
+
+/* LinearAttention (27): the recurrent form, one time step after another:
+ * state [B, Hkv, dk, dv] (past_state or zeros); per step t, gated rules
+ * decay the state by exp(decay_t) (per head or per key feature), delta
+ * rules replace v_t by beta_t (v_t - k_t state); state += k_t^T v_t; the
+ * output is scale * q_t state (each KV state shared by q_num_heads /
+ * kv_num_heads query heads). update_rule linear / gated / delta /
+ * gated_delta (default); computed in f32 (chunk_size is a tuning hint). */
+static em_status op_linear_attention(onnx_ctx *c)
+{
+    em_tensor *q = onnx_in_req(c, 0), *k = onnx_in_req(c, 1), *v = onnx_in_req(c, 2);
+    if (!q || !k || !v) return em_last_status();
+    em_tensor *past = onnx_in(c, 3), *decay = onnx_in(c, 4), *beta = onnx_in(c, 5);
+    em_dtype dt = em_tensor_dtype(q);
+    if (!em_dtype_is_float(dt)) return em_set_error(EM_ERR_DTYPE, "query must be a float tensor");
+    const char *rule = onnx_attr_string(c, "update_rule", "gated_delta");
+    bool gating, delta;
+    if (!strcmp(rule, "linear")) gating = false, delta = false;
+    else if (!strcmp(rule, "gated")) gating = true, delta = false;
+    else if (!strcmp(rule, "delta")) gating = false, delta = true;
+    else if (!strcmp(rule, "gated_delta")) gating = true, delta = true;
+    else return em_set_error(EM_ERR_INVALID, "unknown update_rule '%s'", rule);
+    int64_t hq = onnx_attr_int(c, "q_num_heads", 0), hkv = onnx_attr_int(c, "kv_num_heads", 0);
+    if (hq <= 0 || hkv <= 0 || hq % hkv) return em_set_error(EM_ERR_INVALID, "q_num_heads (%lld) must be a positive multiple of kv_num_heads (%lld)", (long long)hq, (long long)hkv);
+    if (gating != (decay != NULL)) return em_set_error(EM_ERR_INVALID, "update_rule '%s' %s the decay input", rule, gating ? "needs" : "forbids");
+    if (delta != (beta != NULL)) return em_set_error(EM_ERR_INVALID, "update_rule '%s' %s the beta input", rule, delta ? "needs" : "forbids");
+    em_tensor *q4 = unpack_heads(q, hq, "query"), *k4 = unpack_heads(k, hkv, "key"), *v4 = unpack_heads(v, hkv, "value");
+    if (!q4 || !k4 || !v4) return em_last_status();
+    int64_t B = em_tensor_dim(q4, 0), T = em_tensor_dim(q4, 2), dk = em_tensor_dim(q4, 3), dv = em_tensor_dim(v4, 3);
+    if (em_tensor_dim(k4, 3) != dk || em_tensor_dim(k4, 2) != T || em_tensor_dim(v4, 2) != T || em_tensor_dim(k4, 0) != B || em_tensor_dim(v4, 0) != B)
+        return em_set_error(EM_ERR_SHAPE, "query, key and value shapes do not agree");
+    em_tensor *decay4 = NULL, *beta4 = NULL;
+    if (decay) {
+        if (em_tensor_ndim(decay) != 3) return em_set_error(EM_ERR_SHAPE, "decay must be rank 3");
+        int64_t dl = em_tensor_dim(decay, 2);
+        if (dl == hkv) decay4 = em_transpose(em_reshape(em_cast(decay, EM_F32), (int64_t[]){B, T, hkv, 1}, 4), 1, 2);
+        else if (dl == hkv * dk) decay4 = unpack_heads(decay, hkv, "decay");
+        else return em_set_error(EM_ERR_SHAPE, "decay's last dim %lld must be kv_num_heads or kv_num_heads * d_k", (long long)dl);
+        decay4 = em_exp(decay4);
+    }
+    if (beta) {
+        if (em_tensor_ndim(beta) != 3) return em_set_error(EM_ERR_SHAPE, "beta must be rank 3");
+        int64_t bl = em_tensor_dim(beta, 2);
+        if (bl != hkv && bl != 1) return em_set_error(EM_ERR_SHAPE, "beta's last dim %lld must be kv_num_heads or 1", (long long)bl);
+        beta4 = em_transpose(em_reshape(em_cast(beta, EM_F32), (int64_t[]){B, T, bl, 1}, 4), 1, 2);
+    }
+    int64_t ss[4] = {B, hkv, dk, dv};
+    em_tensor *state;
+    em_dtype sdt = dt;
+    if (past) {
+        if (em_tensor_ndim(past) != 4 || em_tensor_dim(past, 0) != B || em_tensor_dim(past, 1) != hkv || em_tensor_dim(past, 2) != dk || em_tensor_dim(past, 3) != dv)
+            return em_set_error(EM_ERR_SHAPE, "past_state must be [%lld, %lld, %lld, %lld]", (long long)B, (long long)hkv, (long long)dk, (long long)dv);
+        sdt = em_tensor_dtype(past);
+        state = em_cast(past, EM_F32);
+    } else state = em_zeros(ss, 4, EM_F32);
+    double scale = onnx_attr_float(c, "scale", 0.0);
+    if (scale == 0.0) scale = 1.0 / sqrt((double)dk);
+    int64_t rep = hq / hkv;
+    em_tensor **outs = calloc((size_t)(T > 0 ? T : 1), sizeof *outs);
+    if (!outs) return em_set_error(EM_ERR_NOMEM, "out of memory");
+    for (int64_t i = 0; i < T && state; i++) {
+        em_tensor *qt = em_narrow(q4, 2, i, 1), *kt = em_narrow(k4, 2, i, 1), *vt = em_narrow(v4, 2, i, 1);
+        if (gating) state = em_mul(state, em_transpose(em_narrow(decay4, 2, i, 1), 2, 3));
+        if (delta) vt = em_mul(em_narrow(beta4, 2, i, 1), em_sub(vt, em_matmul(kt, state)));
+        state = em_add(state, em_matmul(em_transpose(kt, 2, 3), vt));
+        em_tensor *sr = rep == 1 ? state : em_reshape(em_expand(em_unsqueeze(state, 2), (int64_t[]){B, hkv, rep, dk, dv}, 5), (int64_t[]){B, hq, dk, dv}, 4);
+        outs[i] = em_mul_scalar(em_matmul(qt, sr), scale);
+    }
+    em_tensor *o = T > 0 && state ? em_cat(outs, (int)T, 2) : NULL;
+    free(outs);
+    if (T == 0) o = em_zeros((int64_t[]){B, hq, 0, dv}, 4, EM_F32);
+    if (!o || !state) return em_last_status();
+    em_tensor *y = em_reshape(em_contiguous(em_transpose(o, 1, 2)), (int64_t[]){B, T, hq * dv}, 3);
+    em_status st = onnx_out(c, 0, to_dtype(y, dt, 0), 0);
+    if (st == EM_OK && c->nout > 1) st = onnx_out(c, 1, to_dtype(state, sdt, 0), past ? onnx_in_type(c, 3) : onnx_in_type(c, 0));
+    return st;
+}
+
 const onnx_op onnx_ops_nn[] = {
+    {"LinearAttention", 27, op_linear_attention},
     {"Det", 11, op_det},
     {"Einsum", 12, op_einsum},
     {"RotaryEmbedding", 23, op_rotary},
