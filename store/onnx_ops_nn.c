@@ -2,8 +2,10 @@
  * softmax family (Softmax, LogSoftmax, Hardmax), normalizations
  * (LayerNormalization, RMSNormalization, LpNormalization,
  * MeanVarianceNormalization), losses (NegativeLogLikelihoodLoss,
- * SoftmaxCrossEntropyLoss). Semantics from onnx/docs/Operators.md (onnx
- * 1.23); each function names the opsets whose differences it handles. */
+ * SoftmaxCrossEntropyLoss), attention (Attention, LinearAttention,
+ * RotaryEmbedding), Einsum and Det, all composed from Ember's tensor ops.
+ * Semantics from onnx/docs/Operators.md (onnx 1.23); each function names
+ * the opsets whose differences it handles. */
 #include "store/onnx_internal.h"
 
 #include <math.h>
@@ -134,6 +136,8 @@ static em_status reduce_op(onnx_ctx *c, enum rkind k, int axes_input_since)
         default: v = 0; break;
         }
         if (nred != 0) v = 0; /* the output is empty too: any value */
+        if (dt == EM_I64 && v == hi && k == RK_MIN) /* INT64_MAX has no double: -(INT64_MIN + 1) */
+            return onnx_out(c, 0, em_neg(em_add_scalar(em_full(oshape, no, dt, lo), 1)), type);
         return onnx_out(c, 0, em_full(oshape, no, dt, v), type);
     }
     em_tensor *xc = compute_dtype(x), *y = NULL;
