@@ -225,12 +225,40 @@ static em_tensor *hardmax(em_tensor *x, int a)
     return em_cast(em_eq(ar, idx), em_tensor_dtype(x));
 }
 
+/* x (f32 holding 16-bit values of dt) rounded to dt and back. */
+static em_tensor *rnd16(em_tensor *x, em_dtype dt) { return em_cast(em_cast(x, dt), EM_F32); }
+
+/* Softmax along dim a of x (f32 holding values of the 16-bit dt), rounded
+ * to dt after each step as the reference implementation computes in dt:
+ * x - max, exp, the sum (numpy sums float16 in float32; ml_dtypes' bfloat16
+ * adds in order, rounding each step), the division. So results match the
+ * reference's bits instead of being one rounding off; the result is f32.
+ * guard: rows whose max is -inf subtract 0 (Attention's fully-masked rows). */
+static em_tensor *softmax16(em_tensor *x, int a, em_dtype dt, bool guard)
+{
+    em_tensor *m = em_max(x, &a, 1, true);
+    if (guard) m = em_masked_fill(m, em_eq_scalar(m, -INFINITY), 0.0);
+    em_tensor *e = rnd16(em_exp(rnd16(em_sub(x, m), dt)), dt);
+    int64_t n = em_tensor_dim(x, a);
+    em_tensor *sum;
+    if (dt == EM_F16 || n > 4096) sum = rnd16(em_sum(e, &a, 1, true), dt);
+    else {
+        sum = em_narrow(e, a, 0, 1);
+        for (int64_t j = 1; j < n; j++) sum = rnd16(em_add(sum, em_narrow(e, a, j, 1)), dt);
+    }
+    if (guard) sum = em_masked_fill(sum, em_eq_scalar(sum, 0), 1.0);
+    return rnd16(em_div(e, sum), dt);
+}
+
 static em_tensor *softmax_along(em_tensor *x, int a, enum smkind k)
 {
     if (k == SM_HARDMAX) return hardmax(x, a);
     em_dtype dt = em_tensor_dtype(x);
-    em_tensor *xc = compute_dtype(x);
-    em_tensor *y = k == SM_SOFTMAX ? em_softmax(xc, a) : em_log_softmax(xc, a);
+    em_tensor *xc = compute_dtype(x), *y;
+    if (is_low_float(dt)) {
+        y = softmax16(xc, a, dt, false);
+        if (k == SM_LOG_SOFTMAX) y = em_log(y);
+    } else y = k == SM_SOFTMAX ? em_softmax(xc, a) : em_log_softmax(xc, a);
     return y && em_tensor_dtype(y) != dt ? em_cast(y, dt) : y;
 }
 
@@ -575,18 +603,8 @@ static em_status op_attention(onnx_ctx *c)
         return onnx_unsupported(c, "softmax_precision %lld", (long long)sp);
     int last = -1;
     em_tensor *p;
-    if (low && !sp) {
-        em_tensor *m = em_max(sm_in, &last, 1, true);
-        m = em_masked_fill(m, em_eq_scalar(m, -INFINITY), 0.0);
-        em_tensor *e = RND(em_exp(RND(em_sub(sm_in, m))));
-        em_tensor *sum; /* numpy sums float16 in float32 (pairwise), ml_dtypes' bfloat16 in order */
-        if (dt == EM_F16) sum = RND(em_sum(e, &last, 1, true));
-        else {
-            sum = em_narrow(e, -1, 0, 1);
-            for (int64_t j = 1; j < Skv; j++) sum = RND(em_add(sum, em_narrow(e, -1, j, 1)));
-        }
-        p = RND(em_div(e, em_masked_fill(sum, em_eq_scalar(sum, 0), 1.0)));
-    } else p = em_softmax(sm_in, -1);
+    if (low && !sp) p = softmax16(sm_in, 3, dt, true);
+    else p = em_softmax(sm_in, -1);
     em_tensor *masked = em_logical_or(em_eq_scalar(em_max(bias, &last, 1, true), -INFINITY), em_eq_scalar(em_max(sm_in, &last, 1, true), -INFINITY));
     p = em_cast(em_where(masked, em_scalar(0, em_tensor_dtype(p)), p), cd);
     if (mode == 3) qk_out = p;
