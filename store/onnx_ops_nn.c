@@ -424,6 +424,17 @@ static em_tensor *nll(onnx_ctx *c, em_tensor *lp, em_tensor *target, em_tensor *
         keep = em_ne_scalar(t, (double)ii);
         t = em_where(keep, t, em_zeros_like(t)); /* ignored targets read class 0 */
     }
+    /* a target outside [0, C) (other than ignore_index) is bad input: checked
+     * here (one value read back) rather than left to the gather's sticky
+     * kernel error, which would surface in a later, unrelated read */
+    int64_t C = em_tensor_dim(lp, 1);
+    em_tensor *oob = em_any(em_logical_or(em_lt_scalar(t, 0), em_ge_scalar(t, (double)C)), NULL, 0, false);
+    double bad = 0;
+    if (!oob || em_item(oob, &bad) != EM_OK) return NULL;
+    if (bad != 0) {
+        em_set_error(EM_ERR_INVALID, "a target value is outside [0, %lld) and is not ignore_index", (long long)C);
+        return NULL;
+    }
     em_tensor *g = em_squeeze(em_gather(lp, 1, em_unsqueeze(t, 1)), 1);
     em_dtype dt = em_tensor_dtype(lp);
     em_tensor *w = NULL;
@@ -524,6 +535,12 @@ static em_status op_attention(onnx_ctx *c)
     }
     if (!q || !k || !v) return em_last_status();
     int64_t D = em_tensor_dim(q, 3);
+    if (em_tensor_dim(k, 3) != D || em_tensor_dim(k, 0) != B || em_tensor_dim(v, 0) != B || em_tensor_dim(v, 1) != em_tensor_dim(k, 1) ||
+        em_tensor_dim(v, 2) != em_tensor_dim(k, 2)) {
+        char a[96], b[96], d[96];
+        return em_set_error(EM_ERR_SHAPE, "Q %s, K %s and V %s (as [B, H, S, D]) do not agree", em_shape_str(em_tensor_shape(q), 4, a, sizeof a),
+                            em_shape_str(em_tensor_shape(k), 4, b, sizeof b), em_shape_str(em_tensor_shape(v), 4, d, sizeof d));
+    }
     double scale = onnx_has_attr(c, "scale") ? onnx_attr_float(c, "scale", 1.0) : 1.0 / sqrt((double)D);
     if (pk) {
         if (em_tensor_ndim(pk) != 4 || em_tensor_ndim(pv) != 4) return em_set_error(EM_ERR_SHAPE, "past_key and past_value must be 4-D");
@@ -655,6 +672,12 @@ static em_status op_rotary(onnx_ctx *c)
         int64_t n = em_tensor_numel(pos);
         if (em_tensor_ndim(cs) != 2 || em_tensor_ndim(sn) != 2) return em_set_error(EM_ERR_SHAPE, "with position_ids the caches must be 2-D");
         em_tensor *flat = em_reshape(em_cast(pos, EM_I64), &n, 1);
+        int64_t maxp = em_tensor_dim(cs, 0);
+        em_tensor *oob = em_any(em_logical_or(em_lt_scalar(flat, 0), em_ge_scalar(flat, (double)maxp)), NULL, 0, false);
+        double bad = 0;
+        if (!oob || em_item(oob, &bad) != EM_OK) return em_last_status();
+        if (bad != 0) return em_set_error(EM_ERR_INVALID, "a position id is outside the caches' [0, %lld)", (long long)maxp);
+        if (em_tensor_dim(sn, 0) != maxp) return em_set_error(EM_ERR_SHAPE, "cos_cache and sin_cache differ in length");
         cs = em_reshape(em_index_select(cs, 0, flat), (int64_t[]){B, S, em_tensor_dim(cs, 1)}, 3);
         sn = em_reshape(em_index_select(sn, 0, flat), (int64_t[]){B, S, em_tensor_dim(sn, 1)}, 3);
     }
@@ -882,7 +905,9 @@ static em_status op_einsum(onnx_ctx *c)
         }
         for (int i = 0; i < nc; i++) {
             int ia = ein_pos(&acc, con[i]), ib = ein_pos(&b, con[i]);
-            if (em_tensor_dim(acc.t, ia) != em_tensor_dim(b.t, ib)) return onnx_unsupported(c, "a contracted label with broadcast dims");
+            int64_t da = em_tensor_dim(acc.t, ia), db = em_tensor_dim(b.t, ib);
+            if (da != db && da != 1 && db != 1) return em_set_error(EM_ERR_SHAPE, "a contracted label has dims %lld and %lld", (long long)da, (long long)db);
+            if (da != db) return onnx_unsupported(c, "a contracted label broadcast from size 1");
             pa[npa++] = ia;
             pb[npb++] = ib;
             K *= em_tensor_dim(acc.t, ia);
