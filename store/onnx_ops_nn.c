@@ -231,8 +231,9 @@ static em_tensor *rnd16(em_tensor *x, em_dtype dt) { return em_cast(em_cast(x, d
 /* Softmax along dim a of x (f32 holding values of the 16-bit dt), rounded
  * to dt after each step as the reference implementation computes in dt:
  * x - max, exp, the sum (numpy sums float16 in float32; ml_dtypes' bfloat16
- * adds in order, rounding each step), the division. So results match the
- * reference's bits instead of being one rounding off; the result is f32.
+ * adds in order, rounding each step: emulated for rows of up to 32, longer
+ * rows are summed in f32 and rounded once), the division. So results match
+ * the reference's bits instead of being one rounding off; the result is f32.
  * guard: rows whose max is -inf subtract 0 (Attention's fully-masked rows). */
 static em_tensor *softmax16(em_tensor *x, int a, em_dtype dt, bool guard)
 {
@@ -241,7 +242,7 @@ static em_tensor *softmax16(em_tensor *x, int a, em_dtype dt, bool guard)
     em_tensor *e = rnd16(em_exp(rnd16(em_sub(x, m), dt)), dt);
     int64_t n = em_tensor_dim(x, a);
     em_tensor *sum;
-    if (dt == EM_F16 || n > 4096) sum = rnd16(em_sum(e, &a, 1, true), dt);
+    if (dt == EM_F16 || n > 32) sum = rnd16(em_sum(e, &a, 1, true), dt); /* long rows: one task, not n */
     else {
         sum = em_narrow(e, a, 0, 1);
         for (int64_t j = 1; j < n; j++) sum = rnd16(em_add(sum, em_narrow(e, a, j, 1)), dt);
