@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Builds the libFuzzer targets of the IDX and SafeTensors readers and of the
+# Builds the libFuzzer targets of the IDX, SafeTensors and PyTorch (.pt) readers and of the
 # inference server's request decoder (serve/protocol.c) with
 # clang (-fsanitize=fuzzer,address,undefined) and runs each for a short time.
 # Usage: scripts/fuzz.sh [seconds-per-target] [build-dir]   (default 30, build)
@@ -21,12 +21,16 @@ FLAGS=(-g -O1 -fsanitize=fuzzer,address,undefined -std=gnu11 -Iinclude -I. $STAR
   -L"$BUILD" -Wl,-rpath,"$PWD/$BUILD" -lember -lz -o "$OUT/fuzz_idx"
 "$CC_FUZZ" "${FLAGS[@]}" tests/fuzz/fuzz_safetensors.c store/safetensors.c runtime/error.c \
   -L"$BUILD" -Wl,-rpath,"$PWD/$BUILD" -lember -ljansson -o "$OUT/fuzz_safetensors"
+"$CC_FUZZ" "${FLAGS[@]}" tests/fuzz/fuzz_pt.c store/pt.c runtime/error.c \
+  -L"$BUILD" -Wl,-rpath,"$PWD/$BUILD" -lember -lz -o "$OUT/fuzz_pt"
 # The request decoder needs no libember: its source and jansson only.
 "$CC_FUZZ" -g -O1 -fsanitize=fuzzer,address,undefined -std=gnu11 -Iinclude -I. tests/fuzz/fuzz_serve_request.c serve/protocol.c \
   -ljansson -o "$OUT/fuzz_serve_request"
 export STARPU_SILENT=1 OCL_ICD_VENDORS=/nonexistent ASAN_OPTIONS=detect_leaks=0
-for t in fuzz_idx fuzz_safetensors fuzz_serve_request; do
+for t in fuzz_idx fuzz_safetensors fuzz_pt fuzz_serve_request; do
   mkdir -p "$OUT/corpus_$t"
+  # the PyTorch reader starts from the fixtures written by torch (small, valid files)
+  [ "$t" = fuzz_pt ] && cp tests/fixtures/pt_*.pt "$OUT/corpus_$t"/
   echo "fuzz.sh: running $t for ${SECS}s"
   # leaks are checked where no StarPU runs (the request decoder: its source and jansson only)
   leaks=0

@@ -1147,7 +1147,7 @@ em_pt_file *em_pt_open_memory(const void *data, size_t n, const char *name)
                            pk_kind_name[root->kind]);
         goto out;
     }
-    b.out_limit = (uint64_t)n * 64 + ((uint64_t)64 << 20);
+    b.out_limit = (uint64_t)n * 64 + ((uint64_t)16 << 20);
     if ((st = pt_walk(&b, root, "", 0))) goto out;
     f->by_name = malloc((f->n ? f->n : 1) * sizeof *f->by_name);
     if (!f->by_name) {
