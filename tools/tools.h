@@ -22,6 +22,8 @@ int em_tool_predict(int argc, char **argv);
 int em_tool_generate(int argc, char **argv);
 /** `ember serve` (tools/serve_cmd.c, serve/): the KServe v2 inference server. */
 int em_tool_serve(int argc, char **argv);
+/** `ember convert IN OUT.safetensors` (tools/convert_cmd.c): PyTorch checkpoints to SafeTensors. */
+int em_tool_convert(int argc, char **argv);
 
 /** Default run folder of `ember train` (numbered -2, -3, ... when it holds a run). */
 #define EM_TOOL_RUN_DIR "runs/fashion-mnist"
