@@ -38,6 +38,11 @@ typedef struct zip_entry {
     uint16_t flags;
     uint32_t crc;
     uint64_t csize, usize, local;
+    /* the bytes, once read (zip_read_cached) */
+    bool loaded;
+    const uint8_t *data;
+    size_t len;
+    uint8_t *owned;
 } zip_entry;
 
 typedef struct zip_archive {
@@ -49,10 +54,18 @@ typedef struct zip_archive {
 
 static void zip_free(zip_archive *z)
 {
-    for (size_t i = 0; i < z->ne; i++) free(z->e[i].name);
+    for (size_t i = 0; i < z->ne; i++) {
+        free(z->e[i].name);
+        free(z->e[i].owned);
+    }
     free(z->e);
     z->e = NULL;
     z->ne = 0;
+}
+
+static int cmp_entry_name(const void *a, const void *b)
+{
+    return strcmp(((const zip_entry *)a)->name, ((const zip_entry *)b)->name);
 }
 
 /* Reads the central directory (ZIP64 too). */
@@ -134,14 +147,22 @@ static em_status zip_open(const char *file, const uint8_t *d, size_t n, zip_arch
         }
         p += 46 + nl + xl + cl;
     }
+    /* sorted by name for the lookups; a name twice is ambiguous */
+    qsort(z->e, z->ne, sizeof *z->e, cmp_entry_name);
+    for (size_t i = 1; i < z->ne; i++)
+        if (!strcmp(z->e[i - 1].name, z->e[i].name)) {
+            em_status st = em__set_error(EM_ERR_FORMAT, "%s: the zip archive holds two records named '%s'", file, z->e[i].name);
+            zip_free(z);
+            return st;
+        }
     return EM_OK;
 }
 
-static const zip_entry *zip_find(const zip_archive *z, const char *name)
+static zip_entry *zip_find(const zip_archive *z, const char *name)
 {
-    for (size_t i = 0; i < z->ne; i++)
-        if (strcmp(z->e[i].name, name) == 0) return &z->e[i];
-    return NULL;
+    zip_entry key;
+    key.name = (char *)name;
+    return bsearch(&key, z->e, z->ne, sizeof *z->e, cmp_entry_name);
 }
 
 /* The bytes of an entry: *out points into the archive (STORED) or to a new
@@ -370,23 +391,12 @@ static em_status pk_append(pk_vm *vm, pv *c, pv *item)
     return EM_OK;
 }
 
-static bool pk_key_eq(const pv *a, const pv *b)
-{
-    if (a->kind != b->kind) return false;
-    if (a->kind == PK_STR) return strcmp(a->s, b->s) == 0;
-    if (a->kind == PK_INT || a->kind == PK_BOOL) return a->i == b->i;
-    return a == b;
-}
-
 static em_status pk_setitem(pk_vm *vm, pv *d, pv *k, pv *v)
 {
     if (d->kind != PK_DICT)
         return pk_err(vm, EM_ERR_FORMAT, "SETITEM on a %s, not a dict", pk_kind_name[d->kind]);
-    for (size_t i = 0; i < d->n; i++)
-        if (pk_key_eq(d->items[2 * i], k)) {
-            d->items[2 * i + 1] = v; /* Python: the later value wins */
-            return EM_OK;
-        }
+    /* no search for an existing key (quadratic): a key set twice with a tensor
+     * shows up as two tensors with one flattened key, an error */
     size_t at = d->n;
     em_status st = pk_append(vm, d, k);
     if (st == EM_OK) d->items[2 * at + 1] = v;
@@ -892,52 +902,32 @@ void em_pt_close(em_pt_file *f)
     free(f);
 }
 
-typedef struct storage_rec {
-    const char *key;
-    const uint8_t *data;
-    size_t len;
-    uint8_t *owned;
-} storage_rec;
-
 typedef struct pt_builder {
     const char *file;
     em_pt_file *f;
     const zip_archive *z;
     const char *dir; /* "archive" */
-    storage_rec *recs;
-    size_t nrec, caprec;
     uint64_t out_bytes, out_limit;
 } pt_builder;
 
-static em_status pt_record(pt_builder *b, const char *key, storage_rec **out)
+/* The storage record "<dir>/data/<key>", read once. */
+static em_status pt_record(pt_builder *b, const char *key, zip_entry **out)
 {
-    for (size_t i = 0; i < b->nrec; i++)
-        if (!strcmp(b->recs[i].key, key)) {
-            *out = &b->recs[i];
-            return EM_OK;
-        }
     char *nm;
     if (asprintf(&nm, "%s/data/%s", b->dir, key) < 0) return em__set_error(EM_ERR_NOMEM, "%s: out of memory", b->file);
-    const zip_entry *e = zip_find(b->z, nm);
+    zip_entry *e = zip_find(b->z, nm);
     if (!e) {
         em_status st = em__set_error(EM_ERR_FORMAT, "%s: storage record '%s' is missing from the archive", b->file, nm);
         free(nm);
         return st;
     }
     free(nm);
-    if (b->nrec == b->caprec) {
-        size_t cap = b->caprec ? b->caprec * 2 : 16;
-        storage_rec *nr = realloc(b->recs, cap * sizeof *nr);
-        if (!nr) return em__set_error(EM_ERR_NOMEM, "%s: out of memory", b->file);
-        b->recs = nr;
-        b->caprec = cap;
+    if (!e->loaded) {
+        em_status st = zip_read(b->file, b->z, e, &e->data, &e->len, &e->owned);
+        if (st) return st;
+        e->loaded = true;
     }
-    storage_rec *r = &b->recs[b->nrec];
-    em_status st = zip_read(b->file, b->z, e, &r->data, &r->len, &r->owned);
-    if (st) return st;
-    r->key = key;
-    b->nrec++;
-    *out = r;
+    *out = e;
     return EM_OK;
 }
 
@@ -959,7 +949,7 @@ static em_status pt_add_tensor(pt_builder *b, const char *name, const pv *t)
     if (__builtin_mul_overflow((uint64_t)s->numel, (uint64_t)es, &snb))
         return em__set_error(EM_ERR_FORMAT, "%s: tensor '%s': storage of %lld elements overflows", b->file, name,
                              (long long)s->numel);
-    storage_rec *r = NULL;
+    zip_entry *r = NULL;
     em_status st = pt_record(b, s->s, &r);
     if (st) return st;
     if (r->len != snb)
@@ -994,10 +984,6 @@ static em_status pt_add_tensor(pt_builder *b, const char *name, const pv *t)
         return em__set_error(EM_ERR_FORMAT, "%s: tensor '%s': size %s expands to %llu bytes, above the limit of %llu for this file",
                              b->file, name, sh, (unsigned long long)nbytes, (unsigned long long)b->out_limit);
     b->out_bytes += nbytes;
-    /* duplicate flattened key? */
-    for (size_t i = 0; i < b->f->n; i++)
-        if (!strcmp(b->f->e[i].name, name))
-            return em__set_error(EM_ERR_FORMAT, "%s: two tensors with the flattened key '%s'", b->file, name);
     if (b->f->n == b->f->cap) {
         size_t cap = b->f->cap ? b->f->cap * 2 : 16;
         em_pt_entry *ne = realloc(b->f->e, cap * sizeof *ne);
@@ -1135,6 +1121,27 @@ em_pt_file *em_pt_open_memory(const void *data, size_t n, const char *name)
         st = em__set_error(EM_ERR_NOMEM, "%s: out of memory", name);
         goto out;
     }
+    /* torch >= 1.10 records the writer's byte order */
+    char *bo_name = NULL;
+    if (asprintf(&bo_name, "%s/byteorder", dir) < 0) {
+        st = em__set_error(EM_ERR_NOMEM, "%s: out of memory", name);
+        goto out;
+    }
+    zip_entry *bo = zip_find(&z, bo_name);
+    free(bo_name);
+    if (bo) {
+        const uint8_t *bd;
+        size_t bl;
+        uint8_t *bown = NULL;
+        if ((st = zip_read(name, &z, bo, &bd, &bl, &bown))) goto out;
+        bool little = bl == 6 && !memcmp(bd, "little", 6);
+        free(bown);
+        if (!little) {
+            st = em__set_error(EM_ERR_UNSUPPORTED, "%s: written on a big-endian machine (byteorder record is not 'little')",
+                               name);
+            goto out;
+        }
+    }
     const uint8_t *pk;
     size_t pklen;
     if ((st = zip_read(name, &z, pkl, &pk, &pklen, &pkl_owned))) goto out;
@@ -1156,10 +1163,13 @@ em_pt_file *em_pt_open_memory(const void *data, size_t n, const char *name)
     }
     for (size_t i = 0; i < f->n; i++) f->by_name[i] = i;
     qsort_r(f->by_name, f->n, sizeof *f->by_name, cmp_by_name_r, f);
+    for (size_t i = 1; i < f->n; i++)
+        if (!strcmp(f->e[f->by_name[i - 1]].name, f->e[f->by_name[i]].name)) {
+            st = em__set_error(EM_ERR_FORMAT, "%s: two tensors with the flattened key '%s'", name, f->e[f->by_name[i]].name);
+            goto out;
+        }
 out:
     pk_free_all(&vm);
-    for (size_t i = 0; i < b.nrec; i++) free(b.recs[i].owned);
-    free(b.recs);
     free(pkl_owned);
     free(dir);
     zip_free(&z);
@@ -1453,6 +1463,12 @@ static void list_add(char *buf, size_t cap, int *count, const char *name)
     else if (len + 6 < cap) snprintf(buf + len, cap - len, "%s", len ? ", ..." : "...");
 }
 
+static int cmp_mapped_r(const void *a, const void *b, void *ctx)
+{
+    char **mapped = ctx;
+    return strcmp(mapped[*(const size_t *)a], mapped[*(const size_t *)b]);
+}
+
 em_status em_pt_load_from(em_module *m, const em_pt_file *f, const char *const rules[], int nrules, bool strict)
 {
     if (!m || !f) return em__set_error(EM_ERR_INVALID, "em_pt_load_from: %s is NULL", !m ? "module" : "file");
@@ -1467,6 +1483,7 @@ em_status em_pt_load_from(em_module *m, const em_pt_file *f, const char *const r
     mod_keys mk = {0};
     char **mapped = calloc(f->n ? f->n : 1, sizeof *mapped);
     size_t *src_of = NULL; /* per module key: file entry index, or SIZE_MAX */
+    size_t *order = NULL;  /* file entries by mapped name */
     if (!mapped) {
         st = em__set_error(EM_ERR_NOMEM, "%s: out of memory", file);
         goto out;
@@ -1476,13 +1493,20 @@ em_status em_pt_load_from(em_module *m, const em_pt_file *f, const char *const r
             st = em__set_error(EM_ERR_NOMEM, "%s: out of memory", file);
             goto out;
         }
-    for (size_t i = 0; i < f->n; i++)
-        for (size_t j = 0; j < i; j++)
-            if (!strcmp(mapped[i], mapped[j])) {
-                st = em__set_error(EM_ERR_INVALID, "%s: file keys '%s' and '%s' both remap to '%s'", file, f->e[j].name,
-                                   f->e[i].name, mapped[i]);
-                goto out;
-            }
+    order = malloc((f->n ? f->n : 1) * sizeof *order);
+    if (!order) {
+        st = em__set_error(EM_ERR_NOMEM, "%s: out of memory", file);
+        goto out;
+    }
+    for (size_t i = 0; i < f->n; i++) order[i] = i;
+    qsort_r(order, f->n, sizeof *order, cmp_mapped_r, mapped);
+    for (size_t i = 1; i < f->n; i++)
+        if (!strcmp(mapped[order[i - 1]], mapped[order[i]])) {
+            size_t x = order[i - 1] < order[i] ? order[i - 1] : order[i], y = order[i - 1] ^ order[i] ^ x;
+            st = em__set_error(EM_ERR_INVALID, "%s: file keys '%s' and '%s' both remap to '%s'", file, f->e[x].name,
+                               f->e[y].name, mapped[x]);
+            goto out;
+        }
     if ((st = em_module_visit_params(m, collect_key, &mk)) == EM_OK) st = em_module_visit_buffers(m, collect_key, &mk);
     if (st == EM_OK && mk.oom) st = em__set_error(EM_ERR_NOMEM, "%s: out of memory", file);
     if (st) goto out;
@@ -1497,12 +1521,18 @@ em_status em_pt_load_from(em_module *m, const em_pt_file *f, const char *const r
     int nmiss = 0, nunexp = 0;
     for (size_t k = 0; k < mk.n; k++) {
         src_of[k] = SIZE_MAX;
-        for (size_t i = 0; i < f->n; i++)
-            if (!strcmp(mapped[i], mk.names[k])) {
-                src_of[k] = i;
-                used[i] = true;
+        size_t lo = 0, hi = f->n;
+        while (lo < hi) {
+            size_t mid = lo + (hi - lo) / 2;
+            int c = strcmp(mapped[order[mid]], mk.names[k]);
+            if (c == 0) {
+                src_of[k] = order[mid];
+                used[order[mid]] = true;
                 break;
             }
+            if (c < 0) lo = mid + 1;
+            else hi = mid;
+        }
         if (src_of[k] == SIZE_MAX) list_add(missing, sizeof missing, &nmiss, mk.names[k]);
     }
     for (size_t i = 0; i < f->n; i++)
@@ -1566,6 +1596,7 @@ out:
         for (size_t i = 0; i < f->n; i++) free(mapped[i]);
     free(mapped);
     free(src_of);
+    free(order);
     for (size_t k = 0; k < mk.n; k++) {
         free(mk.names[k]);
         em_tensor_release(mk.ts[k]);
