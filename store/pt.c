@@ -748,7 +748,7 @@ static em_status pk_run(pk_vm *vm, pv **result)
             size_t k = vm->sp - base;
             pv *c;
             if (op == 't') {
-                c = pk_tuple_from(vm, vm->stack + base, k);
+                c = pk_tuple_from(vm, k ? vm->stack + base : NULL, k);
             } else {
                 c = pk_new(vm, op == 'l' ? PK_LIST : PK_DICT);
                 if (op == 'd' && k % 2) {
@@ -908,6 +908,7 @@ typedef struct pt_builder {
     const zip_archive *z;
     const char *dir; /* "archive" */
     uint64_t out_bytes, out_limit;
+    uint64_t visits, max_visits; /* container items walked, and the bound */
 } pt_builder;
 
 /* The storage record "<dir>/data/<key>", read once. */
@@ -1048,6 +1049,11 @@ static em_status pt_walk(pt_builder *b, const pv *v, const char *prefix, int dep
         return em__set_error(EM_ERR_FORMAT, "%s: containers nested deeper than %d levels (or a cycle) at '%.200s'", b->file,
                              EM_PT_MAX_DEPTH, prefix);
     for (size_t i = 0; i < v->n; i++) {
+        if (++b->visits > b->max_visits) /* containers shared through the memo make a tree walk exponential */
+            return em__set_error(EM_ERR_FORMAT,
+                                 "%s: more than %llu container items reached (containers shared through the memo): not a "
+                                 "state_dict",
+                                 b->file, (unsigned long long)b->max_visits);
         const pv *val = v->kind == PK_DICT ? v->items[2 * i + 1] : v->items[i];
         if (val->kind != PK_TENSOR && val->kind != PK_DICT && val->kind != PK_LIST && val->kind != PK_TUPLE) continue;
         char part[64];
@@ -1064,6 +1070,8 @@ static em_status pt_walk(pt_builder *b, const pv *v, const char *prefix, int dep
         } else {
             snprintf(part, sizeof part, "%zu", i);
         }
+        if (strlen(prefix) + strlen(ks) > 65536)
+            return em__set_error(EM_ERR_FORMAT, "%s: a flattened key longer than 64 KiB under '%.100s'", b->file, prefix);
         char *key;
         if (asprintf(&key, "%s%s%s", prefix, prefix[0] ? "." : "", ks) < 0)
             return em__set_error(EM_ERR_NOMEM, "%s: out of memory", b->file);
@@ -1155,6 +1163,7 @@ em_pt_file *em_pt_open_memory(const void *data, size_t n, const char *name)
         goto out;
     }
     b.out_limit = (uint64_t)n * 64 + ((uint64_t)16 << 20);
+    b.max_visits = (uint64_t)pklen * 4 + 4096; /* a tree has at most one container slot per pickle byte */
     if ((st = pt_walk(&b, root, "", 0))) goto out;
     f->by_name = malloc((f->n ? f->n : 1) * sizeof *f->by_name);
     if (!f->by_name) {

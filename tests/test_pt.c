@@ -502,6 +502,18 @@ static void test_malicious_pickles(void **state)
     assert_null(open_pickle(&b, NULL, 0));
     assert_msg_has("containers nested deeper than 64 levels (or a cycle) at 'a.a.a.a");
     free(b.p);
+    /* a billion laughs: list i holds list i-1 twice (memo), 2^40 paths to walk */
+    b = (buf){0};
+    put(&b, "\x80\x02}]q\x00" "0", 7);
+    for (int i = 1; i <= 40; i++) {
+        uint8_t l[] = {']', '(', 'h', (uint8_t)(i - 1), 'h', (uint8_t)(i - 1), 'e', 'q', (uint8_t)i, '0'};
+        put(&b, l, sizeof l);
+    }
+    pk_str(&b, "a");
+    put(&b, "h\x28s.", 4);
+    assert_null(open_pickle(&b, NULL, 0));
+    assert_msg_has("container items reached (containers shared through the memo): not a state_dict");
+    free(b.p);
     /* top level not a dict */
     b = (buf){0};
     puts_(&b, "\x80\x02]K\x01" "a.");
