@@ -165,7 +165,10 @@ EM_API const char *em_safetensors_dtype_str(em_dtype dt);
  * ByteStorage and BoolStorage (f32, f64, f16, bf16, i64, i32, u8, bool). Any
  * other global (os.system, builtins.eval, ...), a REDUCE of anything else, an
  * unknown opcode, a size, offset or stride outside its storage, more than
- * EM_PT_MAX_MARKS nested MARKs or EM_PT_MAX_DEPTH nested containers is an
+ * EM_PT_MAX_MARKS nested MARKs or EM_PT_MAX_DEPTH nested containers,
+ * containers shared so that flattening would walk more than 4 x the
+ * pickle's size + 4096 items, a view expanding (stride 0) to more than
+ * 64 x the file's size + 16 MiB is an
  * EM_ERR_FORMAT error naming the file, the opcode or global and its byte
  * offset in data.pkl, e.g. "evil.pt: data.pkl byte 2: GLOBAL 'os.system' is
  * not allowed (a state_dict needs only collections.OrderedDict, torch._utils
