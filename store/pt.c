@@ -494,9 +494,14 @@ static em_status pk_global_push(pk_vm *vm, const char *mod, const char *name, co
             if (!strcmp(mod, "torch") && strstr(name, "Storage"))
                 return pk_err(vm, EM_ERR_UNSUPPORTED, "%s 'torch.%.60s': storage dtype not supported (only %s)", op, name,
                               allowed_globals);
+            /* torch.save(model) pickles the module's class: say what to save instead */
+            bool module = !strncmp(mod, "torch.nn.", 9) || !strcmp(mod, "__main__");
             return pk_err(vm, EM_ERR_FORMAT,
-                          "%s '%.60s.%.60s' is not allowed (a state_dict needs only %s; nothing is executed)", op, mod,
-                          name, allowed_globals);
+                          "%s '%.60s.%.60s' is not allowed (a state_dict needs only %s; nothing is executed)%s", op, mod,
+                          name, allowed_globals,
+                          module ? "; this looks like a whole pickled module (torch.save(model)): save "
+                                   "model.state_dict() instead"
+                                 : "");
         }
     }
     return pk_push(vm, g);

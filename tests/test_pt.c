@@ -412,6 +412,10 @@ static void test_legacy_and_not_zip(void **state)
     assert_null(em_pt_open(fx_path("pt_legacy.pt")));
     assert_int_equal(em_last_status(), EM_ERR_UNSUPPORTED);
     assert_msg_has("pt_legacy.pt: legacy (pre-1.6) torch.save format is not supported; re-save with torch>=1.6");
+    /* torch.save(model): the module's class is a global outside the set */
+    assert_null(em_pt_open(fx_path("pt_module.pt")));
+    assert_msg_has("GLOBAL 'torch.nn.modules.linear.Linear' is not allowed");
+    assert_msg_has("save model.state_dict() instead");
     assert_null(em_pt_open_memory("hello world, no zip", 19, "junk.pt"));
     assert_msg_has("junk.pt: not a zip archive");
     assert_null(em_pt_open_memory("", 0, NULL));
