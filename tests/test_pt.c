@@ -83,8 +83,12 @@ typedef struct zfile {
     size_t n;
 } zfile;
 
-/* A zip of STORED records, as torch's writer makes (without its alignment padding). */
-static buf make_zip(const zfile *fs, int nf)
+static void put64(buf *b, uint64_t v) { put32(b, (uint32_t)v), put32(b, (uint32_t)(v >> 32)); }
+
+/* A zip of STORED records, as torch's writer makes (without its alignment
+ * padding); with @p zip64 every size and offset goes through the ZIP64
+ * extra field and end records, as a writer does past 4 GiB. */
+static buf make_zip64(const zfile *fs, int nf, bool zip64)
 {
     buf z = {0}, cd = {0};
     for (int i = 0; i < nf; i++) {
@@ -94,18 +98,31 @@ static buf make_zip(const zfile *fs, int nf)
         put32(&z, crc), put32(&z, (uint32_t)fs[i].n), put32(&z, (uint32_t)fs[i].n), put16(&z, (unsigned)nl), put16(&z, 0);
         puts_(&z, fs[i].name);
         if (fs[i].n) put(&z, fs[i].data, fs[i].n);
-        put32(&cd, 0x02014b50), put16(&cd, 20), put16(&cd, 20), put16(&cd, 0), put16(&cd, 0), put16(&cd, 0), put16(&cd, 0);
-        put32(&cd, crc), put32(&cd, (uint32_t)fs[i].n), put32(&cd, (uint32_t)fs[i].n), put16(&cd, (unsigned)nl);
-        put16(&cd, 0), put16(&cd, 0), put16(&cd, 0), put16(&cd, 0), put32(&cd, 0), put32(&cd, off);
+        uint32_t big = 0xFFFFFFFFu;
+        put32(&cd, 0x02014b50), put16(&cd, 45), put16(&cd, 45), put16(&cd, 0), put16(&cd, 0), put16(&cd, 0), put16(&cd, 0);
+        put32(&cd, crc), put32(&cd, zip64 ? big : (uint32_t)fs[i].n), put32(&cd, zip64 ? big : (uint32_t)fs[i].n);
+        put16(&cd, (unsigned)nl), put16(&cd, zip64 ? 28 : 0), put16(&cd, 0), put16(&cd, 0), put16(&cd, 0), put32(&cd, 0);
+        put32(&cd, zip64 ? big : off);
         puts_(&cd, fs[i].name);
+        if (zip64) put16(&cd, 1), put16(&cd, 24), put64(&cd, fs[i].n), put64(&cd, fs[i].n), put64(&cd, off);
     }
-    uint32_t cdoff = (uint32_t)z.n;
+    uint64_t cdoff = z.n;
     put(&z, cd.p, cd.n);
-    put32(&z, 0x06054b50), put16(&z, 0), put16(&z, 0), put16(&z, (unsigned)nf), put16(&z, (unsigned)nf);
-    put32(&z, (uint32_t)cd.n), put32(&z, cdoff), put16(&z, 0);
+    if (zip64) {
+        uint64_t z64 = z.n;
+        put32(&z, 0x06064b50), put64(&z, 44), put16(&z, 45), put16(&z, 45), put32(&z, 0), put32(&z, 0);
+        put64(&z, (uint64_t)nf), put64(&z, (uint64_t)nf), put64(&z, cd.n), put64(&z, cdoff);
+        put32(&z, 0x07064b50), put32(&z, 0), put64(&z, z64), put32(&z, 1);
+        put32(&z, 0x06054b50), put16(&z, 0), put16(&z, 0), put16(&z, 0xFFFF), put16(&z, 0xFFFF);
+        put32(&z, 0xFFFFFFFFu), put32(&z, 0xFFFFFFFFu), put16(&z, 0);
+    } else {
+        put32(&z, 0x06054b50), put16(&z, 0), put16(&z, 0), put16(&z, (unsigned)nf), put16(&z, (unsigned)nf);
+        put32(&z, (uint32_t)cd.n), put32(&z, (uint32_t)cdoff), put16(&z, 0);
+    }
     free(cd.p);
     return z;
 }
+static buf make_zip(const zfile *fs, int nf) { return make_zip64(fs, nf, false); }
 
 /* Opens a pickle (and optional storage record "0") wrapped in an archive. */
 static em_pt_file *open_pickle(const buf *pk, const void *storage, size_t ns)
@@ -678,6 +695,25 @@ static void test_many_and_duplicates(void **state)
     free(b.p);
 }
 
+static void test_zip64(void **state)
+{
+    (void)state;
+    buf b = pk_tensor_dict(4, 0, 2, (int64_t[]){2, 2}, (int64_t[]){2, 1});
+    zfile fs[2] = {{"archive/data.pkl", b.p, b.n}, {"archive/data/0", (const uint8_t *)STORE4, sizeof STORE4}};
+    buf z = make_zip64(fs, 2, true);
+    em_pt_file *f = em_pt_open_memory(z.p, z.n, "zip64.pt");
+    if (!f) fail_msg("%s", em_last_error());
+    assert_memory_equal(em_pt_find(f, "w")->data, STORE4, sizeof STORE4);
+    em_pt_close(f);
+    /* the locator pointing nowhere */
+    size_t loc = z.n - 22 - 20;
+    z.p[loc + 8] ^= 0x40;
+    assert_null(em_pt_open_memory(z.p, z.n, "zip64.pt"));
+    assert_msg_has("zip64.pt: bad ZIP64 end-of-central-directory record");
+    free(z.p);
+    free(b.p);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -687,6 +723,7 @@ int main(void)
         cmocka_unit_test(test_legacy_and_not_zip), cmocka_unit_test(test_malicious_pickles),
         cmocka_unit_test(test_bad_tensors),       cmocka_unit_test(test_truncated),
         cmocka_unit_test(test_crc),               cmocka_unit_test(test_many_and_duplicates),
+        cmocka_unit_test(test_zip64),
     };
     return cmocka_run_group_tests(tests, em_test_setup, em_test_teardown);
 }
