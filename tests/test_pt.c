@@ -260,6 +260,38 @@ static void test_mlp_outputs(void **state)
     em_safetensors_close(ex);
 }
 
+/* A CNN with BatchNorm: its buffers (running statistics, num_batches_tracked) load too. */
+static void test_cnn_outputs(void **state)
+{
+    (void)state;
+    em_st_file *ex = em_safetensors_open(fx_path("pt_expect.safetensors"));
+    assert_non_null(ex);
+    em_conv_opts co = em_conv_opts_default();
+    co.padding[0] = co.padding[1] = 1;
+    em_module *mods[5] = {em_conv2d_new(1, 4, 3, 3, &co, false), em_batch_norm2d_new(4, 1e-5, 0.1, true, true),
+                          em_relu_new(), em_flatten_new(1, -1), em_linear_new(100, 3, true)};
+    em_module *net = em_sequential_new(mods, 5);
+    assert_non_null(net);
+    if (em_pt_load_into(net, fx_path("pt_cnn.pt"), NULL, 0, true) != EM_OK) fail_msg("%s", em_last_error());
+    em_module_train(net, false);
+    em_scope_begin();
+    em_tensor *x = em_safetensors_tensor(ex, "cnn/x"), *want = em_safetensors_tensor(ex, "cnn/y");
+    em_tensor *y = em_module_forward(net, x);
+    assert_non_null(y);
+    double *a = em_test_values(y), *b = em_test_values(want), err = 0;
+    for (int i = 0; i < 6; i++) err = fabs(a[i] - b[i]) > err ? fabs(a[i] - b[i]) : err;
+    printf("pt_cnn.pt: .pt import reproduces PyTorch's eval outputs: max |y - y_torch| = %.3g\n", err);
+    assert_true(err <= 1e-5);
+    int64_t nbt = 0;
+    assert_int_equal(em_to_host(em_module_get_buffer(net, "1.num_batches_tracked"), &nbt, sizeof nbt), EM_OK);
+    assert_int_equal(nbt, 3);
+    free(a);
+    free(b);
+    em_scope_end();
+    em_module_free(net);
+    em_safetensors_close(ex);
+}
+
 /* Every tensor of every fixture, bit for bit, against pt_expect.safetensors. */
 static void test_exact_bits(void **state)
 {
@@ -717,7 +749,8 @@ static void test_zip64(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_mlp_outputs),       cmocka_unit_test(test_exact_bits),
+        cmocka_unit_test(test_mlp_outputs),       cmocka_unit_test(test_cnn_outputs),
+        cmocka_unit_test(test_exact_bits),
         cmocka_unit_test(test_views_layout),      cmocka_unit_test(test_nested_checkpoint),
         cmocka_unit_test(test_load_errors),       cmocka_unit_test(test_remap_key),
         cmocka_unit_test(test_legacy_and_not_zip), cmocka_unit_test(test_malicious_pickles),
