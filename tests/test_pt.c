@@ -698,7 +698,7 @@ static void test_many_and_duplicates(void **state)
     char rule_out[64];
     assert_int_equal(em_pt_remap_key((const char *[]){"^layer\\.=l"}, 1, "layer.5.w", rule_out, sizeof rule_out), EM_OK);
     printf("%d tensors: opened in %.3f s\n", N, t1 - t0);
-    assert_true(t1 - t0 < 5.0);
+    assert_true(t1 - t0 < 60.0); /* 0.4 s natively, 5.6 s under valgrind */
     em_pt_close(f);
     free(b.p);
     /* {"a.b": t, "a": {"b": t}}: one flattened key twice */
