@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Builds the libFuzzer targets of the IDX, SafeTensors and ONNX readers and of the
+# Builds the libFuzzer targets of the IDX, SafeTensors, ONNX and PyTorch (.pt) readers and of the
 # inference server's request decoder (serve/protocol.c) with
 # clang (-fsanitize=fuzzer,address,undefined) and runs each for a short time.
 # Usage: scripts/fuzz.sh [seconds-per-target] [build-dir]   (default 30, build)
@@ -31,19 +31,28 @@ if [ -d "$BUILD/onnx-node-tests" ]; then
     cp "$f" "$OUT/corpus_fuzz_onnx/$(basename "$(dirname "$f")").onnx"
   done
 fi
+# (undefined behaviour in the .pt reader stops the run, as a crash does)
+"$CC_FUZZ" "${FLAGS[@]}" -fno-sanitize-recover=undefined tests/fuzz/fuzz_pt.c store/pt.c runtime/error.c \
+  -L"$BUILD" -Wl,-rpath,"$PWD/$BUILD" -lember -lz -o "$OUT/fuzz_pt"
 # The request decoder needs no libember: its source and jansson only.
 "$CC_FUZZ" -g -O1 -fsanitize=fuzzer,address,undefined -std=gnu11 -Iinclude -I. tests/fuzz/fuzz_serve_request.c serve/protocol.c \
   -ljansson -o "$OUT/fuzz_serve_request"
 export STARPU_SILENT=1 OCL_ICD_VENDORS=/nonexistent ASAN_OPTIONS=detect_leaks=0
-for t in fuzz_idx fuzz_safetensors fuzz_onnx fuzz_serve_request; do
+for t in fuzz_idx fuzz_safetensors fuzz_onnx fuzz_pt fuzz_serve_request; do
   mkdir -p "$OUT/corpus_$t"
+  # the PyTorch reader starts from the fixtures written by torch (small, valid files)
+  [ "$t" = fuzz_pt ] && cp tests/fixtures/pt_*.pt "$OUT/corpus_$t"/
   echo "fuzz.sh: running $t for ${SECS}s"
   # leaks are checked where no StarPU runs (the request decoder: its source and jansson only)
   leaks=0
   [ "$t" = fuzz_serve_request ] && leaks=1
+  [ "$t" = fuzz_pt ] && leaks=1 # the .pt reader starts no StarPU either
+  # a .pt input slower than 10 s is a bug (a walk or gather the limits should have stopped)
+  slow=()
+  [ "$t" = fuzz_pt ] && slow=(-timeout=10)
   # fuzz_onnx runs graphs whose shapes come from the input: a huge
   # allocation must come back as NULL (EM_ERR_NOMEM), as it does without ASan
-  ASAN_OPTIONS="detect_leaks=$leaks:allocator_may_return_null=1" "$OUT/$t" -max_total_time="$SECS" -max_len=4096 -print_final_stats=1 "$OUT/corpus_$t" 2>"$OUT/$t.log" \
+  ASAN_OPTIONS="detect_leaks=$leaks:allocator_may_return_null=1" "$OUT/$t" -max_total_time="$SECS" -max_len=4096 "${slow[@]}" -print_final_stats=1 "$OUT/corpus_$t" 2>"$OUT/$t.log" \
     || { tail -n 40 "$OUT/$t.log"; echo "fuzz.sh: $t found a crash" >&2; exit 1; }
   grep -E "stat::number_of_executed_units" "$OUT/$t.log" || true
 done

@@ -16,6 +16,7 @@ static void usage(FILE *f)
             "  generate    generate text with a GPT checkpoint (KV cache, temperature, top-k, top-p)\n"
             "  serve       serve a model repository over HTTP (KServe v2 protocol, dynamic batching, CPU + GPUs)\n"
             "  run         run an ONNX model on .npy inputs and print its outputs\n"
+            "  convert     convert a PyTorch checkpoint (.pt / .pth) to SafeTensors\n"
             "  plot        draw (or overlay) runs' loss and accuracy curves from their metrics.csv\n"
             "  devices     list workers, devices, memory nodes and the hwloc topology\n"
             "  version     print the version\n\n"
@@ -82,6 +83,7 @@ int main(int argc, char **argv)
     if (!strcmp(cmd, "serve")) return em_tool_serve(argc - 1, argv + 1);
     if (!strcmp(cmd, "run")) return em_tool_run(argc - 1, argv + 1);
     if (!strcmp(cmd, "plot")) return em_tool_plot(argc - 1, argv + 1);
+    if (!strcmp(cmd, "convert")) return em_tool_convert(argc - 1, argv + 1);
     if (!strcmp(cmd, "version") || !strcmp(cmd, "--version")) return cmd_version(argc - 1, argv + 1);
     fprintf(stderr, "ember: unknown command '%s'\n\n", cmd);
     usage(stderr);

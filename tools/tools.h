@@ -24,6 +24,8 @@ int em_tool_generate(int argc, char **argv);
 int em_tool_serve(int argc, char **argv);
 /** `ember run` (tools/onnx_cmd.c): runs an ONNX model on .npy inputs. */
 int em_tool_run(int argc, char **argv);
+/** `ember convert IN OUT.safetensors` (tools/convert_cmd.c): PyTorch checkpoints to SafeTensors. */
+int em_tool_convert(int argc, char **argv);
 
 /** Default run folder of `ember train` (numbered -2, -3, ... when it holds a run). */
 #define EM_TOOL_RUN_DIR "runs/fashion-mnist"

@@ -161,6 +161,128 @@ EM_API em_status em_npy_save(const char *path, const em_tensor *t);
 /** SafeTensors dtype string of an Ember dtype ("F32", "BOOL", ...), NULL if invalid. */
 EM_API const char *em_safetensors_dtype_str(em_dtype dt);
 
+/* ---- PyTorch checkpoints (torch.save, .pt / .pth) -------------------------------
+ *
+ * Format (torch >= 1.6, the default since): a zip archive ("<dir>/data.pkl",
+ * "<dir>/data/0", "<dir>/data/1", ..., "<dir>/version"; <dir> is any folder
+ * name) whose data.pkl is a pickle (protocol 2 by default) of the saved
+ * object; each tensor's storage is a record "<dir>/data/<key>" of raw
+ * little-endian elements. Records may be STORED (torch's writer) or DEFLATEd
+ * (a re-zipped file); ZIP64 is read; every record's CRC-32 is checked.
+ *
+ * Safety: data.pkl is read by a small pickle machine that knows only the
+ * opcodes a state_dict uses and calls nothing: the only globals accepted are
+ * collections.OrderedDict, torch._utils._rebuild_tensor_v2,
+ * torch._utils._rebuild_parameter and the storage classes torch.FloatStorage,
+ * DoubleStorage, HalfStorage, BFloat16Storage, LongStorage, IntStorage,
+ * ByteStorage and BoolStorage (f32, f64, f16, bf16, i64, i32, u8, bool). Any
+ * other global (os.system, builtins.eval, ...), a REDUCE of anything else, an
+ * unknown opcode, a size, offset or stride outside its storage, more than
+ * EM_PT_MAX_MARKS nested MARKs or EM_PT_MAX_DEPTH nested containers,
+ * containers shared so that flattening would walk more than 4 x the
+ * pickle's size + 4096 items, a view expanding (stride 0) to more than
+ * 64 x the file's size + 16 MiB is an
+ * EM_ERR_FORMAT error naming the file, the opcode or global and its byte
+ * offset in data.pkl, e.g. "evil.pt: data.pkl byte 2: GLOBAL 'os.system' is
+ * not allowed (a state_dict needs only collections.OrderedDict, torch._utils
+ * tensor rebuilders and torch storages)". Nothing in the file is ever executed.
+ *
+ * What is read: the top-level object must be a dict (a state_dict, or a
+ * checkpoint such as {"model": state_dict, "epoch": 3}). Its tensors are
+ * listed with dotted keys: nested dicts, lists and tuples are flattened with
+ * "." joins ("model.fc1.weight", "optim.state.0.exp_avg"; int keys and list
+ * indices written in decimal); values that are not tensors (ints, floats,
+ * strings, None) are skipped. Two tensors with the same flattened key are an
+ * error. Tensors that share a storage (views, tied weights) each get their
+ * own copy; non-contiguous tensors (a saved transpose or strided slice) are
+ * gathered through their strides into C order.
+ *
+ * Not supported (EM_ERR_UNSUPPORTED, a clear message): the legacy pre-1.6
+ * format ("legacy (pre-1.6) torch.save format is not supported; re-save with
+ * torch>=1.6"), TorchScript archives (torch.jit.save), storages of other
+ * dtypes (i8, i16, complex, ...), tensors of rank > EM_MAX_DIMS.
+ * Byte order: the host and the file must be little-endian. */
+
+/** Nested MARKs data.pkl may hold (a state_dict needs 3). */
+#define EM_PT_MAX_MARKS 256
+/** Nesting of dicts / lists / tuples below the top-level dict. */
+#define EM_PT_MAX_DEPTH 64
+
+/** One tensor of an open checkpoint. Pointers stay valid until em_pt_close. */
+typedef struct em_pt_entry {
+    const char *name;            /**< flattened key ("fc1.weight", "model.0.bias") */
+    em_dtype dtype;              /**< EM_F32, EM_F64, EM_F16, EM_BF16, EM_I64, EM_I32, EM_U8 or EM_BOOL */
+    const char *storage_type;    /**< as in the file: "FloatStorage", ...          */
+    int ndim;                    /**< 0 (scalar) .. EM_MAX_DIMS                     */
+    int64_t shape[EM_MAX_DIMS];
+    int64_t numel;
+    const void *data;            /**< nbytes of C-order little-endian data (a copy, 64-byte aligned) */
+    size_t nbytes;               /**< numel * em_dtype_size(dtype)                  */
+    /* where it came from, for inspection */
+    const char *storage_key;     /**< the record "<dir>/data/<storage_key>"         */
+    int64_t storage_offset;      /**< in elements                                   */
+    int64_t stride[EM_MAX_DIMS]; /**< in elements, as saved                         */
+} em_pt_entry;
+
+typedef struct em_pt_file em_pt_file;
+
+/** Reads a torch.save file (whole, into memory) and gathers every tensor.
+ *  Returns NULL on failure: EM_ERR_IO (cannot open / read), EM_ERR_FORMAT
+ *  (not a zip archive, damaged zip structures or CRC, no data.pkl, a pickle
+ *  outside the safe subset above, a storage record missing or of the wrong
+ *  size, a tensor outside its storage, shape overflow, top level not a
+ *  dict, duplicate key), EM_ERR_UNSUPPORTED (legacy format, TorchScript,
+ *  other dtypes, rank), EM_ERR_NOMEM; each message names @p path. */
+EM_API em_pt_file *em_pt_open(const char *path);
+/** Same from @p n bytes in memory (not kept: the tensors are copied out);
+ *  @p name is used in messages (NULL = "<memory>"). */
+EM_API em_pt_file *em_pt_open_memory(const void *data, size_t n, const char *name);
+/** Frees the file and everything it returned. NULL is a no-op. */
+EM_API void em_pt_close(em_pt_file *f);
+/** Number of tensors found. */
+EM_API size_t em_pt_count(const em_pt_file *f);
+/** Tensor @p i in file order (the state_dict's order), or NULL with
+ *  EM_ERR_INVALID when out of range. */
+EM_API const em_pt_entry *em_pt_at(const em_pt_file *f, size_t i);
+/** Flattened key of tensor @p i (borrowed), NULL when out of range. */
+EM_API const char *em_pt_name(const em_pt_file *f, size_t i);
+/** Tensor called @p name, or NULL with EM_ERR_INVALID ("no tensor 'x' in the file"). */
+EM_API const em_pt_entry *em_pt_find(const em_pt_file *f, const char *name);
+/** A new em_tensor (contiguous, the file's dtype and exact bits) holding a
+ *  copy of tensor @p i; ownership as any new tensor. Needs em_init. */
+EM_API em_tensor *em_pt_tensor(const em_pt_file *f, size_t i);
+
+/** Key remapping as Burn's store: each rule is "PATTERN=REPLACEMENT" (split
+ *  at the first '=' outside a bracket expression: write a '=' of the
+ *  pattern as "[=]"), PATTERN a POSIX
+ *  extended regex; rules apply in order, each to the result of the previous
+ *  one, every non-overlapping match replaced (as Python's re.sub). In
+ *  REPLACEMENT, \0 is the whole match, \1 .. \9 the groups, "\\" a
+ *  backslash. Example: {"^model\\.=", "^fc([0-9])\\.(.*)=layers.\\1.\\2"}
+ *  maps "model.fc1.weight" to "layers.1.weight". Writes the result (NUL
+ *  terminated) to @p out of @p n bytes. Errors (EM_ERR_INVALID): a rule
+ *  without '=', a bad regex (regerror's text), a back-reference to a group
+ *  the pattern lacks, a result longer than @p n - 1. */
+EM_API em_status em_pt_remap_key(const char *const rules[], int nrules, const char *key, char *out, size_t n);
+
+/** Loads the checkpoint at @p path into the parameters and buffers of @p m
+ *  (keys as em_module_visit_params / _buffers: PyTorch's state_dict keys),
+ *  in place (em_copy_). Each file key is first remapped by @p rules
+ *  (em_pt_remap_key; NULL / 0 = none). With @p strict every module key must
+ *  be in the file and every file key must be a module key; without it keys
+ *  on one side only are skipped. A loaded key must match the module tensor's
+ *  shape and dtype exactly. Everything is checked before anything is
+ *  written, so on failure the module is unchanged. Errors, naming the file:
+ *  em_pt_open's; EM_ERR_INVALID (NULL module, bad rule, two file keys
+ *  remapped to the same key: both named); EM_ERR_FORMAT (missing and
+ *  unexpected keys, all listed up to a length, as
+ *  em_safetensors_load_from); EM_ERR_SHAPE "key 'fc1.weight' (file key
+ *  'model.fc1.weight'): shape [8, 4] in file, [8, 3] in model";
+ *  EM_ERR_DTYPE likewise. */
+EM_API em_status em_pt_load_into(em_module *m, const char *path, const char *const rules[], int nrules, bool strict);
+/** Same from an open file. */
+EM_API em_status em_pt_load_from(em_module *m, const em_pt_file *f, const char *const rules[], int nrules, bool strict);
+
 #ifdef __cplusplus
 }
 #endif
