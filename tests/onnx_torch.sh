@@ -28,6 +28,26 @@ for model in mlp cnn; do
     "$TPY" "$HERE/onnx_compare.py" "$o/logits.npy" "$T/torch_${model}_$b.npy" 1e-5 "$model batch $b: ember vs torch" || fail=1
   done
 done
+# ember convert: the ONNX initializers under their names, equal to torch's state_dict
+"$EMBER" convert "$T/mlp.onnx" "$T/mlp.safetensors" | tee "$T/convert.txt"
+grep -F "mlp.onnx -> $T/mlp.safetensors: 4 tensors, 814120 bytes" "$T/convert.txt" > /dev/null || { echo "FAIL: ember convert mlp.onnx"; fail=1; }
+"$TPY" - "$T/mlp.safetensors" <<'PYEOF' || fail=1
+import json, struct, sys
+import numpy as np
+import torch
+b = open(sys.argv[1], "rb").read()
+n = struct.unpack("<Q", b[:8])[0]
+h = json.loads(b[8:8 + n])
+torch.manual_seed(0)
+ref = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(784, 256), torch.nn.ReLU(), torch.nn.Linear(256, 10)).state_dict()
+for k, v in ref.items():
+    e = h[k]
+    got = np.frombuffer(b[8 + n + e["data_offsets"][0]:8 + n + e["data_offsets"][1]], np.float32).reshape(e["shape"])
+    if not np.array_equal(got, v.numpy()):
+        print("FAIL ember convert: %s differs from torch's state_dict" % k)
+        sys.exit(1)
+print("ok ember convert mlp.onnx: keys %s equal torch's state_dict bit for bit" % sorted(ref))
+PYEOF
 # onnxruntime
 VENV="$BUILD/ort-venv"
 STAMP="$VENV/.ember-ort-ok"

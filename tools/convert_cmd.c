@@ -5,6 +5,7 @@
  * OUT). */
 #include "tools/tools.h"
 
+#include "ember/onnx.h"
 #include "ember/store.h"
 
 #include <getopt.h>
@@ -25,9 +26,11 @@ static void help(void)
            "                       a state_dict, or a dict holding one (nested keys are\n"
            "                       joined with '.': \"model.fc1.weight\"); non-tensor values\n"
            "                       are skipped. Only the pickle subset a state_dict needs is\n"
-           "                       read; nothing in the file is executed.\n\n"
+           "                       read; nothing in the file is executed.\n"
+           "  .onnx                ONNX models: every initializer (the weights) under its\n"
+           "                       ONNX name (em_onnx_load checks the whole model first).\n\n"
            "Tensors keep their dtype and bits; views are written contiguous. OUT gets the\n"
-           "metadata {\"format\": \"pt\"} and is written atomically (an error leaves no file,\n"
+           "metadata {\"format\": \"pt\"} (or \"onnx\") and is written atomically (an error leaves no file,\n"
            "and an existing OUT untouched). Prints one line: the tensor count and bytes.\n\n"
            "options:\n"
            "  --rename PATTERN=REPLACEMENT  rename keys: PATTERN is a POSIX extended regex,\n"
@@ -57,7 +60,43 @@ static void list_free(tensor_list *l)
     memset(l, 0, sizeof *l);
 }
 
-/* PyTorch: every tensor of the checkpoint, keys remapped by the rules. 0 or -1 (message printed). */
+/* Fills @p out from @p n named tensors (new references each, taken over),
+ * keys remapped by the rules; a rule mapping two keys to one is an error.
+ * 0 or -1 (message printed). */
+static int fill_list(const char *in, const char *format, const char *const rules[], int nrules, size_t n,
+                     const char *(*name_at)(void *, size_t), em_tensor *(*tensor_at)(void *, size_t), void *src,
+                     tensor_list *out)
+{
+    out->names = calloc(n ? n : 1, sizeof *out->names);
+    out->ts = calloc(n ? n : 1, sizeof *out->ts);
+    out->format = format;
+    if (!out->names || !out->ts) {
+        fprintf(stderr, "ember convert: out of memory\n");
+        return -1;
+    }
+    int rc = 0;
+    for (size_t i = 0; i < n && rc == 0; i++) {
+        char key[4096];
+        if (em_pt_remap_key(rules, nrules, name_at(src, i), key, sizeof key) != EM_OK ||
+            !(out->names[i] = strdup(key)) || !(out->ts[i] = tensor_at(src, i))) {
+            fprintf(stderr, "ember convert: %s: %s\n", in, em_last_error());
+            rc = -1;
+        }
+        out->n = i + 1;
+        for (size_t j = 0; j < i && rc == 0 && nrules; j++)
+            if (!strcmp(out->names[j], out->names[i])) {
+                fprintf(stderr, "ember convert: %s: --rename maps both '%s' and '%s' to '%s'\n", in, name_at(src, j),
+                        name_at(src, i), key);
+                rc = -1;
+            }
+    }
+    return rc;
+}
+
+static const char *pt_name_at(void *f, size_t i) { return em_pt_name(f, i); }
+static em_tensor *pt_tensor_at(void *f, size_t i) { return em_pt_tensor(f, i); }
+
+/* PyTorch: every tensor of the checkpoint. 0 or -1 (message printed). */
 static int convert_pt(const char *in, const char *const rules[], int nrules, tensor_list *out)
 {
     em_pt_file *f = em_pt_open(in);
@@ -65,36 +104,31 @@ static int convert_pt(const char *in, const char *const rules[], int nrules, ten
         fprintf(stderr, "ember convert: %s\n", em_last_error());
         return -1;
     }
-    size_t n = em_pt_count(f);
-    out->names = calloc(n ? n : 1, sizeof *out->names);
-    out->ts = calloc(n ? n : 1, sizeof *out->ts);
-    out->format = "pt";
-    if (!out->names || !out->ts) {
-        fprintf(stderr, "ember convert: out of memory\n");
-        em_pt_close(f);
-        return -1;
-    }
-    int rc = 0;
-    for (size_t i = 0; i < n && rc == 0; i++) {
-        char key[4096];
-        if (em_pt_remap_key(rules, nrules, em_pt_name(f, i), key, sizeof key) != EM_OK ||
-            !(out->names[i] = strdup(key)) || !(out->ts[i] = em_pt_tensor(f, i))) {
-            fprintf(stderr, "ember convert: %s: %s\n", in, em_last_error());
-            rc = -1;
-        }
-        out->n = i + 1;
-        for (size_t j = 0; j < i && rc == 0 && nrules; j++)
-            if (!strcmp(out->names[j], out->names[i])) {
-                fprintf(stderr, "ember convert: %s: --rename maps both '%s' and '%s' to '%s'\n", in, em_pt_name(f, j),
-                        em_pt_name(f, i), key);
-                rc = -1;
-            }
-    }
+    int rc = fill_list(in, "pt", rules, nrules, em_pt_count(f), pt_name_at, pt_tensor_at, f, out);
     em_pt_close(f);
     return rc;
 }
 
-/* Input formats by extension. (ONNX: a convert_onnx of the same shape goes here.) */
+static const char *onnx_name_at(void *m, size_t i) { return em_onnx_initializer_name(m, (int)i); }
+static em_tensor *onnx_tensor_at(void *m, size_t i) { return em_tensor_retain(em_onnx_initializer(m, (int)i)); }
+
+/* ONNX: every initializer (the weights), under its ONNX name; INT8 / INT16 /
+ * UINT16 initializers are written as I32 and UINT32 as I64 (how Ember holds
+ * them). 0 or -1 (message printed). */
+static int convert_onnx(const char *in, const char *const rules[], int nrules, tensor_list *out)
+{
+    const char *err = NULL;
+    em_onnx_model *m = em_onnx_load(in, &err);
+    if (!m) {
+        fprintf(stderr, "ember convert: %s\n", err);
+        return -1;
+    }
+    int rc = fill_list(in, "onnx", rules, nrules, (size_t)em_onnx_num_initializers(m), onnx_name_at, onnx_tensor_at, m, out);
+    em_onnx_free(m);
+    return rc;
+}
+
+/* Input formats by extension. */
 static const struct {
     const char *ext;
     int (*read)(const char *in, const char *const rules[], int nrules, tensor_list *out);
@@ -103,6 +137,7 @@ static const struct {
     {".pth", convert_pt},
     {".bin", convert_pt}, /* Hugging Face's pytorch_model.bin is a torch.save file */
     {".ckpt", convert_pt},
+    {".onnx", convert_onnx},
 };
 
 static const char *ext_of(const char *path)
@@ -145,7 +180,7 @@ int em_tool_convert(int argc, char **argv)
     for (size_t i = 0; i < sizeof input_formats / sizeof input_formats[0]; i++)
         if (!strcasecmp(ext_of(in), input_formats[i].ext)) read = input_formats[i].read;
     if (!read) {
-        fprintf(stderr, "ember convert: %s: unsupported input format '%s' (known: .pt .pth .bin .ckpt)\n", in,
+        fprintf(stderr, "ember convert: %s: unsupported input format '%s' (known: .pt .pth .bin .ckpt .onnx)\n", in,
                 ext_of(in)[0] ? ext_of(in) : "no extension");
         return EM_TOOL_EXIT_USAGE;
     }

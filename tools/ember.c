@@ -16,7 +16,7 @@ static void usage(FILE *f)
             "  generate    generate text with a GPT checkpoint (KV cache, temperature, top-k, top-p)\n"
             "  serve       serve a model repository over HTTP (KServe v2 protocol, dynamic batching, CPU + GPUs)\n"
             "  run         run an ONNX model on .npy inputs and print its outputs\n"
-            "  convert     convert a PyTorch checkpoint (.pt / .pth) to SafeTensors\n"
+            "  convert     convert a PyTorch checkpoint (.pt / .pth) or an ONNX model's weights to SafeTensors\n"
             "  plot        draw (or overlay) runs' loss and accuracy curves from their metrics.csv\n"
             "  devices     list workers, devices, memory nodes and the hwloc topology\n"
             "  version     print the version\n\n"
