@@ -1,6 +1,356 @@
-/* ONNX operators, vision group (see store/onnx_internal.h). */
+/* ONNX operators, vision group (see store/onnx_internal.h): convolution,
+ * pooling, normalisation and resampling of NC<spatial> tensors. Semantics
+ * from onnx/docs/Operators.md (onnx 1.23). 1-D and 2-D spatial inputs are
+ * run as Ember's 2-D ops (1-D as height 1); 3-D inputs are unsupported
+ * where Ember has no 3-D op. */
 #include "store/onnx_internal.h"
 
+#include <math.h>
+#include <string.h>
+
+/* ---- spatial settings shared by Conv / ConvTranspose / the pools ---- */
+
+typedef struct spatial {
+    int nd;                      /* spatial dims of the ONNX input (1 or 2) */
+    int64_t in[2], k[2], s[2], d[2], pb[2], pe[2], out[2];
+} spatial;
+
+/* Reads an INTS attribute of nd values into v (default def). */
+static em_status ints_attr(onnx_ctx *c, const char *name, int nd, int64_t *v, int64_t def)
+{
+    const int64_t *a;
+    int n = onnx_attr_ints(c, name, &a);
+    for (int i = 0; i < nd; i++) v[i] = def;
+    if (n < 0) return EM_OK;
+    if (n != nd) return em_set_error(EM_ERR_INVALID, "attribute %s has %d values, expected %d", name, n, nd);
+    for (int i = 0; i < nd; i++) v[i] = a[i];
+    return EM_OK;
+}
+
+/* The spatial rank of x (rank - 2): 1 or 2 supported. */
+static em_status spatial_rank(onnx_ctx *c, const em_tensor *x, int *nd)
+{
+    int r = em_tensor_ndim(x);
+    if (r < 3) return em_set_error(EM_ERR_SHAPE, "input must be [N, C, spatial...], got rank %d", r);
+    if (r > 4) return onnx_unsupported(c, "%d-D spatial input (only 1-D and 2-D are supported)", r - 2);
+    *nd = r - 2;
+    return EM_OK;
+}
+
+/* Kernel (from kernel_shape or @p kdims), strides, dilations and the pads
+ * (explicit or auto_pad) into sp; output size with floor or ceil rounding
+ * (ceil drops a last window starting in the end padding). */
+static em_status spatial_read(onnx_ctx *c, const em_tensor *x, const int64_t *kdims, bool ceil_mode, bool conv, spatial *sp)
+{
+    em_status st = spatial_rank(c, x, &sp->nd);
+    if (st) return st;
+    int nd = sp->nd;
+    for (int i = 0; i < nd; i++) sp->in[i] = em_tensor_dim(x, 2 + i);
+    if (onnx_has_attr(c, "kernel_shape")) {
+        if ((st = ints_attr(c, "kernel_shape", nd, sp->k, 1))) return st;
+    } else if (kdims) {
+        for (int i = 0; i < nd; i++) sp->k[i] = kdims[i];
+    } else {
+        return em_set_error(EM_ERR_INVALID, "kernel_shape attribute is required");
+    }
+    if ((st = ints_attr(c, "strides", nd, sp->s, 1))) return st;
+    if ((st = ints_attr(c, "dilations", nd, sp->d, 1))) return st;
+    for (int i = 0; i < nd; i++)
+        if (sp->k[i] < 1 || sp->s[i] < 1 || sp->d[i] < 1)
+            return em_set_error(EM_ERR_INVALID, "kernel_shape, strides and dilations must be >= 1");
+    const char *ap = onnx_attr_string(c, "auto_pad", "NOTSET");
+    if (!strcmp(ap, "SAME_UPPER") || !strcmp(ap, "SAME_LOWER")) {
+        bool upper = !strcmp(ap, "SAME_UPPER");
+        for (int i = 0; i < nd; i++) {
+            int64_t o = (sp->in[i] + sp->s[i] - 1) / sp->s[i];
+            int64_t ek = conv ? sp->d[i] * (sp->k[i] - 1) + 1 : sp->k[i];
+            int64_t tot = (o - 1) * sp->s[i] + ek - sp->in[i];
+            if (tot < 0) tot = 0;
+            sp->pb[i] = upper ? tot / 2 : tot - tot / 2;
+            sp->pe[i] = tot - sp->pb[i];
+        }
+    } else if (!strcmp(ap, "VALID")) {
+        for (int i = 0; i < nd; i++) sp->pb[i] = sp->pe[i] = 0;
+    } else if (!strcmp(ap, "NOTSET")) {
+        const int64_t *p;
+        int n = onnx_attr_ints(c, "pads", &p);
+        if (n >= 0 && n != 2 * nd) return em_set_error(EM_ERR_INVALID, "pads has %d values, expected %d", n, 2 * nd);
+        for (int i = 0; i < nd; i++) {
+            sp->pb[i] = n < 0 ? 0 : p[i];
+            sp->pe[i] = n < 0 ? 0 : p[nd + i];
+            if (sp->pb[i] < 0 || sp->pe[i] < 0) return em_set_error(EM_ERR_INVALID, "negative pads");
+        }
+    } else {
+        return em_set_error(EM_ERR_INVALID, "unknown auto_pad '%s'", ap);
+    }
+    for (int i = 0; i < nd; i++) {
+        int64_t span = sp->in[i] + sp->pb[i] + sp->pe[i] - sp->d[i] * (sp->k[i] - 1) - 1;
+        if (span < 0) return em_set_error(EM_ERR_SHAPE, "kernel larger than the padded input along spatial dim %d", i);
+        int64_t o = span / sp->s[i] + 1;
+        if (ceil_mode && span % sp->s[i]) {
+            o++;
+            if ((o - 1) * sp->s[i] >= sp->in[i] + sp->pb[i]) o--;
+        }
+        sp->out[i] = o;
+    }
+    return EM_OK;
+}
+
+/* 1-D spatial data as 2-D (height 1): [N, C, L] -> [N, C, 1, L]. */
+static em_tensor *as2d(const em_tensor *x, int nd)
+{
+    return nd == 1 ? em_unsqueeze(x, 2) : em_reshape(x, em_tensor_shape(x), em_tensor_ndim(x));
+}
+static em_tensor *from2d(em_tensor *y, int nd)
+{
+    return nd == 1 ? em_squeeze(y, 2) : y;
+}
+/* (h, w) pair of a spatial setting in 2-D form. */
+static void pair(const int64_t *v, int nd, int64_t one, int64_t out[2])
+{
+    if (nd == 1) { out[0] = one; out[1] = v[0]; }
+    else { out[0] = v[0]; out[1] = v[1]; }
+}
+
+static bool is_float(em_dtype dt)
+{
+    return dt == EM_F32 || dt == EM_F64;
+}
+
+/* ---- Conv (1, 11, 22) ---- */
+static em_status op_conv(onnx_ctx *c)
+{
+    em_tensor *x = onnx_in_req(c, 0), *w = onnx_in_req(c, 1), *b = onnx_in(c, 2);
+    if (!x || !w) return em_last_status();
+    if (!is_float(em_tensor_dtype(x))) return onnx_unsupported(c, "Conv on %s input", em_dtype_name(em_tensor_dtype(x)));
+    if (em_tensor_ndim(w) != em_tensor_ndim(x)) return em_set_error(EM_ERR_SHAPE, "W rank %d differs from X rank %d", em_tensor_ndim(w), em_tensor_ndim(x));
+    spatial sp;
+    int64_t kd[2] = {1, 1};
+    for (int i = 0; i + 2 < em_tensor_ndim(w) && i < 2; i++) kd[i] = em_tensor_dim(w, 2 + i);
+    em_status st = spatial_read(c, x, kd, false, true, &sp);
+    if (st) return st;
+    for (int i = 0; i < sp.nd; i++)
+        if (sp.k[i] != em_tensor_dim(w, 2 + i)) return em_set_error(EM_ERR_SHAPE, "kernel_shape differs from W's shape");
+    em_conv_opts o = em_conv_opts_default();
+    pair(sp.s, sp.nd, 1, o.stride);
+    pair(sp.d, sp.nd, 1, o.dilation);
+    pair(sp.pb, sp.nd, 0, o.padding);
+    pair(sp.pe, sp.nd, 0, o.padding_end);
+    o.groups = onnx_attr_int(c, "group", 1);
+    em_tensor *y = em_conv2d(as2d(x, sp.nd), as2d(w, sp.nd), b, &o);
+    return onnx_out(c, 0, from2d(y, sp.nd), 0);
+}
+
+/* ---- ConvTranspose (1, 11, 22) ----
+ * Computed unpadded (full size (in - 1) * s + d * (k - 1) + 1), then the
+ * begin pads cropped and the end pads cropped or, for output_padding /
+ * output_shape, extended with zeros (no input reaches there), then the bias. */
+static em_status op_conv_transpose(onnx_ctx *c)
+{
+    em_tensor *x = onnx_in_req(c, 0), *w = onnx_in_req(c, 1), *b = onnx_in(c, 2);
+    if (!x || !w) return em_last_status();
+    if (!is_float(em_tensor_dtype(x))) return onnx_unsupported(c, "ConvTranspose on %s input", em_dtype_name(em_tensor_dtype(x)));
+    int nd;
+    em_status st = spatial_rank(c, x, &nd);
+    if (st) return st;
+    if (em_tensor_ndim(w) != nd + 2) return em_set_error(EM_ERR_SHAPE, "W rank %d differs from X rank %d", em_tensor_ndim(w), nd + 2);
+    int64_t in[2], k[2], s[2], d[2], op[2], pb[2], pe[2], full[2];
+    for (int i = 0; i < nd; i++) { in[i] = em_tensor_dim(x, 2 + i); k[i] = em_tensor_dim(w, 2 + i); }
+    if ((st = ints_attr(c, "strides", nd, s, 1)) || (st = ints_attr(c, "dilations", nd, d, 1)) ||
+        (st = ints_attr(c, "output_padding", nd, op, 0)))
+        return st;
+    int64_t os[2];
+    bool has_os = false;
+    {
+        const int64_t *v;
+        int n = onnx_attr_ints(c, "output_shape", &v);
+        if (n >= 0) {
+            if (n != nd && n != nd + 2) return em_set_error(EM_ERR_INVALID, "output_shape has %d values", n);
+            for (int i = 0; i < nd; i++) os[i] = v[n - nd + i];
+            has_os = true;
+        }
+    }
+    for (int i = 0; i < nd; i++) full[i] = (in[i] - 1) * s[i] + d[i] * (k[i] - 1) + 1;
+    const char *ap = onnx_attr_string(c, "auto_pad", "NOTSET");
+    bool same = !strcmp(ap, "SAME_UPPER") || !strcmp(ap, "SAME_LOWER");
+    const int64_t *p;
+    int np = onnx_attr_ints(c, "pads", &p);
+    if (np >= 0 && np != 2 * nd) return em_set_error(EM_ERR_INVALID, "pads has %d values, expected %d", np, 2 * nd);
+    for (int i = 0; i < nd; i++) {
+        if (same && np < 0) {
+            int64_t target = has_os ? os[i] : in[i] * s[i];
+            int64_t tot = full[i] + op[i] - target;
+            pb[i] = !strcmp(ap, "SAME_UPPER") ? tot / 2 : tot - tot / 2;
+            pe[i] = tot - pb[i];
+        } else if (has_os && np < 0) {
+            pb[i] = 0;
+            pe[i] = full[i] + op[i] - os[i];
+        } else {
+            pb[i] = np < 0 ? 0 : p[i];
+            pe[i] = np < 0 ? 0 : p[nd + i];
+        }
+    }
+    em_conv_opts o = em_conv_opts_default();
+    pair(s, nd, 1, o.stride);
+    pair(d, nd, 1, o.dilation);
+    o.groups = onnx_attr_int(c, "group", 1);
+    em_tensor *y = em_conv_transpose2d(as2d(x, nd), as2d(w, nd), NULL, &o);
+    if (!y) return em_last_status();
+    int64_t pads[4] = {0, 0, 0, 0};
+    /* em_pad order: last dim first */
+    for (int i = 0; i < nd; i++) {
+        int j = nd - 1 - i;
+        pads[2 * j] = -pb[i];
+        pads[2 * j + 1] = op[i] - pe[i];
+    }
+    y = em_pad(y, pads, 4, 0.0);
+    y = from2d(y, nd);
+    if (b && y) {
+        int64_t bs[4] = {1, em_tensor_numel(b), 1, 1};
+        y = em_add(y, em_reshape(b, bs, nd + 2));
+    }
+    return onnx_out(c, 0, y, 0);
+}
+
+/* ---- pools ---- */
+
+/* Pads (em_pad order, 2-D form) that make the explicit pads plus the ceil
+ * extension: begin pb, end so that the padded length is exactly what the
+ * out windows span. */
+static void pool_pads(const spatial *sp, int64_t pads[4], int64_t pads_explicit[4])
+{
+    for (int i = 0; i < 4; i++) pads[i] = pads_explicit[i] = 0;
+    for (int i = 0; i < sp->nd; i++) {
+        int j = sp->nd - 1 - i;
+        int64_t need = (sp->out[i] - 1) * sp->s[i] + sp->d[i] * (sp->k[i] - 1) + 1;
+        pads[2 * j] = sp->pb[i];
+        pads[2 * j + 1] = need - sp->in[i] - sp->pb[i];
+        pads_explicit[2 * j] = sp->pb[i];
+        pads_explicit[2 * j + 1] = sp->pe[i] < pads[2 * j + 1] ? sp->pe[i] : pads[2 * j + 1];
+    }
+}
+
+/* Window sums of a [N, C, H, W] float tensor (already padded) as a
+ * depthwise convolution with ones. */
+static em_tensor *window_sum(const em_tensor *xp, const spatial *sp)
+{
+    int64_t C = em_tensor_dim(xp, 1);
+    int64_t ws[4] = {C, 1, 1, 1};
+    pair(sp->k, sp->nd, 1, ws + 2);
+    em_conv_opts o = em_conv_opts_default();
+    pair(sp->s, sp->nd, 1, o.stride);
+    pair(sp->d, sp->nd, 1, o.dilation);
+    o.groups = C;
+    return em_conv2d(xp, em_ones(ws, 4, em_tensor_dtype(xp)), NULL, &o);
+}
+
+static em_status op_maxpool(onnx_ctx *c)
+{
+    em_tensor *x = onnx_in_req(c, 0);
+    if (!x) return em_last_status();
+    spatial sp;
+    em_status st = spatial_read(c, x, NULL, onnx_attr_int(c, "ceil_mode", 0) != 0, false, &sp);
+    if (st) return st;
+    em_dtype dt = em_tensor_dtype(x);
+    em_tensor *xf = x;
+    if (!is_float(dt)) {
+        if (dt == EM_I64) return onnx_unsupported(c, "MaxPool on int64 input");
+        xf = em_cast(x, EM_F64);
+    }
+    int64_t pads[4], pe[4];
+    pool_pads(&sp, pads, pe);
+    em_tensor *xp = em_pad(as2d(xf, sp.nd), pads, 4, -INFINITY);
+    em_pool_opts o = em_pool_opts_default(1, 1);
+    pair(sp.k, sp.nd, 1, o.kernel_size);
+    pair(sp.s, sp.nd, 1, o.stride);
+    pair(sp.d, sp.nd, 1, o.dilation);
+    bool want_idx = c->nout > 1 && c->node->out[1] >= 0;
+    em_tensor *idx = NULL;
+    em_tensor *y = em_max_pool2d(xp, &o, want_idx ? &idx : NULL);
+    if (!y) return em_last_status();
+    if (xf != x) y = em_cast(y, dt);
+    st = onnx_out(c, 0, from2d(y, sp.nd), 0);
+    if (st || !want_idx) return st;
+    /* padded-plane flat index -> ONNX's index into the whole input */
+    int64_t Wp = em_tensor_dim(xp, 3), H = sp.nd == 1 ? 1 : sp.in[0], W = sp.nd == 1 ? sp.in[0] : sp.in[1];
+    int64_t ph = sp.nd == 1 ? 0 : sp.pb[0], pw = sp.nd == 1 ? sp.pb[0] : sp.pb[1];
+    em_tensor *wp = em_scalar((double)Wp, EM_I64);
+    em_tensor *hh = em_sub_scalar(em_floor_divide(idx, wp), (double)ph);
+    em_tensor *ww = em_sub_scalar(em_remainder(idx, wp), (double)pw);
+    int64_t so = onnx_attr_int(c, "storage_order", 0);
+    em_tensor *pl = so ? em_add(em_mul_scalar(ww, (double)H), hh) : em_add(em_mul_scalar(hh, (double)W), ww);
+    int64_t N = em_tensor_dim(x, 0), C = em_tensor_dim(x, 1);
+    int64_t bs[4] = {N, C, 1, 1};
+    em_tensor *base = em_mul_scalar(em_reshape(em_arange(0, (double)(N * C), 1, EM_I64), bs, 4), (double)(H * W));
+    return onnx_out(c, 1, from2d(em_add(pl, base), sp.nd), ONNX_INT64);
+}
+
+/* AveragePool (count_include_pad) and LpPool (p): window sums over a
+ * zero-padded input divided by the count of cells that count. */
+static em_status avg_or_lp(onnx_ctx *c, bool lp)
+{
+    em_tensor *x = onnx_in_req(c, 0);
+    if (!x) return em_last_status();
+    if (!is_float(em_tensor_dtype(x))) return onnx_unsupported(c, "pooling of %s input", em_dtype_name(em_tensor_dtype(x)));
+    spatial sp;
+    em_status st = spatial_read(c, x, NULL, onnx_attr_int(c, "ceil_mode", 0) != 0, false, &sp);
+    if (st) return st;
+    int64_t pads[4], pe[4];
+    pool_pads(&sp, pads, pe);
+    double p = lp ? (double)onnx_attr_int(c, "p", 2) : 1.0;
+    em_tensor *x2 = as2d(x, sp.nd);
+    if (lp) x2 = p == 1.0 ? em_abs(x2) : p == 2.0 ? em_square(x2) : em_pow_scalar(em_abs(x2), p);
+    em_tensor *sum = window_sum(em_pad(x2, pads, 4, 0.0), &sp);
+    em_tensor *y;
+    if (lp) {
+        y = p == 1.0 ? sum : p == 2.0 ? em_sqrt(sum) : em_pow_scalar(sum, 1.0 / p);
+    } else {
+        int64_t ms[4] = {1, 1, em_tensor_dim(x2, 2), em_tensor_dim(x2, 3)};
+        em_tensor *m = em_ones(ms, 4, em_tensor_dtype(x));
+        if (onnx_attr_int(c, "count_include_pad", 0)) {
+            m = em_pad(m, pe, 4, 1.0);
+            int64_t rest[4];
+            for (int i = 0; i < 4; i++) rest[i] = pads[i] - pe[i];
+            m = em_pad(m, rest, 4, 0.0);
+        } else {
+            m = em_pad(m, pads, 4, 0.0);
+        }
+        y = em_div(sum, window_sum(m, &sp));
+    }
+    return onnx_out(c, 0, from2d(y, sp.nd), 0);
+}
+static em_status op_avgpool(onnx_ctx *c) { return avg_or_lp(c, false); }
+static em_status op_lppool(onnx_ctx *c) { return avg_or_lp(c, true); }
+
+static em_status global_pool(onnx_ctx *c, int kind)
+{
+    em_tensor *x = onnx_in_req(c, 0);
+    if (!x) return em_last_status();
+    int r = em_tensor_ndim(x);
+    if (r < 3) return em_set_error(EM_ERR_SHAPE, "input must be [N, C, spatial...], got rank %d", r);
+    int dims[EM_MAX_DIMS];
+    for (int i = 2; i < r; i++) dims[i - 2] = i;
+    em_tensor *y;
+    if (kind == 0) y = em_mean(x, dims, r - 2, true);
+    else if (kind == 1) y = em_max(x, dims, r - 2, true);
+    else {
+        double p = (double)onnx_attr_int(c, "p", 2);
+        y = em_pow_scalar(em_sum(em_pow_scalar(em_abs(x), p), dims, r - 2, true), 1.0 / p);
+    }
+    return onnx_out(c, 0, y, 0);
+}
+static em_status op_global_avg(onnx_ctx *c) { return global_pool(c, 0); }
+static em_status op_global_max(onnx_ctx *c) { return global_pool(c, 1); }
+static em_status op_global_lp(onnx_ctx *c) { return global_pool(c, 2); }
+
 const onnx_op onnx_ops_vision[] = {
+    {"Conv", 1, op_conv},
+    {"ConvTranspose", 1, op_conv_transpose},
+    {"MaxPool", 1, op_maxpool},
+    {"AveragePool", 1, op_avgpool},
+    {"LpPool", 1, op_lppool},
+    {"GlobalAveragePool", 1, op_global_avg},
+    {"GlobalMaxPool", 1, op_global_max},
+    {"GlobalLpPool", 1, op_global_lp},
     {NULL, 0, NULL},
 };
