@@ -6,6 +6,7 @@
 #include "store/onnx_internal.h"
 
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 /* ---- spatial settings shared by Conv / ConvTranspose / the pools ---- */
@@ -343,7 +344,330 @@ static em_status op_global_avg(onnx_ctx *c) { return global_pool(c, 0); }
 static em_status op_global_max(onnx_ctx *c) { return global_pool(c, 1); }
 static em_status op_global_lp(onnx_ctx *c) { return global_pool(c, 2); }
 
+
+/* ---- Resize (10, 11, 13, 18, 19) and Upsample (7, 9) ----
+ * Separable: for each resized axis an [O, I] interpolation matrix is built
+ * on the host from the sizes and attributes alone (never from X's values),
+ * following the spec's per-axis formulation: source coordinate x_ori from
+ * coordinate_transformation_mode, n taps around it with the mode's
+ * coefficients (nearest / linear / cubic, antialias widening the kernel by
+ * 1 / scale when downsampling), exclude_outside renormalising, indices
+ * clamped to the edge; X is multiplied by it along the axis. tf_crop_and_resize
+ * positions outside the input take extrapolation_value. */
+
+typedef struct resize_cfg {
+    int mode;            /* 0 nearest, 1 linear, 2 cubic */
+    int nearest;         /* 0 round_prefer_floor, 1 round_prefer_ceil, 2 floor, 3 ceil */
+    int ctm;             /* 0 half_pixel, 1 half_pixel_symmetric, 2 pytorch_half_pixel, 3 align_corners, 4 asymmetric, 5 tf_crop_and_resize */
+    double a;            /* cubic_coeff_a */
+    bool exclude_outside, antialias;
+    double extrapolation;
+} resize_cfg;
+
+static double cubic_w(double x, double A)
+{
+    x = fabs(x);
+    if (x <= 1) return ((A + 2) * x - (A + 3)) * x * x + 1;
+    if (x < 2) return ((A * x - 5 * A) * x + 8 * A) * x - 4 * A;
+    return 0.0;
+}
+
+/* Coefficients for fractional position r (in (0, 1], 1 when integral) at
+ * scale sc into co; returns the tap count. */
+static int resize_coeffs(const resize_cfg *g, double r, double sc, double *co, int max)
+{
+    if (g->mode == 0) {
+        bool hi;
+        if (r == 1.0) hi = true;
+        else if (g->nearest == 0) hi = r > 0.5;
+        else if (g->nearest == 1) hi = r >= 0.5;
+        else hi = g->nearest == 3;
+        co[0] = hi ? 0 : 1;
+        co[1] = hi ? 1 : 0;
+        return 2;
+    }
+    if (!g->antialias || sc >= 1.0) {
+        if (g->mode == 1) {
+            co[0] = 1 - r;
+            co[1] = r;
+            return 2;
+        }
+        co[0] = cubic_w(r + 1, g->a);
+        co[1] = cubic_w(r, g->a);
+        co[2] = cubic_w(1 - r, g->a);
+        co[3] = cubic_w(2 - r, g->a);
+        return 4;
+    }
+    int start = (int)floor((g->mode == 1 ? -1.0 : -2.0) / sc) + 1;
+    int n = 2 - 2 * start;
+    if (n > max) return -1;
+    double sum = 0;
+    for (int i = 0; i < n; i++) {
+        double x = sc * (start + i - r);
+        co[i] = g->mode == 1 ? fmax(0.0, fmin(1.0, 1 - fabs(x))) : cubic_w(x, g->a);
+        sum += co[i];
+    }
+    for (int i = 0; i < n; i++) co[i] /= sum;
+    return n;
+}
+
+#define RESIZE_MAX_TAPS 256
+
+/* Resizes dim @p ax of x to @p O with scale @p sc (roi r0..r1 for
+ * tf_crop_and_resize). */
+static em_tensor *resize_axis(onnx_ctx *c, em_tensor *x, int ax, int64_t O, double sc, double r0, double r1, const resize_cfg *g)
+{
+    int64_t I = em_tensor_dim(x, ax);
+    if (O < 1 || I < 1) {
+        em_set_error(EM_ERR_SHAPE, "empty input or output along axis %d", ax);
+        return NULL;
+    }
+    if ((double)O * (double)I > 64e6) {
+        onnx_unsupported(c, "resize matrix of %lld x %lld is too large", (long long)O, (long long)I);
+        return NULL;
+    }
+    em_dtype dt = em_tensor_dtype(x);
+    double *m = calloc((size_t)(O * I), sizeof(double));
+    double *mask = calloc((size_t)O, sizeof(double));
+    if (!m || !mask) {
+        free(m);
+        free(mask);
+        em_set_error(EM_ERR_NOMEM, "out of memory");
+        return NULL;
+    }
+    bool any_extra = false;
+    double ow = sc * (double)I;
+    for (int64_t y = 0; y < O; y++) {
+        double xo, yd = (double)y;
+        switch (g->ctm) {
+        case 3: xo = ow == 1 ? 0.0 : yd * (double)(I - 1) / (ow - 1); break;
+        case 4: xo = yd / sc; break;
+        case 5:
+            xo = ow == 1 ? (r1 - r0) * (double)(I - 1) / 2 : yd * (r1 - r0) * (double)(I - 1) / (ow - 1);
+            xo += r0 * (double)(I - 1);
+            break;
+        case 2: xo = ow == 1 ? -0.5 : (yd + 0.5) / sc - 0.5; break;
+        case 1: {
+            double adj = (double)O / ow, center = (double)I / 2;
+            xo = center * (1 - adj) + (yd + 0.5) / sc - 0.5;
+            break;
+        }
+        default: xo = (yd + 0.5) / sc - 0.5; break;
+        }
+        if (g->ctm == 5 && (xo < 0 || xo > (double)(I - 1))) {
+            mask[y] = 1;
+            any_extra = true;
+            continue;
+        }
+        double fl = floor(xo);
+        double r = xo == fl ? 1.0 : xo - fl;
+        double co[RESIZE_MAX_TAPS];
+        int n = resize_coeffs(g, r, sc, co, RESIZE_MAX_TAPS);
+        if (n < 0) {
+            free(m);
+            free(mask);
+            onnx_unsupported(c, "antialias kernel wider than %d taps", RESIZE_MAX_TAPS);
+            return NULL;
+        }
+        int pw = (n + 1) / 2;
+        double xp = xo + pw, pp = floor(xp), frac = xp - pp;
+        int64_t off;
+        if (n % 2 == 0) off = frac == 0 ? -(n / 2) : -(n / 2) + 1;
+        else off = frac <= 0.5 ? -((n - 1) / 2) : -((n - 1) / 2) + 1;
+        int64_t start = (int64_t)pp + off - pw;
+        if (g->exclude_outside) {
+            double sum = 0;
+            for (int j = 0; j < n; j++) {
+                int64_t id = start + j;
+                if (id < 0 || id >= I) co[j] = 0;
+                sum += co[j];
+            }
+            if (sum != 0)
+                for (int j = 0; j < n; j++) co[j] /= sum;
+        }
+        for (int j = 0; j < n; j++) {
+            int64_t id = start + j;
+            if (id < 0) id = 0;
+            if (id >= I) id = I - 1;
+            m[y * I + id] += co[j];
+        }
+    }
+    int64_t ms[2] = {O, I};
+    em_tensor *mt = em_cast(em_from_host(m, ms, 2, EM_F64), dt);
+    free(m);
+    em_tensor *xt = em_transpose(x, ax, -1);
+    em_tensor *yt = em_matmul(xt, em_transpose(mt, 0, 1));
+    em_tensor *out = em_transpose(yt, ax, -1);
+    if (any_extra && out) {
+        int r = em_tensor_ndim(x);
+        int64_t bs[EM_MAX_DIMS];
+        for (int i = 0; i < r; i++) bs[i] = i == ax ? O : 1;
+        em_tensor *mk = em_gt_scalar(em_from_host(mask, bs, r, EM_F64), 0.5);
+        out = em_where(mk, em_full(bs, r, dt, g->extrapolation), out);
+    }
+    free(mask);
+    return out;
+}
+
+/* Reads a small float input to the host (n values at most). */
+static int in_floats(onnx_ctx *c, int i, double *buf, int max)
+{
+    em_tensor *t = onnx_in(c, i);
+    if (!t) return 0;
+    int64_t n = em_tensor_numel(t);
+    if (n > max) return em_set_error(EM_ERR_INVALID, "input %d has %lld values, at most %d expected", i, (long long)n, max);
+    if (n == 0) return 0;
+    em_status st = em_to_host(em_cast(t, EM_F64), buf, (size_t)n * sizeof(double));
+    return st ? st : (int)n;
+}
+
+static int lookup(const char *s, const char *const *names, int n)
+{
+    for (int i = 0; i < n; i++)
+        if (!strcmp(s, names[i])) return i;
+    return -1;
+}
+
+static em_status resize_run(onnx_ctx *c, em_tensor *x, const double *scales_in, int nscales, const int64_t *sizes_in, int nsizes,
+                            const double *roi_in, int nroi, const resize_cfg *g)
+{
+    int r = em_tensor_ndim(x);
+    if (!is_float(em_tensor_dtype(x)) && em_tensor_dtype(x) != EM_F16 && em_tensor_dtype(x) != EM_BF16)
+        return onnx_unsupported(c, "Resize of %s input", em_dtype_name(em_tensor_dtype(x)));
+    int axes[EM_MAX_DIMS], na = r;
+    for (int i = 0; i < r; i++) axes[i] = i;
+    const int64_t *av;
+    int n = onnx_attr_ints(c, "axes", &av);
+    if (n >= 0) {
+        if (n > r) return em_set_error(EM_ERR_INVALID, "axes has %d values for rank %d", n, r);
+        na = n;
+        for (int i = 0; i < n; i++) {
+            em_status st = onnx_axis(c, av[i], r, &axes[i]);
+            if (st) return st;
+        }
+    }
+    double sc[EM_MAX_DIMS], roi0[EM_MAX_DIMS], roi1[EM_MAX_DIMS];
+    int64_t os[EM_MAX_DIMS];
+    for (int i = 0; i < r; i++) {
+        sc[i] = 1.0;
+        os[i] = em_tensor_dim(x, i);
+        roi0[i] = 0.0;
+        roi1[i] = 1.0;
+    }
+    if (nroi > 0) {
+        if (nroi != 2 * na) return em_set_error(EM_ERR_INVALID, "roi has %d values, expected %d", nroi, 2 * na);
+        for (int i = 0; i < na; i++) {
+            roi0[axes[i]] = roi_in[i];
+            roi1[axes[i]] = roi_in[na + i];
+        }
+    }
+    if (nsizes > 0) {
+        if (nsizes != na) return em_set_error(EM_ERR_INVALID, "sizes has %d values, expected %d", nsizes, na);
+        for (int i = 0; i < na; i++) {
+            os[axes[i]] = sizes_in[i];
+            sc[axes[i]] = (double)sizes_in[i] / (double)em_tensor_dim(x, axes[i]);
+        }
+        const char *pol = onnx_attr_string(c, "keep_aspect_ratio_policy", "stretch");
+        if (strcmp(pol, "stretch")) {
+            bool nl = !strcmp(pol, "not_larger");
+            if (!nl && strcmp(pol, "not_smaller")) return em_set_error(EM_ERR_INVALID, "unknown keep_aspect_ratio_policy '%s'", pol);
+            double s = sc[axes[0]];
+            for (int i = 1; i < na; i++) s = nl ? fmin(s, sc[axes[i]]) : fmax(s, sc[axes[i]]);
+            for (int i = 0; i < na; i++) {
+                sc[axes[i]] = s;
+                os[axes[i]] = (int64_t)(s * (double)em_tensor_dim(x, axes[i]) + 0.5);
+            }
+        }
+    } else if (nscales > 0) {
+        if (nscales != na) return em_set_error(EM_ERR_INVALID, "scales has %d values, expected %d", nscales, na);
+        for (int i = 0; i < na; i++) {
+            if (!(scales_in[i] > 0)) return em_set_error(EM_ERR_INVALID, "scales must be positive");
+            sc[axes[i]] = scales_in[i];
+            os[axes[i]] = (int64_t)(scales_in[i] * (double)em_tensor_dim(x, axes[i]));
+        }
+    } else {
+        return em_set_error(EM_ERR_INVALID, "one of scales and sizes is required");
+    }
+    em_tensor *y = x;
+    for (int i = 0; i < na && y; i++) {
+        int d = axes[i];
+        if (fabs(sc[d] - 1.0) < 1e-9 && os[d] == em_tensor_dim(y, d) && (g->ctm != 5 || (roi0[d] == 0.0 && roi1[d] == 1.0)))
+            continue;
+        y = resize_axis(c, y, d, os[d], sc[d], roi0[d], roi1[d], g);
+    }
+    if (y == x) y = em_reshape(x, em_tensor_shape(x), r);
+    return onnx_out(c, 0, y, 0);
+}
+
+static em_status op_resize(onnx_ctx *c)
+{
+    em_tensor *x = onnx_in_req(c, 0);
+    if (!x) return em_last_status();
+    static const char *const modes[] = {"nearest", "linear", "cubic"};
+    static const char *const nms[] = {"round_prefer_floor", "round_prefer_ceil", "floor", "ceil"};
+    static const char *const ctms[] = {"half_pixel", "half_pixel_symmetric", "pytorch_half_pixel", "align_corners", "asymmetric", "tf_crop_and_resize"};
+    resize_cfg g;
+    const char *s = onnx_attr_string(c, "mode", "nearest");
+    if ((g.mode = lookup(s, modes, 3)) < 0) return em_set_error(EM_ERR_INVALID, "unknown mode '%s'", s);
+    double roi[2 * EM_MAX_DIMS], scales[EM_MAX_DIMS];
+    int64_t sizes[EM_MAX_DIMS];
+    int nroi = 0, ns = 0, nz = 0;
+    if (c->opset < 11) {
+        if (g.mode == 2) return em_set_error(EM_ERR_INVALID, "mode cubic before opset 11");
+        g.nearest = 2;
+        g.ctm = 4;
+        g.a = -0.75;
+        g.exclude_outside = g.antialias = false;
+        g.extrapolation = 0;
+        if ((ns = in_floats(c, 1, scales, EM_MAX_DIMS)) < 0) return em_last_status();
+    } else {
+        s = onnx_attr_string(c, "nearest_mode", "round_prefer_floor");
+        if ((g.nearest = lookup(s, nms, 4)) < 0) return em_set_error(EM_ERR_INVALID, "unknown nearest_mode '%s'", s);
+        s = onnx_attr_string(c, "coordinate_transformation_mode", "half_pixel");
+        if ((g.ctm = lookup(s, ctms, 6)) < 0) {
+            if (!strcmp(s, "tf_half_pixel_for_nn")) return onnx_unsupported(c, "coordinate_transformation_mode tf_half_pixel_for_nn");
+            return em_set_error(EM_ERR_INVALID, "unknown coordinate_transformation_mode '%s'", s);
+        }
+        g.a = onnx_attr_float(c, "cubic_coeff_a", -0.75);
+        g.exclude_outside = onnx_attr_int(c, "exclude_outside", 0) != 0;
+        g.antialias = onnx_attr_int(c, "antialias", 0) != 0;
+        g.extrapolation = onnx_attr_float(c, "extrapolation_value", 0.0);
+        if (g.antialias && g.mode == 0) return em_set_error(EM_ERR_INVALID, "antialias with mode nearest");
+        if (g.ctm == 5 && (nroi = in_floats(c, 1, roi, 2 * EM_MAX_DIMS)) < 0) return em_last_status();
+        if ((ns = in_floats(c, 2, scales, EM_MAX_DIMS)) < 0) return em_last_status();
+        if (onnx_in(c, 3) && em_tensor_numel(onnx_in(c, 3)) > 0) {
+            if ((nz = onnx_in_ints(c, 3, sizes, EM_MAX_DIMS)) < 0) return em_last_status();
+            if (ns > 0) return em_set_error(EM_ERR_INVALID, "both scales and sizes are given");
+        }
+    }
+    return resize_run(c, x, scales, ns, sizes, nz, roi, nroi, &g);
+}
+
+static em_status op_upsample(onnx_ctx *c)
+{
+    em_tensor *x = onnx_in_req(c, 0);
+    if (!x) return em_last_status();
+    resize_cfg g = {0, 2, 4, -0.75, false, false, 0.0};
+    const char *s = onnx_attr_string(c, "mode", "nearest");
+    if (!strcmp(s, "linear") || !strcmp(s, "bilinear")) g.mode = 1;
+    else if (strcmp(s, "nearest")) return em_set_error(EM_ERR_INVALID, "unknown mode '%s'", s);
+    double scales[EM_MAX_DIMS];
+    int ns;
+    if (c->opset < 9) {
+        const float *f;
+        ns = onnx_attr_floats(c, "scales", &f);
+        if (ns < 0) return em_set_error(EM_ERR_INVALID, "scales attribute is required");
+        if (ns > EM_MAX_DIMS) return em_set_error(EM_ERR_INVALID, "too many scales");
+        for (int i = 0; i < ns; i++) scales[i] = f[i];
+    } else if ((ns = in_floats(c, 1, scales, EM_MAX_DIMS)) < 0) {
+        return em_last_status();
+    }
+    return resize_run(c, x, scales, ns, NULL, 0, NULL, 0, &g);
+}
+
 const onnx_op onnx_ops_vision[] = {
+    {"Resize", 10, op_resize},
+    {"Upsample", 7, op_upsample},
     {"Conv", 1, op_conv},
     {"ConvTranspose", 1, op_conv_transpose},
     {"MaxPool", 1, op_maxpool},
