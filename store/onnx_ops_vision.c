@@ -665,7 +665,144 @@ static em_status op_upsample(onnx_ctx *c)
     return resize_run(c, x, scales, ns, NULL, 0, NULL, 0, &g);
 }
 
+
+/* ---- normalisation ---- */
+
+/* A [C] tensor as [1, C, 1, ...] for rank r. */
+static em_tensor *per_channel(const em_tensor *t, int r)
+{
+    int64_t s[EM_MAX_DIMS];
+    for (int i = 0; i < r; i++) s[i] = 1;
+    s[1] = em_tensor_numel(t);
+    return em_reshape(t, s, r);
+}
+
+static em_status check_channel(const em_tensor *t, int64_t C, const char *what)
+{
+    if (em_tensor_numel(t) != C) return em_set_error(EM_ERR_SHAPE, "%s has %lld values for %lld channels", what, (long long)em_tensor_numel(t), (long long)C);
+    return EM_OK;
+}
+
+/* BatchNormalization (1, 6, 7, 9, 14, 15): inference with the given
+ * statistics; training_mode (14) normalises with the batch's mean and
+ * biased variance and outputs running = stat * momentum + batch * (1 - momentum). */
+static em_status op_batchnorm(onnx_ctx *c)
+{
+    em_tensor *x = onnx_in_req(c, 0), *sc = onnx_in_req(c, 1), *b = onnx_in_req(c, 2), *mean = onnx_in_req(c, 3), *var = onnx_in_req(c, 4);
+    if (!x || !sc || !b || !mean || !var) return em_last_status();
+    int r = em_tensor_ndim(x);
+    if (r < 2) return em_set_error(EM_ERR_SHAPE, "X must be [N, C, ...], got rank %d", r);
+    em_dtype dt = em_tensor_dtype(x);
+    if (!is_float(dt) && dt != EM_F16 && dt != EM_BF16) return onnx_unsupported(c, "BatchNormalization of %s input", em_dtype_name(dt));
+    int64_t C = em_tensor_dim(x, 1);
+    em_status st;
+    if ((st = check_channel(sc, C, "scale")) || (st = check_channel(b, C, "B")) || (st = check_channel(mean, C, "input_mean")) ||
+        (st = check_channel(var, C, "input_var")))
+        return st;
+    double eps = onnx_attr_float(c, "epsilon", 1e-5);
+    bool training = c->opset >= 14 ? onnx_attr_int(c, "training_mode", 0) != 0 : false;
+    if (c->opset < 14) {
+        for (int i = 1; i < c->nout; i++)
+            if (c->node->out[i] >= 0) return onnx_unsupported(c, "training outputs of BatchNormalization before opset 14");
+        if (c->opset < 7 && onnx_attr_int(c, "is_test", 0) == 0 && c->opset >= 6)
+            return onnx_unsupported(c, "is_test = 0");
+    }
+    em_tensor *m = mean, *v = var;
+    if (training) {
+        int dims[EM_MAX_DIMS], nd = 0;
+        for (int i = 0; i < r; i++)
+            if (i != 1) dims[nd++] = i;
+        m = em_mean(x, dims, nd, false);
+        v = em_var(x, dims, nd, 0.0, false);
+        double mom = onnx_attr_float(c, "momentum", 0.9);
+        em_tensor *rm = em_add(em_mul_scalar(mean, mom), em_mul_scalar(em_cast(m, em_tensor_dtype(mean)), 1 - mom));
+        em_tensor *rv = em_add(em_mul_scalar(var, mom), em_mul_scalar(em_cast(v, em_tensor_dtype(var)), 1 - mom));
+        if ((st = onnx_out(c, 1, rm, onnx_in_type(c, 3))) || (st = onnx_out(c, 2, rv, onnx_in_type(c, 4)))) return st;
+    }
+    em_tensor *inv = em_rsqrt(em_add_scalar(em_cast(v, dt), eps));
+    em_tensor *y = em_mul(em_sub(x, per_channel(em_cast(m, dt), r)), per_channel(em_mul(inv, em_cast(sc, dt)), r));
+    y = em_add(y, per_channel(em_cast(b, dt), r));
+    return onnx_out(c, 0, y, 0);
+}
+
+/* x [N, G, rest] normalised over the last dim. */
+static em_tensor *norm_last(const em_tensor *x, double eps)
+{
+    int d = -1;
+    em_tensor *m = em_mean(x, &d, 1, true);
+    em_tensor *v = em_var(x, &d, 1, 0.0, true);
+    return em_mul(em_sub(x, m), em_rsqrt(em_add_scalar(v, eps)));
+}
+
+/* InstanceNormalization (1, 6, 22): per (n, c) over the spatial dims. */
+static em_status op_instancenorm(onnx_ctx *c)
+{
+    em_tensor *x = onnx_in_req(c, 0), *sc = onnx_in_req(c, 1), *b = onnx_in_req(c, 2);
+    if (!x || !sc || !b) return em_last_status();
+    int r = em_tensor_ndim(x);
+    if (r < 3) return em_set_error(EM_ERR_SHAPE, "input must be [N, C, spatial...], got rank %d", r);
+    em_dtype dt = em_tensor_dtype(x);
+    if (!is_float(dt) && dt != EM_F16 && dt != EM_BF16) return onnx_unsupported(c, "InstanceNormalization of %s input", em_dtype_name(dt));
+    int64_t C = em_tensor_dim(x, 1);
+    em_status st;
+    if ((st = check_channel(sc, C, "scale")) || (st = check_channel(b, C, "B"))) return st;
+    int64_t s3[3] = {em_tensor_dim(x, 0), C, -1};
+    em_tensor *y = em_reshape(norm_last(em_reshape(x, s3, 3), onnx_attr_float(c, "epsilon", 1e-5)), em_tensor_shape(x), r);
+    y = em_add(em_mul(y, per_channel(em_cast(sc, dt), r)), per_channel(em_cast(b, dt), r));
+    return onnx_out(c, 0, y, 0);
+}
+
+/* GroupNormalization (18, 21): scale / bias per group in 18, per channel in 21. */
+static em_status op_groupnorm(onnx_ctx *c)
+{
+    em_tensor *x = onnx_in_req(c, 0), *sc = onnx_in_req(c, 1), *b = onnx_in_req(c, 2);
+    if (!x || !sc || !b) return em_last_status();
+    int r = em_tensor_ndim(x);
+    if (r < 2) return em_set_error(EM_ERR_SHAPE, "input must be [N, C, ...], got rank %d", r);
+    em_dtype dt = em_tensor_dtype(x);
+    if (!is_float(dt) && dt != EM_F16 && dt != EM_BF16) return onnx_unsupported(c, "GroupNormalization of %s input", em_dtype_name(dt));
+    int64_t C = em_tensor_dim(x, 1), G = onnx_attr_int(c, "num_groups", 0);
+    if (G < 1 || C % G) return em_set_error(EM_ERR_INVALID, "num_groups %lld does not divide %lld channels", (long long)G, (long long)C);
+    int64_t per = c->opset >= 21 ? C : G;
+    em_status st;
+    if ((st = check_channel(sc, per, "scale")) || (st = check_channel(b, per, "bias"))) return st;
+    int64_t s3[3] = {em_tensor_dim(x, 0), G, -1};
+    em_tensor *y = norm_last(em_reshape(x, s3, 3), onnx_attr_float(c, "epsilon", 1e-5));
+    int64_t s4[4] = {em_tensor_dim(x, 0), G, C / G, -1}, p4[4] = {1, G, c->opset >= 21 ? C / G : 1, 1};
+    y = em_reshape(y, s4, 4);
+    y = em_add(em_mul(y, em_reshape(em_cast(sc, dt), p4, 4)), em_reshape(em_cast(b, dt), p4, 4));
+    return onnx_out(c, 0, em_reshape(y, em_tensor_shape(x), r), 0);
+}
+
+/* LRN (1, 13): y = x / (bias + alpha / size * sum of squares over the
+ * channel window [c - floor((size-1)/2), c + ceil((size-1)/2)])^beta. */
+static em_status op_lrn(onnx_ctx *c)
+{
+    em_tensor *x = onnx_in_req(c, 0);
+    if (!x) return em_last_status();
+    int r = em_tensor_ndim(x);
+    if (r < 3) return em_set_error(EM_ERR_SHAPE, "input must be [N, C, ...], got rank %d", r);
+    em_dtype dt = em_tensor_dtype(x);
+    if (!is_float(dt)) return onnx_unsupported(c, "LRN of %s input", em_dtype_name(dt));
+    int64_t size = onnx_attr_int(c, "size", 0);
+    if (size < 1) return em_set_error(EM_ERR_INVALID, "size must be >= 1");
+    double alpha = onnx_attr_float(c, "alpha", 1e-4), beta = onnx_attr_float(c, "beta", 0.75), bias = onnx_attr_float(c, "bias", 1.0);
+    int64_t N = em_tensor_dim(x, 0), C = em_tensor_dim(x, 1);
+    int64_t s4[4] = {N, 1, C, -1};
+    em_tensor *sq = em_reshape(em_square(x), s4, 4);
+    int64_t pads[4] = {0, 0, (size - 1) / 2, size - 1 - (size - 1) / 2};
+    int64_t ws[4] = {1, 1, size, 1};
+    em_tensor *sum = em_conv2d(em_pad(sq, pads, 4, 0.0), em_ones(ws, 4, dt), NULL, NULL);
+    sum = em_reshape(sum, em_tensor_shape(x), r);
+    em_tensor *den = em_pow_scalar(em_add_scalar(em_mul_scalar(sum, alpha / (double)size), bias), beta);
+    return onnx_out(c, 0, em_div(x, den), 0);
+}
+
 const onnx_op onnx_ops_vision[] = {
+    {"BatchNormalization", 1, op_batchnorm},
+    {"InstanceNormalization", 1, op_instancenorm},
+    {"GroupNormalization", 18, op_groupnorm},
+    {"LRN", 1, op_lrn},
     {"Resize", 10, op_resize},
     {"Upsample", 7, op_upsample},
     {"Conv", 1, op_conv},
