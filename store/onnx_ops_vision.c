@@ -798,7 +798,55 @@ static em_status op_lrn(onnx_ctx *c)
     return onnx_out(c, 0, em_div(x, den), 0);
 }
 
+
+/* ---- CausalConvWithState (27): depthwise causal 1-D convolution over
+ * [past_state (zeros when absent), input], optional SiLU; present_state is
+ * the last k - 1 positions of that concatenation. 16-bit inputs are
+ * computed in f32. */
+static em_status op_causal_conv(onnx_ctx *c)
+{
+    em_tensor *x = onnx_in_req(c, 0), *w = onnx_in_req(c, 1), *b = onnx_in(c, 2), *past = onnx_in(c, 3);
+    if (!x || !w) return em_last_status();
+    if (em_tensor_ndim(x) != 3 || em_tensor_ndim(w) != 3)
+        return em_set_error(EM_ERR_SHAPE, "input and weight must be rank 3 (ranks %d and %d)", em_tensor_ndim(x), em_tensor_ndim(w));
+    const char *act = onnx_attr_string(c, "activation", "none");
+    bool silu = !strcmp(act, "silu") || !strcmp(act, "swish");
+    if (!silu && strcmp(act, "none")) return em_set_error(EM_ERR_INVALID, "unknown activation '%s'", act);
+    em_dtype dt = em_tensor_dtype(x);
+    if (!is_float(dt) && dt != EM_F16 && dt != EM_BF16) return onnx_unsupported(c, "CausalConvWithState of %s input", em_dtype_name(dt));
+    em_dtype ct = is_float(dt) ? dt : EM_F32;
+    int64_t B = em_tensor_dim(x, 0), C = em_tensor_dim(x, 1), L = em_tensor_dim(x, 2), k = em_tensor_dim(w, 2);
+    if (em_tensor_dim(w, 0) != C || em_tensor_dim(w, 1) != 1 || k < 1)
+        return em_set_error(EM_ERR_SHAPE, "weight must be [%lld, 1, k]", (long long)C);
+    em_tensor *xs = em_cast(x, ct);
+    em_tensor *padded;
+    if (past) {
+        if (em_tensor_ndim(past) != 3 || em_tensor_dim(past, 0) != B || em_tensor_dim(past, 1) != C || em_tensor_dim(past, 2) != k - 1)
+            return em_set_error(EM_ERR_SHAPE, "past_state must be [%lld, %lld, %lld]", (long long)B, (long long)C, (long long)(k - 1));
+        em_tensor *parts[2] = {em_cast(past, ct), xs};
+        padded = k > 1 ? em_cat(parts, 2, 2) : xs;
+    } else {
+        int64_t pads[2] = {k - 1, 0};
+        padded = em_pad(xs, pads, 2, 0.0);
+    }
+    if (!padded) return em_last_status();
+    em_conv_opts o = em_conv_opts_default();
+    o.groups = C;
+    em_tensor *y = em_conv1d(padded, em_cast(w, ct), b ? em_cast(b, ct) : NULL, &o);
+    if (silu) y = em_silu(y);
+    em_status st = onnx_out(c, 0, em_cast(y, dt), 0);
+    if (st) return st;
+    em_tensor *ps;
+    if (k > 1) ps = em_narrow(padded, 2, L, k - 1);
+    else {
+        int64_t s0[3] = {B, C, 0};
+        ps = em_empty(s0, 3, ct);
+    }
+    return onnx_out(c, 1, em_cast(ps, dt), 0);
+}
+
 const onnx_op onnx_ops_vision[] = {
+    {"CausalConvWithState", 27, op_causal_conv},
     {"BatchNormalization", 1, op_batchnorm},
     {"InstanceNormalization", 1, op_instancenorm},
     {"GroupNormalization", 18, op_groupnorm},
