@@ -845,7 +845,139 @@ static em_status op_causal_conv(onnx_ctx *c)
     return onnx_out(c, 1, em_cast(ps, dt), 0);
 }
 
+
+/* ---- GridSample (16, 20, 22): 1-D to 3-D spatial inputs. Per spatial dim
+ * the grid coordinate is denormalised (align_corners), brought inside by
+ * padding_mode (border: clamped, reflection: reflected), and split into
+ * taps (nearest: 1, linear: 2, cubic: 4, Keys' A = -0.75) whose indices
+ * are resolved by padding_mode (zeros: weight 0 outside); the output is the
+ * weighted sum of em_gather reads over every combination of taps. */
+
+/* Reflects v into [lo, hi] by its nearer border until inside. */
+static em_tensor *reflect_t(em_tensor *v, double lo, double hi)
+{
+    double rng = hi - lo;
+    if (rng <= 0) return em_full_like(v, lo);
+    em_tensor *below = em_lt_scalar(v, lo), *above = em_gt_scalar(v, hi);
+    em_tensor *dx = em_where(below, em_rsub_scalar(v, lo), em_sub_scalar(v, hi));
+    em_tensor *n = em_trunc(em_div_scalar(dx, rng));
+    em_tensor *r = em_sub(dx, em_mul_scalar(n, rng));
+    em_tensor *even = em_eq_scalar(em_remainder_scalar(n, 2.0), 0.0);
+    /* below: even -> lo + r, odd -> hi - r; above: even -> hi - r, odd -> lo + r */
+    em_tensor *lo_r = em_add_scalar(r, lo), *hi_r = em_rsub_scalar(r, hi);
+    em_tensor *fb = em_where(even, lo_r, hi_r), *fa = em_where(even, hi_r, lo_r);
+    return em_where(below, fb, em_where(above, fa, v));
+}
+
+static em_tensor *cubic_near_t(em_tensor *u, double A)
+{
+    /* ((A + 2) u - (A + 3)) u^2 + 1 */
+    return em_add_scalar(em_mul(em_sub_scalar(em_mul_scalar(u, A + 2), A + 3), em_square(u)), 1.0);
+}
+static em_tensor *cubic_far_t(em_tensor *u, double A)
+{
+    /* ((A u - 5 A) u + 8 A) u - 4 A */
+    return em_sub_scalar(em_mul(em_add_scalar(em_mul(em_sub_scalar(em_mul_scalar(u, A), 5 * A), u), 8 * A), u), 4 * A);
+}
+
+static em_status op_gridsample(onnx_ctx *c)
+{
+    em_tensor *x = onnx_in_req(c, 0), *grid = onnx_in_req(c, 1);
+    if (!x || !grid) return em_last_status();
+    int r = em_tensor_ndim(x), nd = r - 2;
+    if (nd < 1) return em_set_error(EM_ERR_SHAPE, "X must be [N, C, spatial...], got rank %d", r);
+    if (nd > 3) return onnx_unsupported(c, "GridSample with %d spatial dims", nd);
+    if (em_tensor_ndim(grid) != r || em_tensor_dim(grid, 0) != em_tensor_dim(x, 0) || em_tensor_dim(grid, r - 1) != nd)
+        return em_set_error(EM_ERR_SHAPE, "grid must be [N, spatial..., %d] for X of rank %d", nd, r);
+    const char *ms = onnx_attr_string(c, "mode", c->opset >= 20 ? "linear" : "bilinear");
+    int mode;
+    if (!strcmp(ms, "nearest")) mode = 0;
+    else if (!strcmp(ms, "linear") || !strcmp(ms, "bilinear")) mode = 1;
+    else if (!strcmp(ms, "cubic") || !strcmp(ms, "bicubic")) mode = 2;
+    else return em_set_error(EM_ERR_INVALID, "unknown mode '%s'", ms);
+    if (mode == 2 && nd == 3) return onnx_unsupported(c, "cubic GridSample of 3-D input");
+    const char *ps = onnx_attr_string(c, "padding_mode", "zeros");
+    int pm;
+    if (!strcmp(ps, "zeros")) pm = 0;
+    else if (!strcmp(ps, "border")) pm = 1;
+    else if (!strcmp(ps, "reflection")) pm = 2;
+    else return em_set_error(EM_ERR_INVALID, "unknown padding_mode '%s'", ps);
+    bool align = onnx_attr_int(c, "align_corners", 0) != 0;
+    em_dtype dt = em_tensor_dtype(x);
+    if (!is_float(dt) && dt != EM_F16 && dt != EM_BF16) return onnx_unsupported(c, "GridSample of %s input", em_dtype_name(dt));
+    em_dtype ct = is_float(dt) ? dt : EM_F32;
+    int64_t N = em_tensor_dim(x, 0), C = em_tensor_dim(x, 1), P = 1, Q = 1;
+    for (int i = 0; i < nd; i++) {
+        P *= em_tensor_dim(x, 2 + i);
+        Q *= em_tensor_dim(grid, 1 + i);
+    }
+    int64_t gs[3] = {N, Q, nd}, xs[3] = {N, C, P};
+    em_tensor *g = em_cast(em_reshape(grid, gs, 3), ct);
+    em_tensor *xf = em_reshape(em_cast(x, ct), xs, 3);
+    int nt = mode == 0 ? 1 : mode == 1 ? 2 : 4;
+    em_tensor *tidx[3][4], *tw[3][4];
+    int64_t stride = 1;
+    for (int i = nd - 1; i >= 0; i--) {
+        int64_t L = em_tensor_dim(x, 2 + i);
+        double lo = align ? 0.0 : -0.5, hi = align ? (double)L - 1 : (double)L - 0.5;
+        em_tensor *v = em_squeeze(em_narrow(g, 2, nd - 1 - i, 1), 2);
+        v = align ? em_mul_scalar(em_add_scalar(v, 1.0), ((double)L - 1) / 2.0)
+                  : em_div_scalar(em_sub_scalar(em_mul_scalar(em_add_scalar(v, 1.0), (double)L), 1.0), 2.0);
+        if (mode == 0) v = em_round(v);
+        if (pm == 1) v = em_where(em_logical_or(em_lt_scalar(v, lo), em_gt_scalar(v, hi)), em_clamp(v, 0.0, (double)L - 1), v);
+        else if (pm == 2) v = reflect_t(v, lo, hi);
+        em_tensor *base = mode == 0 ? v : em_floor(v);
+        em_tensor *t = em_sub(v, base);
+        for (int j = 0; j < nt; j++) {
+            em_tensor *id = em_add_scalar(base, (double)(j - (mode == 2 ? 1 : 0)));
+            em_tensor *w = NULL;
+            if (mode == 1) w = j == 0 ? em_rsub_scalar(t, 1.0) : t;
+            else if (mode == 2) {
+                if (j == 0) w = cubic_far_t(em_add_scalar(t, 1.0), -0.75);
+                else if (j == 1) w = cubic_near_t(t, -0.75);
+                else if (j == 2) w = cubic_near_t(em_rsub_scalar(t, 1.0), -0.75);
+                else w = cubic_far_t(em_rsub_scalar(t, 2.0), -0.75);
+            }
+            if (pm == 0) {
+                em_tensor *ok = em_logical_and(em_ge_scalar(id, 0.0), em_le_scalar(id, (double)L - 1));
+                em_tensor *okf = em_cast(ok, ct);
+                w = w ? em_mul(w, okf) : okf;
+            } else if (pm == 2) {
+                id = em_trunc(reflect_t(id, lo, hi));
+            }
+            id = em_clamp(id, 0.0, (double)L - 1);
+            tidx[i][j] = em_mul_scalar(em_cast(id, EM_I64), (double)stride);
+            tw[i][j] = w;
+        }
+        stride *= L;
+    }
+    int combos = 1;
+    for (int i = 0; i < nd; i++) combos *= nt;
+    em_tensor *acc = NULL;
+    int64_t is3[3] = {N, 1, Q}, ex3[3] = {N, C, Q};
+    for (int k = 0; k < combos; k++) {
+        em_tensor *flat = NULL, *w = NULL;
+        int rem = k;
+        for (int i = 0; i < nd; i++) {
+            int j = rem % nt;
+            rem /= nt;
+            flat = flat ? em_add(flat, tidx[i][j]) : tidx[i][j];
+            if (tw[i][j]) w = w ? em_mul(w, tw[i][j]) : tw[i][j];
+        }
+        em_tensor *fi = em_contiguous(em_expand(em_reshape(flat, is3, 3), ex3, 3));
+        em_tensor *gv = em_gather(xf, 2, fi);
+        if (w) gv = em_mul(gv, em_reshape(w, is3, 3));
+        acc = acc ? em_add(acc, gv) : gv;
+    }
+    int64_t os[EM_MAX_DIMS];
+    os[0] = N;
+    os[1] = C;
+    for (int i = 0; i < nd; i++) os[2 + i] = em_tensor_dim(grid, 1 + i);
+    return onnx_out(c, 0, em_cast(em_reshape(acc, os, r), dt), 0);
+}
+
 const onnx_op onnx_ops_vision[] = {
+    {"GridSample", 16, op_gridsample},
     {"CausalConvWithState", 27, op_causal_conv},
     {"BatchNormalization", 1, op_batchnorm},
     {"InstanceNormalization", 1, op_instancenorm},
