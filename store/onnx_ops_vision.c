@@ -976,7 +976,53 @@ static em_status op_gridsample(onnx_ctx *c)
     return onnx_out(c, 0, em_cast(em_reshape(acc, os, r), dt), 0);
 }
 
+
+/* ---- AffineGrid (20): theta [N, nd, nd + 1] applied to the normalised
+ * homogeneous coordinates (x, y[, z], 1) of a [spatial...] grid. */
+static em_status op_affinegrid(onnx_ctx *c)
+{
+    em_tensor *theta = onnx_in_req(c, 0);
+    if (!theta) return em_last_status();
+    int64_t sz[5];
+    int n = onnx_in_ints(c, 1, sz, 5);
+    if (n < 0) return em_last_status();
+    if (n != 4 && n != 5) return em_set_error(EM_ERR_INVALID, "size must have 4 or 5 values, got %d", n);
+    int nd = n - 2;
+    if (em_tensor_ndim(theta) != 3 || em_tensor_dim(theta, 0) != sz[0] || em_tensor_dim(theta, 1) != nd || em_tensor_dim(theta, 2) != nd + 1)
+        return em_set_error(EM_ERR_SHAPE, "theta must be [%lld, %d, %d]", (long long)sz[0], nd, nd + 1);
+    em_dtype dt = em_tensor_dtype(theta);
+    if (!is_float(dt) && dt != EM_F16 && dt != EM_BF16) return onnx_unsupported(c, "AffineGrid of %s theta", em_dtype_name(dt));
+    em_dtype ct = is_float(dt) ? dt : EM_F32;
+    bool align = onnx_attr_int(c, "align_corners", 0) != 0;
+    int64_t full[3], P = 1;
+    for (int i = 0; i < nd; i++) {
+        full[i] = sz[2 + i];
+        if (full[i] < 1) return em_set_error(EM_ERR_INVALID, "size has an empty spatial dim");
+        P *= full[i];
+    }
+    em_tensor *cols[4];
+    for (int i = 0; i < nd; i++) {
+        int64_t L = full[i];
+        em_tensor *a = em_arange(0, (double)L, 1, ct);
+        if (align) a = L > 1 ? em_sub_scalar(em_mul_scalar(a, 2.0 / (double)(L - 1)), 1.0) : em_full_like(a, -1.0);
+        else a = em_sub_scalar(em_mul_scalar(em_add_scalar(em_mul_scalar(a, 2.0), 1.0), 1.0 / (double)L), 1.0);
+        int64_t bs[3] = {1, 1, 1};
+        bs[i] = L;
+        em_tensor *e = em_reshape(em_expand(em_reshape(a, bs, nd), full, nd), &P, 1);
+        cols[nd - 1 - i] = e; /* x is the last spatial dim */
+    }
+    cols[nd] = em_ones(&P, 1, ct);
+    em_tensor *base = em_stack(cols, nd + 1, 1);                               /* [P, nd + 1] */
+    em_tensor *gr = em_matmul(base, em_transpose(em_cast(theta, ct), 1, 2));   /* [N, P, nd] */
+    int64_t os[5];
+    os[0] = sz[0];
+    for (int i = 0; i < nd; i++) os[1 + i] = full[i];
+    os[1 + nd] = nd;
+    return onnx_out(c, 0, em_cast(em_reshape(gr, os, nd + 2), dt), 0);
+}
+
 const onnx_op onnx_ops_vision[] = {
+    {"AffineGrid", 20, op_affinegrid},
     {"GridSample", 16, op_gridsample},
     {"CausalConvWithState", 27, op_causal_conv},
     {"BatchNormalization", 1, op_batchnorm},
