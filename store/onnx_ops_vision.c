@@ -12,8 +12,8 @@
 /* ---- spatial settings shared by Conv / ConvTranspose / the pools ---- */
 
 typedef struct spatial {
-    int nd;                      /* spatial dims of the ONNX input (1 or 2) */
-    int64_t in[2], k[2], s[2], d[2], pb[2], pe[2], out[2];
+    int nd;                      /* spatial dims of the ONNX input (1 to 3) */
+    int64_t in[3], k[3], s[3], d[3], pb[3], pe[3], out[3];
 } spatial;
 
 /* Reads an INTS attribute of nd values into v (default def). */
@@ -29,11 +29,11 @@ static em_status ints_attr(onnx_ctx *c, const char *name, int nd, int64_t *v, in
 }
 
 /* The spatial rank of x (rank - 2): 1 or 2 supported. */
-static em_status spatial_rank(onnx_ctx *c, const em_tensor *x, int *nd)
+static em_status spatial_rank(onnx_ctx *c, const em_tensor *x, int *nd, int max_nd)
 {
     int r = em_tensor_ndim(x);
     if (r < 3) return em_set_error(EM_ERR_SHAPE, "input must be [N, C, spatial...], got rank %d", r);
-    if (r > 4) return onnx_unsupported(c, "%d-D spatial input (only 1-D and 2-D are supported)", r - 2);
+    if (r - 2 > max_nd) return onnx_unsupported(c, "%d-D spatial input (only up to %d-D is supported here)", r - 2, max_nd);
     *nd = r - 2;
     return EM_OK;
 }
@@ -43,7 +43,7 @@ static em_status spatial_rank(onnx_ctx *c, const em_tensor *x, int *nd)
  * (ceil drops a last window starting in the end padding). */
 static em_status spatial_read(onnx_ctx *c, const em_tensor *x, const int64_t *kdims, bool ceil_mode, bool conv, spatial *sp)
 {
-    em_status st = spatial_rank(c, x, &sp->nd);
+    em_status st = spatial_rank(c, x, &sp->nd, conv ? 2 : 3);
     if (st) return st;
     int nd = sp->nd;
     for (int i = 0; i < nd; i++) sp->in[i] = em_tensor_dim(x, 2 + i);
@@ -126,8 +126,8 @@ static em_status op_conv(onnx_ctx *c)
     if (!is_float(em_tensor_dtype(x))) return onnx_unsupported(c, "Conv on %s input", em_dtype_name(em_tensor_dtype(x)));
     if (em_tensor_ndim(w) != em_tensor_ndim(x)) return em_set_error(EM_ERR_SHAPE, "W rank %d differs from X rank %d", em_tensor_ndim(w), em_tensor_ndim(x));
     spatial sp;
-    int64_t kd[2] = {1, 1};
-    for (int i = 0; i + 2 < em_tensor_ndim(w) && i < 2; i++) kd[i] = em_tensor_dim(w, 2 + i);
+    int64_t kd[3] = {1, 1, 1};
+    for (int i = 0; i + 2 < em_tensor_ndim(w) && i < 3; i++) kd[i] = em_tensor_dim(w, 2 + i);
     em_status st = spatial_read(c, x, kd, false, true, &sp);
     if (st) return st;
     for (int i = 0; i < sp.nd; i++)
@@ -151,8 +151,8 @@ static em_status op_conv_transpose(onnx_ctx *c)
     em_tensor *x = onnx_in_req(c, 0), *w = onnx_in_req(c, 1), *b = onnx_in(c, 2);
     if (!x || !w) return em_last_status();
     if (!is_float(em_tensor_dtype(x))) return onnx_unsupported(c, "ConvTranspose on %s input", em_dtype_name(em_tensor_dtype(x)));
-    int nd;
-    em_status st = spatial_rank(c, x, &nd);
+    int nd = 0;
+    em_status st = spatial_rank(c, x, &nd, 2);
     if (st) return st;
     if (em_tensor_ndim(w) != nd + 2) return em_set_error(EM_ERR_SHAPE, "W rank %d differs from X rank %d", em_tensor_ndim(w), nd + 2);
     int64_t in[2], k[2], s[2], d[2], op[2], pb[2], pe[2], full[2];
@@ -213,36 +213,75 @@ static em_status op_conv_transpose(onnx_ctx *c)
     return onnx_out(c, 0, y, 0);
 }
 
-/* ---- pools ---- */
+/* ---- pools ----
+ * The input is padded explicitly (the pads plus the ceil_mode extension:
+ * -inf for max, 0 for sums), then reduced without padding. A 3-D pool
+ * reduces depth first (max / sum of the kernel's depth slabs, which is
+ * separable), then runs the 2-D pool on [N, C * oD, H, W]. */
 
-/* Pads (em_pad order, 2-D form) that make the explicit pads plus the ceil
- * extension: begin pb, end so that the padded length is exactly what the
- * out windows span. */
-static void pool_pads(const spatial *sp, int64_t pads[4], int64_t pads_explicit[4])
+/* em_pad pads (last dim first, 2 * nd values): all = explicit pads plus
+ * the end extension that makes the padded length what the windows span;
+ * expl = the explicit pads only (cropped to that length). */
+static void pool_pads(const spatial *sp, int64_t all[6], int64_t expl[6])
 {
-    for (int i = 0; i < 4; i++) pads[i] = pads_explicit[i] = 0;
+    for (int i = 0; i < 6; i++) all[i] = expl[i] = 0;
     for (int i = 0; i < sp->nd; i++) {
         int j = sp->nd - 1 - i;
         int64_t need = (sp->out[i] - 1) * sp->s[i] + sp->d[i] * (sp->k[i] - 1) + 1;
-        pads[2 * j] = sp->pb[i];
-        pads[2 * j + 1] = need - sp->in[i] - sp->pb[i];
-        pads_explicit[2 * j] = sp->pb[i];
-        pads_explicit[2 * j + 1] = sp->pe[i] < pads[2 * j + 1] ? sp->pe[i] : pads[2 * j + 1];
+        all[2 * j] = sp->pb[i];
+        all[2 * j + 1] = need - sp->in[i] - sp->pb[i];
+        expl[2 * j] = sp->pb[i];
+        expl[2 * j + 1] = sp->pe[i] < all[2 * j + 1] ? sp->pe[i] : all[2 * j + 1];
     }
 }
 
-/* Window sums of a [N, C, H, W] float tensor (already padded) as a
- * depthwise convolution with ones. */
-static em_tensor *window_sum(const em_tensor *xp, const spatial *sp)
+/* Max (is_max) or window sum of the padded xp [N, C, spatial...] ->
+ * [N, C, out...]; indices (2-D form, padded plane) for max when asked. */
+static em_tensor *pool_apply(const em_tensor *xp, const spatial *sp, bool is_max, em_tensor **idx)
 {
-    int64_t C = em_tensor_dim(xp, 1);
-    int64_t ws[4] = {C, 1, 1, 1};
-    pair(sp->k, sp->nd, 1, ws + 2);
-    em_conv_opts o = em_conv_opts_default();
-    pair(sp->s, sp->nd, 1, o.stride);
-    pair(sp->d, sp->nd, 1, o.dilation);
-    o.groups = C;
-    return em_conv2d(xp, em_ones(ws, 4, em_tensor_dtype(xp)), NULL, &o);
+    int nd = sp->nd, o0 = nd == 3 ? 1 : 0;
+    int64_t N = em_tensor_dim(xp, 0), C = em_tensor_dim(xp, 1);
+    em_tensor *t;
+    if (nd == 3) {
+        em_tensor *acc = NULL;
+        for (int64_t kd = 0; kd < sp->k[0]; kd++) {
+            int64_t st = kd * sp->d[0];
+            em_tensor *sl = em_slice(xp, 2, st, st + (sp->out[0] - 1) * sp->s[0] + 1, sp->s[0]);
+            acc = acc ? (is_max ? em_maximum(acc, sl) : em_add(acc, sl)) : sl;
+        }
+        int64_t s4[4] = {N, C * sp->out[0], em_tensor_dim(xp, 3), em_tensor_dim(xp, 4)};
+        t = em_reshape(acc, s4, 4);
+    } else {
+        t = as2d(xp, nd);
+    }
+    int64_t k2[2], s2[2], d2[2];
+    pair(sp->k + o0, nd - o0, 1, k2);
+    pair(sp->s + o0, nd - o0, 1, s2);
+    pair(sp->d + o0, nd - o0, 1, d2);
+    em_tensor *y;
+    if (is_max) {
+        em_pool_opts o = em_pool_opts_default(k2[0], k2[1]);
+        memcpy(o.stride, s2, sizeof s2);
+        memcpy(o.dilation, d2, sizeof d2);
+        y = em_max_pool2d(t, &o, idx);
+    } else {
+        int64_t ws[4] = {em_tensor_dim(t, 1), 1, k2[0], k2[1]};
+        em_conv_opts o = em_conv_opts_default();
+        memcpy(o.stride, s2, sizeof s2);
+        memcpy(o.dilation, d2, sizeof d2);
+        o.groups = ws[0];
+        y = em_conv2d(t, em_ones(ws, 4, em_tensor_dtype(t)), NULL, &o);
+    }
+    if (nd == 3) {
+        int64_t s5[5] = {N, C, sp->out[0], sp->out[1], sp->out[2]};
+        return em_reshape(y, s5, 5);
+    }
+    return from2d(y, nd);
+}
+
+static em_status pool_read(onnx_ctx *c, const em_tensor *x, spatial *sp)
+{
+    return spatial_read(c, x, NULL, onnx_attr_int(c, "ceil_mode", 0) != 0, false, sp);
 }
 
 static em_status op_maxpool(onnx_ctx *c)
@@ -250,7 +289,7 @@ static em_status op_maxpool(onnx_ctx *c)
     em_tensor *x = onnx_in_req(c, 0);
     if (!x) return em_last_status();
     spatial sp;
-    em_status st = spatial_read(c, x, NULL, onnx_attr_int(c, "ceil_mode", 0) != 0, false, &sp);
+    em_status st = pool_read(c, x, &sp);
     if (st) return st;
     em_dtype dt = em_tensor_dtype(x);
     em_tensor *xf = x;
@@ -258,22 +297,19 @@ static em_status op_maxpool(onnx_ctx *c)
         if (dt == EM_I64) return onnx_unsupported(c, "MaxPool on int64 input");
         xf = em_cast(x, EM_F64);
     }
-    int64_t pads[4], pe[4];
-    pool_pads(&sp, pads, pe);
-    em_tensor *xp = em_pad(as2d(xf, sp.nd), pads, 4, -INFINITY);
-    em_pool_opts o = em_pool_opts_default(1, 1);
-    pair(sp.k, sp.nd, 1, o.kernel_size);
-    pair(sp.s, sp.nd, 1, o.stride);
-    pair(sp.d, sp.nd, 1, o.dilation);
     bool want_idx = c->nout > 1 && c->node->out[1] >= 0;
+    if (want_idx && sp.nd == 3) return onnx_unsupported(c, "MaxPool Indices output of a 3-D input");
+    int64_t pads[6], pe[6];
+    pool_pads(&sp, pads, pe);
+    em_tensor *xp = em_pad(xf, pads, 2 * sp.nd, -INFINITY);
     em_tensor *idx = NULL;
-    em_tensor *y = em_max_pool2d(xp, &o, want_idx ? &idx : NULL);
+    em_tensor *y = pool_apply(xp, &sp, true, want_idx ? &idx : NULL);
     if (!y) return em_last_status();
     if (xf != x) y = em_cast(y, dt);
-    st = onnx_out(c, 0, from2d(y, sp.nd), 0);
+    st = onnx_out(c, 0, y, 0);
     if (st || !want_idx) return st;
     /* padded-plane flat index -> ONNX's index into the whole input */
-    int64_t Wp = em_tensor_dim(xp, 3), H = sp.nd == 1 ? 1 : sp.in[0], W = sp.nd == 1 ? sp.in[0] : sp.in[1];
+    int64_t Wp = em_tensor_dim(xp, -1), H = sp.nd == 1 ? 1 : sp.in[0], W = sp.nd == 1 ? sp.in[0] : sp.in[1];
     int64_t ph = sp.nd == 1 ? 0 : sp.pb[0], pw = sp.nd == 1 ? sp.pb[0] : sp.pb[1];
     em_tensor *wp = em_scalar((double)Wp, EM_I64);
     em_tensor *hh = em_sub_scalar(em_floor_divide(idx, wp), (double)ph);
@@ -287,38 +323,40 @@ static em_status op_maxpool(onnx_ctx *c)
 }
 
 /* AveragePool (count_include_pad) and LpPool (p): window sums over a
- * zero-padded input divided by the count of cells that count. */
+ * zero-padded input, divided by the count of the cells that count. */
 static em_status avg_or_lp(onnx_ctx *c, bool lp)
 {
     em_tensor *x = onnx_in_req(c, 0);
     if (!x) return em_last_status();
     if (!is_float(em_tensor_dtype(x))) return onnx_unsupported(c, "pooling of %s input", em_dtype_name(em_tensor_dtype(x)));
     spatial sp;
-    em_status st = spatial_read(c, x, NULL, onnx_attr_int(c, "ceil_mode", 0) != 0, false, &sp);
+    em_status st = pool_read(c, x, &sp);
     if (st) return st;
-    int64_t pads[4], pe[4];
+    int64_t pads[6], pe[6];
+    int np = 2 * sp.nd;
     pool_pads(&sp, pads, pe);
     double p = lp ? (double)onnx_attr_int(c, "p", 2) : 1.0;
-    em_tensor *x2 = as2d(x, sp.nd);
-    if (lp) x2 = p == 1.0 ? em_abs(x2) : p == 2.0 ? em_square(x2) : em_pow_scalar(em_abs(x2), p);
-    em_tensor *sum = window_sum(em_pad(x2, pads, 4, 0.0), &sp);
+    em_tensor *x2 = x;
+    if (lp) x2 = p == 1.0 ? em_abs(x) : p == 2.0 ? em_square(x) : em_pow_scalar(em_abs(x), p);
+    em_tensor *sum = pool_apply(em_pad(x2, pads, np, 0.0), &sp, false, NULL);
     em_tensor *y;
     if (lp) {
         y = p == 1.0 ? sum : p == 2.0 ? em_sqrt(sum) : em_pow_scalar(sum, 1.0 / p);
     } else {
-        int64_t ms[4] = {1, 1, em_tensor_dim(x2, 2), em_tensor_dim(x2, 3)};
-        em_tensor *m = em_ones(ms, 4, em_tensor_dtype(x));
+        int64_t ms[5] = {1, 1, 1, 1, 1};
+        for (int i = 0; i < sp.nd; i++) ms[2 + i] = sp.in[i];
+        em_tensor *m = em_ones(ms, 2 + sp.nd, em_tensor_dtype(x));
         if (onnx_attr_int(c, "count_include_pad", 0)) {
-            m = em_pad(m, pe, 4, 1.0);
-            int64_t rest[4];
-            for (int i = 0; i < 4; i++) rest[i] = pads[i] - pe[i];
-            m = em_pad(m, rest, 4, 0.0);
+            m = em_pad(m, pe, np, 1.0);
+            int64_t rest[6];
+            for (int i = 0; i < 6; i++) rest[i] = pads[i] - pe[i];
+            m = em_pad(m, rest, np, 0.0);
         } else {
-            m = em_pad(m, pads, 4, 0.0);
+            m = em_pad(m, pads, np, 0.0);
         }
-        y = em_div(sum, window_sum(m, &sp));
+        y = em_div(sum, pool_apply(m, &sp, false, NULL));
     }
-    return onnx_out(c, 0, from2d(y, sp.nd), 0);
+    return onnx_out(c, 0, y, 0);
 }
 static em_status op_avgpool(onnx_ctx *c) { return avg_or_lp(c, false); }
 static em_status op_lppool(onnx_ctx *c) { return avg_or_lp(c, true); }
