@@ -119,27 +119,210 @@ static bool is_float(em_dtype dt)
 }
 
 /* ---- Conv (1, 11, 22) ---- */
-static em_status op_conv(onnx_ctx *c)
+
+/* The convolution of float x and w (bias b or NULL) with the node's
+ * attributes; NULL + error on failure. */
+static em_tensor *conv_core(onnx_ctx *c, em_tensor *x, em_tensor *w, em_tensor *b)
 {
-    em_tensor *x = onnx_in_req(c, 0), *w = onnx_in_req(c, 1), *b = onnx_in(c, 2);
-    if (!x || !w) return em_last_status();
-    if (!is_float(em_tensor_dtype(x))) return onnx_unsupported(c, "Conv on %s input", em_dtype_name(em_tensor_dtype(x)));
-    if (em_tensor_ndim(w) != em_tensor_ndim(x)) return em_set_error(EM_ERR_SHAPE, "W rank %d differs from X rank %d", em_tensor_ndim(w), em_tensor_ndim(x));
+    if (em_tensor_ndim(w) != em_tensor_ndim(x)) {
+        em_set_error(EM_ERR_SHAPE, "W rank %d differs from X rank %d", em_tensor_ndim(w), em_tensor_ndim(x));
+        return NULL;
+    }
     spatial sp;
     int64_t kd[3] = {1, 1, 1};
     for (int i = 0; i + 2 < em_tensor_ndim(w) && i < 3; i++) kd[i] = em_tensor_dim(w, 2 + i);
-    em_status st = spatial_read(c, x, kd, false, true, &sp);
-    if (st) return st;
+    if (spatial_read(c, x, kd, false, true, &sp)) return NULL;
     for (int i = 0; i < sp.nd; i++)
-        if (sp.k[i] != em_tensor_dim(w, 2 + i)) return em_set_error(EM_ERR_SHAPE, "kernel_shape differs from W's shape");
+        if (sp.k[i] != em_tensor_dim(w, 2 + i)) {
+            em_set_error(EM_ERR_SHAPE, "kernel_shape differs from W's shape");
+            return NULL;
+        }
     em_conv_opts o = em_conv_opts_default();
     pair(sp.s, sp.nd, 1, o.stride);
     pair(sp.d, sp.nd, 1, o.dilation);
     pair(sp.pb, sp.nd, 0, o.padding);
     pair(sp.pe, sp.nd, 0, o.padding_end);
     o.groups = onnx_attr_int(c, "group", 1);
-    em_tensor *y = em_conv2d(as2d(x, sp.nd), as2d(w, sp.nd), b, &o);
-    return onnx_out(c, 0, from2d(y, sp.nd), 0);
+    return from2d(em_conv2d(as2d(x, sp.nd), as2d(w, sp.nd), b, &o), sp.nd);
+}
+
+static em_status op_conv(onnx_ctx *c)
+{
+    em_tensor *x = onnx_in_req(c, 0), *w = onnx_in_req(c, 1), *b = onnx_in(c, 2);
+    if (!x || !w) return em_last_status();
+    em_dtype dt = em_tensor_dtype(x);
+    if (dt == EM_F16 || dt == EM_BF16) {
+        em_tensor *y = conv_core(c, em_cast(x, EM_F32), em_cast(w, EM_F32), b ? em_cast(b, EM_F32) : NULL);
+        return onnx_out(c, 0, y ? em_cast(y, dt) : NULL, 0);
+    }
+    if (!is_float(dt)) return onnx_unsupported(c, "Conv on %s input", em_dtype_name(dt));
+    return onnx_out(c, 0, conv_core(c, x, w, b), 0);
+}
+
+/* A zero point (scalar or per output channel [M]) shaped to broadcast
+ * against a weight of rank r (or a scalar). */
+static em_tensor *zero_point(em_tensor *zp, int r)
+{
+    if (!zp) return NULL;
+    em_tensor *z = em_cast(zp, EM_F64);
+    if (em_tensor_numel(zp) == 1) return em_reshape(z, NULL, 0);
+    int64_t s[EM_MAX_DIMS];
+    for (int i = 0; i < r; i++) s[i] = 1;
+    s[0] = em_tensor_numel(zp);
+    return em_reshape(z, s, r);
+}
+
+/* ConvInteger (10): (x - x_zero_point) conv (w - w_zero_point) in int32,
+ * computed exactly in f64. */
+static em_status op_convinteger(onnx_ctx *c)
+{
+    em_tensor *x = onnx_in_req(c, 0), *w = onnx_in_req(c, 1);
+    if (!x || !w) return em_last_status();
+    em_tensor *xf = em_cast(x, EM_F64), *wf = em_cast(w, EM_F64);
+    em_tensor *xz = zero_point(onnx_in(c, 2), 0), *wz = zero_point(onnx_in(c, 3), em_tensor_ndim(w));
+    if (onnx_in(c, 2) && em_tensor_numel(onnx_in(c, 2)) != 1) return onnx_unsupported(c, "per-channel x_zero_point");
+    if (xz) xf = em_sub(xf, xz);
+    if (wz) wf = em_sub(wf, wz);
+    em_tensor *y = conv_core(c, xf, wf, NULL);
+    return onnx_out(c, 0, y ? em_cast(em_round(y), EM_I32) : NULL, ONNX_INT32);
+}
+
+/* QLinearConv (10): dequantised convolution (int32 bias in x_scale *
+ * w_scale units) requantised with y_scale / y_zero_point, rounded half to
+ * even and saturated to y's type. */
+static em_status op_qlinearconv(onnx_ctx *c)
+{
+    em_tensor *x = onnx_in_req(c, 0), *xs = onnx_in_req(c, 1), *w = onnx_in_req(c, 3), *ws = onnx_in_req(c, 4), *ys = onnx_in_req(c, 6);
+    if (!x || !xs || !w || !ws || !ys) return em_last_status();
+    int r = em_tensor_ndim(w);
+    em_tensor *xf = em_cast(x, EM_F64), *wf = em_cast(w, EM_F64);
+    if (onnx_in(c, 2) && em_tensor_numel(onnx_in(c, 2)) != 1) return onnx_unsupported(c, "per-channel x_zero_point");
+    em_tensor *xz = zero_point(onnx_in(c, 2), 0), *wz = zero_point(onnx_in(c, 5), r);
+    if (xz) xf = em_sub(xf, xz);
+    if (wz) wf = em_sub(wf, wz);
+    em_tensor *b = onnx_in(c, 8);
+    em_tensor *y = conv_core(c, xf, wf, b ? em_cast(b, EM_F64) : NULL);
+    if (!y) return em_last_status();
+    /* y * x_scale * w_scale / y_scale (w_scale per output channel) */
+    int yr = em_tensor_ndim(y);
+    em_tensor *wsc = em_cast(ws, EM_F64);
+    if (em_tensor_numel(ws) > 1) {
+        int64_t s[EM_MAX_DIMS];
+        for (int i = 0; i < yr; i++) s[i] = 1;
+        s[1] = em_tensor_numel(ws);
+        wsc = em_reshape(wsc, s, yr);
+    } else {
+        wsc = em_reshape(wsc, NULL, 0);
+    }
+    em_tensor *scale = em_div(em_mul(em_reshape(em_cast(xs, EM_F64), NULL, 0), wsc), em_reshape(em_cast(ys, EM_F64), NULL, 0));
+    y = em_round(em_mul(y, scale));
+    em_tensor *yz = onnx_in(c, 7);
+    int yt = yz ? onnx_in_type(c, 7) : ONNX_UINT8;
+    if (yz) y = em_add(y, em_reshape(em_cast(yz, EM_F64), NULL, 0));
+    double lo = yt == ONNX_INT8 ? -128 : 0, hi = yt == ONNX_INT8 ? 127 : 255;
+    if (yt != ONNX_INT8 && yt != ONNX_UINT8) return onnx_unsupported(c, "QLinearConv output type %d", yt);
+    em_dtype od;
+    if (!onnx_type_to_dtype(yt, &od)) return onnx_unsupported(c, "QLinearConv output type %d", yt);
+    return onnx_out(c, 0, em_cast(em_clamp(y, lo, hi), od), yt);
+}
+
+/* ---- MaxUnpool (9, 11, 22): X's values scattered at the flat indices I
+ * into zeros of the output shape (output_shape input, else
+ * (in - 1) * stride + kernel - pads). */
+static em_status op_maxunpool(onnx_ctx *c)
+{
+    em_tensor *x = onnx_in_req(c, 0), *ind = onnx_in_req(c, 1);
+    if (!x || !ind) return em_last_status();
+    int r = em_tensor_ndim(x), nd = r - 2;
+    if (nd < 1 || nd > 3) return em_set_error(EM_ERR_SHAPE, "X must be [N, C, spatial...] with 1 to 3 spatial dims, got rank %d", r);
+    int64_t os[EM_MAX_DIMS], is[EM_MAX_DIMS];
+    {
+        int64_t k[3], s[3], p[6];
+        em_status st;
+        if ((st = ints_attr(c, "kernel_shape", nd, k, 1)) || (st = ints_attr(c, "strides", nd, s, 1)) || (st = ints_attr(c, "pads", 2 * nd, p, 0)))
+            return st;
+        if (!onnx_has_attr(c, "kernel_shape")) return em_set_error(EM_ERR_INVALID, "kernel_shape attribute is required");
+        is[0] = em_tensor_dim(x, 0);
+        is[1] = em_tensor_dim(x, 1);
+        for (int i = 0; i < nd; i++) is[2 + i] = (em_tensor_dim(x, 2 + i) - 1) * s[i] + k[i] - p[i] - p[nd + i];
+    }
+    if (onnx_in(c, 2)) {
+        int n = onnx_in_ints(c, 2, os, EM_MAX_DIMS);
+        if (n < 0) return em_last_status();
+        if (n != r) return em_set_error(EM_ERR_INVALID, "output_shape has %d values for rank %d", n, r);
+        if (os[0] != is[0] || os[1] != is[1]) return em_set_error(EM_ERR_SHAPE, "output_shape's N and C differ from X's");
+    } else {
+        memcpy(os, is, sizeof is);
+    }
+    /* scattered into the inferred shape, then zero-extended (or cropped) at
+     * the end of each spatial dim to output_shape */
+    int64_t total = 1;
+    for (int i = 0; i < r; i++) total *= is[i];
+    int64_t nx = em_tensor_numel(x);
+    em_tensor *flat = em_zeros(&total, 1, em_tensor_dtype(x));
+    em_tensor *y = em_reshape(em_scatter(flat, 0, em_reshape(em_cast(ind, EM_I64), &nx, 1), em_reshape(x, &nx, 1)), is, r);
+    int64_t pads[6] = {0, 0, 0, 0, 0, 0};
+    for (int i = 0; i < nd; i++) pads[2 * (nd - 1 - i) + 1] = os[2 + i] - is[2 + i];
+    return onnx_out(c, 0, em_pad(y, pads, 2 * nd, 0.0), 0);
+}
+
+/* ---- Col2Im (18): a grouped transposed convolution of the columns with
+ * one-hot kernels (one per block position), cropped by the pads. 1-D and
+ * 2-D images. */
+static em_status op_col2im(onnx_ctx *c)
+{
+    em_tensor *x = onnx_in_req(c, 0);
+    if (!x) return em_last_status();
+    int64_t img[4], blk[4];
+    int ni = onnx_in_ints(c, 1, img, 4), nb = onnx_in_ints(c, 2, blk, 4);
+    if (ni < 0 || nb < 0) return em_last_status();
+    if (ni != nb || ni < 1) return em_set_error(EM_ERR_INVALID, "image_shape (%d values) and block_shape (%d) differ", ni, nb);
+    if (ni > 2) return onnx_unsupported(c, "Col2Im of a %d-D image", ni);
+    if (em_tensor_ndim(x) != 3) return em_set_error(EM_ERR_SHAPE, "input must be [N, C * prod(block_shape), L], got rank %d", em_tensor_ndim(x));
+    em_dtype dt = em_tensor_dtype(x);
+    if (!is_float(dt)) return onnx_unsupported(c, "Col2Im of %s input", em_dtype_name(dt));
+    int nd = ni;
+    int64_t s[2], d[2], p[4];
+    em_status st;
+    if ((st = ints_attr(c, "strides", nd, s, 1)) || (st = ints_attr(c, "dilations", nd, d, 1)) || (st = ints_attr(c, "pads", 2 * nd, p, 0)))
+        return st;
+    int64_t K = 1, L = 1, ol[2];
+    for (int i = 0; i < nd; i++) {
+        K *= blk[i];
+        int64_t span = img[i] + p[i] + p[nd + i] - d[i] * (blk[i] - 1) - 1;
+        if (span < 0) return em_set_error(EM_ERR_SHAPE, "block larger than the padded image");
+        ol[i] = span / s[i] + 1;
+        L *= ol[i];
+    }
+    int64_t N = em_tensor_dim(x, 0), CK = em_tensor_dim(x, 1);
+    if (CK % K || em_tensor_dim(x, 2) != L)
+        return em_set_error(EM_ERR_SHAPE, "input [%lld, %lld, %lld] does not match %lld blocks of %lld", (long long)N, (long long)CK,
+                            (long long)em_tensor_dim(x, 2), (long long)L, (long long)K);
+    int64_t C = CK / K;
+    int64_t k2[2], ol2[2], s2[2], d2[2];
+    pair(blk, nd, 1, k2);
+    pair(ol, nd, 1, ol2);
+    pair(s, nd, 1, s2);
+    pair(d, nd, 1, d2);
+    int64_t xs[4] = {N, CK, ol2[0], ol2[1]};
+    int64_t wsh[5] = {C, K, 1, k2[0], k2[1]}, w4[4] = {CK, 1, k2[0], k2[1]};
+    em_tensor *eye = em_reshape(em_eye(K, K, dt), wsh + 1, 4);
+    em_tensor *w = em_reshape(em_contiguous(em_expand(em_unsqueeze(eye, 0), wsh, 5)), w4, 4);
+    em_conv_opts o = em_conv_opts_default();
+    memcpy(o.stride, s2, sizeof s2);
+    memcpy(o.dilation, d2, sizeof d2);
+    o.groups = C;
+    em_tensor *y = em_conv_transpose2d(em_reshape(x, xs, 4), w, NULL, &o);
+    if (!y) return em_last_status();
+    int64_t pads[4] = {0, 0, 0, 0};
+    for (int i = 0; i < nd; i++) {
+        int j = nd - 1 - i;
+        pads[2 * j] = -p[i];
+        int64_t full = (ol[i] - 1) * s[i] + d[i] * (blk[i] - 1) + 1;
+        pads[2 * j + 1] = img[i] - (full - p[i]);
+    }
+    y = from2d(em_pad(y, pads, 4, 0.0), nd);
+    return onnx_out(c, 0, y, 0);
 }
 
 /* ---- ConvTranspose (1, 11, 22) ----
@@ -1060,6 +1243,10 @@ static em_status op_affinegrid(onnx_ctx *c)
 }
 
 const onnx_op onnx_ops_vision[] = {
+    {"ConvInteger", 10, op_convinteger},
+    {"QLinearConv", 10, op_qlinearconv},
+    {"MaxUnpool", 9, op_maxunpool},
+    {"Col2Im", 18, op_col2im},
     {"AffineGrid", 20, op_affinegrid},
     {"GridSample", 16, op_gridsample},
     {"CausalConvWithState", 27, op_causal_conv},
