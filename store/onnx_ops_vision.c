@@ -1242,7 +1242,100 @@ static em_status op_affinegrid(onnx_ctx *c)
     return onnx_out(c, 0, em_cast(em_reshape(gr, os, nd + 2), dt), 0);
 }
 
+
+/* ---- RoiAlign (10, 16, 22): a fixed sampling_ratio x sampling_ratio grid
+ * of bilinear samples per output bin (the spec's rules: samples outside
+ * [-1, size] give 0, coordinates clamped at 0 and at the last pixel),
+ * averaged (avg) or maxed (max, over the weighted corner terms, as the
+ * spec's reference does). sampling_ratio 0 (an adaptive count that
+ * depends on each roi's values) is unsupported. */
+
+/* Bilinear corner indices / weights along one axis for coordinates v
+ * (any shape) of a dim of size L. */
+static void roi_axis(em_tensor *v, int64_t L, em_tensor **valid, em_tensor **lo, em_tensor **hi, em_tensor **wl, em_tensor **wh)
+{
+    *valid = em_logical_and(em_ge_scalar(v, -1.0), em_le_scalar(v, (double)L));
+    em_tensor *y = em_maximum_scalar(v, 0.0);
+    em_tensor *low = em_floor(y);
+    em_tensor *edge = em_ge_scalar(low, (double)(L - 1));
+    em_tensor *last = em_full_like(low, (double)(L - 1));
+    low = em_where(edge, last, low);
+    *hi = em_where(edge, last, em_add_scalar(low, 1.0));
+    y = em_where(edge, low, y);
+    *lo = low;
+    *wh = em_sub(y, low);
+    *wl = em_rsub_scalar(*wh, 1.0);
+}
+
+static em_status op_roialign(onnx_ctx *c)
+{
+    em_tensor *x = onnx_in_req(c, 0), *rois = onnx_in_req(c, 1), *bi = onnx_in_req(c, 2);
+    if (!x || !rois || !bi) return em_last_status();
+    if (em_tensor_ndim(x) != 4) return em_set_error(EM_ERR_SHAPE, "X must be [N, C, H, W], got rank %d", em_tensor_ndim(x));
+    int64_t R = em_tensor_dim(rois, 0);
+    if (em_tensor_ndim(rois) != 2 || em_tensor_dim(rois, 1) != 4 || em_tensor_numel(bi) != R)
+        return em_set_error(EM_ERR_SHAPE, "rois must be [R, 4] and batch_indices [R]");
+    em_dtype dt = em_tensor_dtype(x);
+    if (!is_float(dt) && dt != EM_F16 && dt != EM_BF16) return onnx_unsupported(c, "RoiAlign of %s input", em_dtype_name(dt));
+    em_dtype ct = is_float(dt) ? dt : EM_F32;
+    const char *ms = onnx_attr_string(c, "mode", "avg");
+    bool is_max = !strcmp(ms, "max");
+    if (!is_max && strcmp(ms, "avg")) return em_set_error(EM_ERR_INVALID, "unknown mode '%s'", ms);
+    const char *cm = onnx_attr_string(c, "coordinate_transformation_mode", c->opset >= 16 ? "half_pixel" : "output_half_pixel");
+    bool half = !strcmp(cm, "half_pixel");
+    if (!half && strcmp(cm, "output_half_pixel")) return em_set_error(EM_ERR_INVALID, "unknown coordinate_transformation_mode '%s'", cm);
+    int64_t PH = onnx_attr_int(c, "output_height", 1), PW = onnx_attr_int(c, "output_width", 1), G = onnx_attr_int(c, "sampling_ratio", 0);
+    double ss = onnx_attr_float(c, "spatial_scale", 1.0);
+    if (PH < 1 || PW < 1) return em_set_error(EM_ERR_INVALID, "output_height and output_width must be >= 1");
+    if (G <= 0) return onnx_unsupported(c, "sampling_ratio 0 (an adaptive sample count that depends on the roi values)");
+    int64_t C = em_tensor_dim(x, 1), H = em_tensor_dim(x, 2), W = em_tensor_dim(x, 3);
+    em_tensor *rf = em_cast(rois, ct);
+    double off = half ? 0.5 : 0.0;
+    em_tensor *co[4];
+    for (int i = 0; i < 4; i++) co[i] = em_sub_scalar(em_mul_scalar(em_narrow(rf, 1, i, 1), ss), off); /* [R, 1] */
+    em_tensor *rw = em_sub(co[2], co[0]), *rh = em_sub(co[3], co[1]);
+    if (!half) {
+        rw = em_maximum_scalar(rw, 1.0);
+        rh = em_maximum_scalar(rh, 1.0);
+    }
+    /* relative sample positions p + (i + 0.5) / G for bin p, sample i */
+    em_tensor *rel[2];
+    int64_t P[2] = {PH, PW};
+    for (int a = 0; a < 2; a++) {
+        int64_t s1[2] = {P[a], 1}, s2[2] = {1, G}, flat = P[a] * G;
+        em_tensor *t = em_add(em_reshape(em_arange(0, (double)P[a], 1, ct), s1, 2),
+                              em_reshape(em_div_scalar(em_add_scalar(em_arange(0, (double)G, 1, ct), 0.5), (double)G), s2, 2));
+        rel[a] = em_reshape(t, &flat, 1);
+    }
+    int64_t sy[3] = {R, PH * G, 1}, sx[3] = {R, 1, PW * G};
+    em_tensor *yy = em_reshape(em_add(co[1], em_mul(em_div_scalar(rh, (double)PH), em_unsqueeze(rel[0], 0))), sy, 3);
+    em_tensor *xx = em_reshape(em_add(co[0], em_mul(em_div_scalar(rw, (double)PW), em_unsqueeze(rel[1], 0))), sx, 3);
+    em_tensor *vy, *ly, *hy, *wly, *why, *vx, *lx, *hx, *wlx, *whx;
+    roi_axis(yy, H, &vy, &ly, &hy, &wly, &why);
+    roi_axis(xx, W, &vx, &lx, &hx, &wlx, &whx);
+    em_tensor *valid = em_cast(em_logical_and(vy, vx), ct); /* [R, PH*G, PW*G] */
+    int64_t S = PH * G * PW * G;
+    int64_t s3[3] = {R, 1, S}, e3[3] = {R, C, S}, xs[3] = {R, C, H * W};
+    em_tensor *xb = em_reshape(em_index_select(em_cast(x, ct), 0, em_cast(em_reshape(bi, &R, 1), EM_I64)), xs, 3);
+    em_tensor *ys2[2] = {ly, hy}, *xs2[2] = {lx, hx}, *wy2[2] = {wly, why}, *wx2[2] = {wlx, whx};
+    em_tensor *acc = NULL;
+    for (int a = 0; a < 2; a++)
+        for (int b = 0; b < 2; b++) {
+            em_tensor *pos = em_add(em_mul_scalar(ys2[a], (double)W), xs2[b]);
+            em_tensor *idx = em_contiguous(em_expand(em_reshape(em_cast(pos, EM_I64), s3, 3), e3, 3));
+            em_tensor *w = em_reshape(em_mul(em_mul(wy2[a], wx2[b]), valid), s3, 3);
+            em_tensor *t = em_mul(em_gather(xb, 2, idx), w);
+            acc = acc ? (is_max ? em_maximum(acc, t) : em_add(acc, t)) : t;
+        }
+    int64_t s6[6] = {R, C, PH, G, PW, G};
+    int dims[2] = {3, 5};
+    em_tensor *y = em_reshape(acc, s6, 6);
+    y = is_max ? em_max(y, dims, 2, false) : em_div_scalar(em_sum(y, dims, 2, false), (double)(G * G));
+    return onnx_out(c, 0, em_cast(y, dt), 0);
+}
+
 const onnx_op onnx_ops_vision[] = {
+    {"RoiAlign", 10, op_roialign},
     {"ConvInteger", 10, op_convinteger},
     {"QLinearConv", 10, op_qlinearconv},
     {"MaxUnpool", 9, op_maxunpool},
