@@ -1334,7 +1334,90 @@ static em_status op_roialign(onnx_ctx *c)
     return onnx_out(c, 0, em_cast(y, dt), 0);
 }
 
+
+/* ---- DeformConv (19, 22), 2-D: each kernel tap reads X at its regular
+ * position plus the learned offset, bilinearly (corners outside the image
+ * read 0), times the optional mask; the sampled columns are then
+ * multiplied by W per group (an im2col convolution). */
+static em_status op_deformconv(onnx_ctx *c)
+{
+    em_tensor *x = onnx_in_req(c, 0), *w = onnx_in_req(c, 1), *off = onnx_in_req(c, 2), *b = onnx_in(c, 3), *mask = onnx_in(c, 4);
+    if (!x || !w || !off) return em_last_status();
+    if (em_tensor_ndim(x) != 4) {
+        if (em_tensor_ndim(x) < 3) return em_set_error(EM_ERR_SHAPE, "X must be [N, C, spatial...], got rank %d", em_tensor_ndim(x));
+        return onnx_unsupported(c, "DeformConv with %d spatial dims (2-D only)", em_tensor_ndim(x) - 2);
+    }
+    em_dtype dt = em_tensor_dtype(x);
+    if (!is_float(dt) && dt != EM_F16 && dt != EM_BF16) return onnx_unsupported(c, "DeformConv of %s input", em_dtype_name(dt));
+    em_dtype ct = is_float(dt) ? dt : EM_F32;
+    if (em_tensor_ndim(w) != 4 || em_tensor_ndim(off) != 4) return em_set_error(EM_ERR_SHAPE, "W and offset must be rank 4");
+    int64_t N = em_tensor_dim(x, 0), C = em_tensor_dim(x, 1), H = em_tensor_dim(x, 2), Wd = em_tensor_dim(x, 3);
+    int64_t M = em_tensor_dim(w, 0), kh = em_tensor_dim(w, 2), kw = em_tensor_dim(w, 3), K = kh * kw;
+    int64_t g = onnx_attr_int(c, "group", 1), og = onnx_attr_int(c, "offset_group", 1);
+    int64_t s[2], d[2], p[4], ks[2];
+    em_status st;
+    if ((st = ints_attr(c, "strides", 2, s, 1)) || (st = ints_attr(c, "dilations", 2, d, 1)) || (st = ints_attr(c, "pads", 4, p, 0)) ||
+        (st = ints_attr(c, "kernel_shape", 2, ks, 0)))
+        return st;
+    if (onnx_has_attr(c, "kernel_shape") && (ks[0] != kh || ks[1] != kw)) return em_set_error(EM_ERR_SHAPE, "kernel_shape differs from W's shape");
+    if (g < 1 || og < 1 || C % g || M % g || C % og || em_tensor_dim(w, 1) * g != C)
+        return em_set_error(EM_ERR_SHAPE, "channels (%lld in, %lld out) do not fit group %lld / offset_group %lld", (long long)C, (long long)M, (long long)g,
+                            (long long)og);
+    int64_t oh = (H + p[0] + p[2] - d[0] * (kh - 1) - 1) / s[0] + 1, ow = (Wd + p[1] + p[3] - d[1] * (kw - 1) - 1) / s[1] + 1, L = oh * ow;
+    if (oh < 1 || ow < 1 || em_tensor_dim(off, 0) != N || em_tensor_dim(off, 1) != og * K * 2 || em_tensor_dim(off, 2) != oh || em_tensor_dim(off, 3) != ow)
+        return em_set_error(EM_ERR_SHAPE, "offset must be [%lld, %lld, %lld, %lld]", (long long)N, (long long)(og * K * 2), (long long)oh, (long long)ow);
+    /* regular positions: tap a * d + output i * s - pad, as [K, L] */
+    em_tensor *pos[2];
+    int64_t kk[2] = {kh, kw}, oo[2] = {oh, ow};
+    for (int a = 0; a < 2; a++) {
+        int64_t tk[2] = {kh, kw}, tl[2] = {oh, ow}, sk[2] = {1, 1}, sl[2] = {1, 1};
+        sk[a] = kk[a];
+        sl[a] = oo[a];
+        em_tensor *tap = em_reshape(em_expand(em_reshape(em_mul_scalar(em_arange(0, (double)kk[a], 1, ct), (double)d[a]), sk, 2), tk, 2), &K, 1);
+        em_tensor *out = em_reshape(em_expand(em_reshape(em_sub_scalar(em_mul_scalar(em_arange(0, (double)oo[a], 1, ct), (double)s[a]), (double)p[a]), sl, 2), tl, 2), &L, 1);
+        int64_t c1[2] = {K, 1}, r1[2] = {1, L};
+        pos[a] = em_add(em_reshape(tap, c1, 2), em_reshape(out, r1, 2));
+    }
+    int64_t os5[5] = {N, og, K, 2, L}, s4[4] = {N, og, K, L};
+    em_tensor *o5 = em_reshape(em_cast(off, ct), os5, 5);
+    em_tensor *py = em_add(em_reshape(em_narrow(o5, 3, 0, 1), s4, 4), pos[0]);
+    em_tensor *px = em_add(em_reshape(em_narrow(o5, 3, 1, 1), s4, 4), pos[1]);
+    em_tensor *mk = NULL;
+    if (mask) {
+        if (em_tensor_numel(mask) != N * og * K * L) return em_set_error(EM_ERR_SHAPE, "mask must be [%lld, %lld, %lld, %lld]", (long long)N, (long long)(og * K), (long long)oh, (long long)ow);
+        mk = em_reshape(em_cast(mask, ct), s4, 4);
+    }
+    em_tensor *y0 = em_floor(py), *x0 = em_floor(px);
+    em_tensor *ly = em_sub(py, y0), *lx = em_sub(px, x0);
+    int64_t Cg = C / og, KL = K * L;
+    int64_t xs4[4] = {N, og, Cg, H * Wd}, is4[4] = {N, og, 1, KL}, es4[4] = {N, og, Cg, KL};
+    em_tensor *xf = em_reshape(em_cast(x, ct), xs4, 4);
+    em_tensor *acc = NULL;
+    for (int a = 0; a < 2; a++)
+        for (int bb = 0; bb < 2; bb++) {
+            em_tensor *yc = a ? em_add_scalar(y0, 1.0) : y0, *xc = bb ? em_add_scalar(x0, 1.0) : x0;
+            em_tensor *wgt = em_mul(a ? ly : em_rsub_scalar(ly, 1.0), bb ? lx : em_rsub_scalar(lx, 1.0));
+            em_tensor *ok = em_logical_and(em_logical_and(em_ge_scalar(yc, 0.0), em_le_scalar(yc, (double)(H - 1))),
+                                           em_logical_and(em_ge_scalar(xc, 0.0), em_le_scalar(xc, (double)(Wd - 1))));
+            wgt = em_mul(wgt, em_cast(ok, ct));
+            if (mk) wgt = em_mul(wgt, mk);
+            em_tensor *idx = em_add(em_mul_scalar(em_clamp(yc, 0.0, (double)(H - 1)), (double)Wd), em_clamp(xc, 0.0, (double)(Wd - 1)));
+            idx = em_contiguous(em_expand(em_reshape(em_cast(idx, EM_I64), is4, 4), es4, 4));
+            em_tensor *t = em_mul(em_gather(xf, 3, idx), em_reshape(wgt, is4, 4));
+            acc = acc ? em_add(acc, t) : t;
+        }
+    /* acc [N, og, Cg, K * L] -> cols [N, g, (C / g) * K, L] */
+    int64_t cs[4] = {N, g, (C / g) * K, L}, ws[4] = {1, g, M / g, (C / g) * K};
+    em_tensor *cols = em_reshape(acc, cs, 4);
+    em_tensor *y = em_matmul(em_reshape(em_cast(w, ct), ws, 4), cols); /* [N, g, M / g, L] */
+    int64_t ys[4] = {N, M, oh, ow};
+    y = em_reshape(y, ys, 4);
+    if (b) y = em_add(y, per_channel(em_cast(b, ct), 4));
+    return onnx_out(c, 0, em_cast(y, dt), 0);
+}
+
 const onnx_op onnx_ops_vision[] = {
+    {"DeformConv", 19, op_deformconv},
     {"RoiAlign", 10, op_roialign},
     {"ConvInteger", 10, op_convinteger},
     {"QLinearConv", 10, op_qlinearconv},
