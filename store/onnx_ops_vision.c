@@ -9,6 +9,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+static em_tensor *per_channel(const em_tensor *t, int r);
+static em_tensor *convT_full(const em_tensor *x, const em_tensor *w, int nd, const int64_t *s, const int64_t *d, int64_t groups);
+
 /* ---- spatial settings shared by Conv / ConvTranspose / the pools ---- */
 
 typedef struct spatial {
@@ -277,16 +280,16 @@ static em_status op_col2im(onnx_ctx *c)
     int ni = onnx_in_ints(c, 1, img, 4), nb = onnx_in_ints(c, 2, blk, 4);
     if (ni < 0 || nb < 0) return em_last_status();
     if (ni != nb || ni < 1) return em_set_error(EM_ERR_INVALID, "image_shape (%d values) and block_shape (%d) differ", ni, nb);
-    if (ni > 2) return onnx_unsupported(c, "Col2Im of a %d-D image", ni);
+    if (ni > 3) return onnx_unsupported(c, "Col2Im of a %d-D image", ni);
     if (em_tensor_ndim(x) != 3) return em_set_error(EM_ERR_SHAPE, "input must be [N, C * prod(block_shape), L], got rank %d", em_tensor_ndim(x));
     em_dtype dt = em_tensor_dtype(x);
     if (!is_float(dt)) return onnx_unsupported(c, "Col2Im of %s input", em_dtype_name(dt));
     int nd = ni;
-    int64_t s[2], d[2], p[4];
+    int64_t s[3], d[3], p[6];
     em_status st;
     if ((st = ints_attr(c, "strides", nd, s, 1)) || (st = ints_attr(c, "dilations", nd, d, 1)) || (st = ints_attr(c, "pads", 2 * nd, p, 0)))
         return st;
-    int64_t K = 1, L = 1, ol[2];
+    int64_t K = 1, L = 1, ol[3];
     for (int i = 0; i < nd; i++) {
         K *= blk[i];
         int64_t span = img[i] + p[i] + p[nd + i] - d[i] * (blk[i] - 1) - 1;
@@ -299,30 +302,62 @@ static em_status op_col2im(onnx_ctx *c)
         return em_set_error(EM_ERR_SHAPE, "input [%lld, %lld, %lld] does not match %lld blocks of %lld", (long long)N, (long long)CK,
                             (long long)em_tensor_dim(x, 2), (long long)L, (long long)K);
     int64_t C = CK / K;
-    int64_t k2[2], ol2[2], s2[2], d2[2];
-    pair(blk, nd, 1, k2);
-    pair(ol, nd, 1, ol2);
-    pair(s, nd, 1, s2);
-    pair(d, nd, 1, d2);
-    int64_t xs[4] = {N, CK, ol2[0], ol2[1]};
-    int64_t wsh[5] = {C, K, 1, k2[0], k2[1]}, w4[4] = {CK, 1, k2[0], k2[1]};
-    em_tensor *eye = em_reshape(em_eye(K, K, dt), wsh + 1, 4);
-    em_tensor *w = em_reshape(em_contiguous(em_expand(em_unsqueeze(eye, 0), wsh, 5)), w4, 4);
-    em_conv_opts o = em_conv_opts_default();
-    memcpy(o.stride, s2, sizeof s2);
-    memcpy(o.dilation, d2, sizeof d2);
-    o.groups = C;
-    em_tensor *y = em_conv_transpose2d(em_reshape(x, xs, 4), w, NULL, &o);
+    /* one-hot kernels: weight [C * K, 1, block...], channel c * K + k has a 1 at block position k */
+    int64_t xs[5] = {N, CK, 1, 1, 1}, wsh[6] = {C, K, 1, 1, 1, 1}, w5[5] = {CK, 1, 1, 1, 1};
+    for (int i = 0; i < nd; i++) {
+        xs[2 + i] = ol[i];
+        wsh[3 + i] = blk[i];
+        w5[2 + i] = blk[i];
+    }
+    em_tensor *eye = em_reshape(em_eye(K, K, dt), wsh + 1, 2 + nd);
+    em_tensor *w = em_reshape(em_contiguous(em_expand(em_unsqueeze(eye, 0), wsh, 3 + nd)), w5, 2 + nd);
+    em_tensor *y = convT_full(em_reshape(x, xs, 2 + nd), w, nd, s, d, C);
     if (!y) return em_last_status();
-    int64_t pads[4] = {0, 0, 0, 0};
+    int64_t pads[6] = {0, 0, 0, 0, 0, 0};
     for (int i = 0; i < nd; i++) {
         int j = nd - 1 - i;
         pads[2 * j] = -p[i];
         int64_t full = (ol[i] - 1) * s[i] + d[i] * (blk[i] - 1) + 1;
         pads[2 * j + 1] = img[i] - (full - p[i]);
     }
-    y = from2d(em_pad(y, pads, 4, 0.0), nd);
-    return onnx_out(c, 0, y, 0);
+    return onnx_out(c, 0, em_pad(y, pads, 2 * nd, 0.0), 0);
+}
+
+/* Full-size (unpadded) transposed convolution of x [N, C, spatial (nd)]
+ * with w [C, M / groups, k...]: 1-D and 2-D directly, 3-D as one 2-D
+ * transposed convolution per kernel depth, each placed at depth
+ * i * stride + kd * dilation (zeros inserted between input depths). */
+static em_tensor *convT_full(const em_tensor *x, const em_tensor *w, int nd, const int64_t *s, const int64_t *d, int64_t groups)
+{
+    em_conv_opts o = em_conv_opts_default();
+    o.groups = groups;
+    if (nd <= 2) {
+        pair(s, nd, 1, o.stride);
+        pair(d, nd, 1, o.dilation);
+        return from2d(em_conv_transpose2d(as2d(x, nd), as2d(w, nd), NULL, &o), nd);
+    }
+    o.stride[0] = s[1];
+    o.stride[1] = s[2];
+    o.dilation[0] = d[1];
+    o.dilation[1] = d[2];
+    int64_t N = em_tensor_dim(x, 0), C = em_tensor_dim(x, 1), D = em_tensor_dim(x, 2), H = em_tensor_dim(x, 3), W = em_tensor_dim(x, 4);
+    int64_t k0 = em_tensor_dim(w, 2), fullD = (D - 1) * s[0] + d[0] * (k0 - 1) + 1, span = (D - 1) * s[0] + 1;
+    int perm[5] = {0, 2, 1, 3, 4};
+    int64_t x4[4] = {N * D, C, H, W};
+    em_tensor *x2 = em_reshape(em_contiguous(em_permute(x, perm, 5)), x4, 4);
+    em_tensor *acc = NULL;
+    for (int64_t kd = 0; kd < k0; kd++) {
+        em_tensor *t = em_conv_transpose2d(x2, em_squeeze(em_narrow(w, 2, kd, 1), 2), NULL, &o);
+        if (!t) return NULL;
+        int64_t M = em_tensor_dim(t, 1), OH = em_tensor_dim(t, 2), OW = em_tensor_dim(t, 3);
+        int64_t s6[6] = {N, D, 1, M, OH, OW}, s5[5] = {N, D * s[0], M, OH, OW};
+        int64_t p6[8] = {0, 0, 0, 0, 0, 0, 0, s[0] - 1};
+        t = em_narrow(em_reshape(em_pad(em_reshape(t, s6, 6), p6, 8, 0.0), s5, 5), 1, 0, span);
+        int64_t p5[8] = {0, 0, 0, 0, 0, 0, kd * d[0], fullD - span - kd * d[0]};
+        t = em_pad(t, p5, 8, 0.0);
+        acc = acc ? em_add(acc, t) : t;
+    }
+    return em_permute(acc, perm, 5);
 }
 
 /* ---- ConvTranspose (1, 11, 22) ----
@@ -335,15 +370,15 @@ static em_status op_conv_transpose(onnx_ctx *c)
     if (!x || !w) return em_last_status();
     if (!is_float(em_tensor_dtype(x))) return onnx_unsupported(c, "ConvTranspose on %s input", em_dtype_name(em_tensor_dtype(x)));
     int nd = 0;
-    em_status st = spatial_rank(c, x, &nd, 2);
+    em_status st = spatial_rank(c, x, &nd, 3);
     if (st) return st;
     if (em_tensor_ndim(w) != nd + 2) return em_set_error(EM_ERR_SHAPE, "W rank %d differs from X rank %d", em_tensor_ndim(w), nd + 2);
-    int64_t in[2], k[2], s[2], d[2], op[2], pb[2], pe[2], full[2];
+    int64_t in[3], k[3], s[3], d[3], op[3], pb[3], pe[3], full[3];
     for (int i = 0; i < nd; i++) { in[i] = em_tensor_dim(x, 2 + i); k[i] = em_tensor_dim(w, 2 + i); }
     if ((st = ints_attr(c, "strides", nd, s, 1)) || (st = ints_attr(c, "dilations", nd, d, 1)) ||
         (st = ints_attr(c, "output_padding", nd, op, 0)))
         return st;
-    int64_t os[2];
+    int64_t os[3];
     bool has_os = false;
     {
         const int64_t *v;
@@ -374,25 +409,17 @@ static em_status op_conv_transpose(onnx_ctx *c)
             pe[i] = np < 0 ? 0 : p[nd + i];
         }
     }
-    em_conv_opts o = em_conv_opts_default();
-    pair(s, nd, 1, o.stride);
-    pair(d, nd, 1, o.dilation);
-    o.groups = onnx_attr_int(c, "group", 1);
-    em_tensor *y = em_conv_transpose2d(as2d(x, nd), as2d(w, nd), NULL, &o);
+    em_tensor *y = convT_full(x, w, nd, s, d, onnx_attr_int(c, "group", 1));
     if (!y) return em_last_status();
-    int64_t pads[4] = {0, 0, 0, 0};
+    int64_t pads[6] = {0, 0, 0, 0, 0, 0};
     /* em_pad order: last dim first */
     for (int i = 0; i < nd; i++) {
         int j = nd - 1 - i;
         pads[2 * j] = -pb[i];
         pads[2 * j + 1] = op[i] - pe[i];
     }
-    y = em_pad(y, pads, 4, 0.0);
-    y = from2d(y, nd);
-    if (b && y) {
-        int64_t bs[4] = {1, em_tensor_numel(b), 1, 1};
-        y = em_add(y, em_reshape(b, bs, nd + 2));
-    }
+    y = em_pad(y, pads, 2 * nd, 0.0);
+    if (b && y) y = em_add(y, per_channel(b, nd + 2));
     return onnx_out(c, 0, y, 0);
 }
 
