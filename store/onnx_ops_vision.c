@@ -46,7 +46,7 @@ static em_status spatial_rank(onnx_ctx *c, const em_tensor *x, int *nd, int max_
  * (ceil drops a last window starting in the end padding). */
 static em_status spatial_read(onnx_ctx *c, const em_tensor *x, const int64_t *kdims, bool ceil_mode, bool conv, spatial *sp)
 {
-    em_status st = spatial_rank(c, x, &sp->nd, conv ? 2 : 3);
+    em_status st = spatial_rank(c, x, &sp->nd, 3);
     if (st) return st;
     int nd = sp->nd;
     for (int i = 0; i < nd; i++) sp->in[i] = em_tensor_dim(x, 2 + i);
@@ -141,11 +141,38 @@ static em_tensor *conv_core(onnx_ctx *c, em_tensor *x, em_tensor *w, em_tensor *
             return NULL;
         }
     em_conv_opts o = em_conv_opts_default();
+    o.groups = onnx_attr_int(c, "group", 1);
+    if (sp.nd == 3) {
+        /* depth padded explicitly; one 2-D convolution per kernel depth of
+         * the depth slabs it reads, summed */
+        for (int i = 0; i < 2; i++) {
+            o.stride[i] = sp.s[1 + i];
+            o.dilation[i] = sp.d[1 + i];
+            o.padding[i] = sp.pb[1 + i];
+            o.padding_end[i] = sp.pe[1 + i];
+        }
+        int64_t pd[6] = {0, 0, 0, 0, sp.pb[0], sp.pe[0]};
+        em_tensor *xp = em_pad(x, pd, 6, 0.0);
+        int64_t N = em_tensor_dim(x, 0), C = em_tensor_dim(x, 1), OD = sp.out[0];
+        int64_t s4[4] = {N * OD, C, em_tensor_dim(x, 3), em_tensor_dim(x, 4)};
+        int perm[5] = {0, 2, 1, 3, 4};
+        em_tensor *acc = NULL;
+        for (int64_t kd = 0; kd < sp.k[0]; kd++) {
+            int64_t st = kd * sp.d[0];
+            em_tensor *sl = em_slice(xp, 2, st, st + (OD - 1) * sp.s[0] + 1, sp.s[0]);
+            sl = em_reshape(em_contiguous(em_permute(sl, perm, 5)), s4, 4);
+            em_tensor *t = em_conv2d(sl, em_squeeze(em_narrow(w, 2, kd, 1), 2), NULL, &o);
+            acc = acc ? em_add(acc, t) : t;
+        }
+        if (!acc) return NULL;
+        int64_t s5[5] = {N, OD, em_tensor_dim(acc, 1), em_tensor_dim(acc, 2), em_tensor_dim(acc, 3)};
+        em_tensor *y = em_permute(em_reshape(acc, s5, 5), perm, 5);
+        return b ? em_add(y, per_channel(b, 5)) : y;
+    }
     pair(sp.s, sp.nd, 1, o.stride);
     pair(sp.d, sp.nd, 1, o.dilation);
     pair(sp.pb, sp.nd, 0, o.padding);
     pair(sp.pe, sp.nd, 0, o.padding_end);
-    o.groups = onnx_attr_int(c, "group", 1);
     return from2d(em_conv2d(as2d(x, sp.nd), as2d(w, sp.nd), b, &o), sp.nd);
 }
 
