@@ -44,7 +44,7 @@ static em_status spatial_rank(onnx_ctx *c, const em_tensor *x, int *nd, int max_
 /* Kernel (from kernel_shape or @p kdims), strides, dilations and the pads
  * (explicit or auto_pad) into sp; output size with floor or ceil rounding
  * (ceil drops a last window starting in the end padding). */
-static em_status spatial_read(onnx_ctx *c, const em_tensor *x, const int64_t *kdims, bool ceil_mode, bool conv, spatial *sp)
+static em_status spatial_read(onnx_ctx *c, const em_tensor *x, const int64_t *kdims, bool ceil_mode, spatial *sp)
 {
     em_status st = spatial_rank(c, x, &sp->nd, 3);
     if (st) return st;
@@ -67,7 +67,7 @@ static em_status spatial_read(onnx_ctx *c, const em_tensor *x, const int64_t *kd
         bool upper = !strcmp(ap, "SAME_UPPER");
         for (int i = 0; i < nd; i++) {
             int64_t o = (sp->in[i] + sp->s[i] - 1) / sp->s[i];
-            int64_t ek = conv ? sp->d[i] * (sp->k[i] - 1) + 1 : sp->k[i];
+            int64_t ek = sp->d[i] * (sp->k[i] - 1) + 1;
             int64_t tot = (o - 1) * sp->s[i] + ek - sp->in[i];
             if (tot < 0) tot = 0;
             sp->pb[i] = upper ? tot / 2 : tot - tot / 2;
@@ -134,7 +134,7 @@ static em_tensor *conv_core(onnx_ctx *c, em_tensor *x, em_tensor *w, em_tensor *
     spatial sp;
     int64_t kd[3] = {1, 1, 1};
     for (int i = 0; i + 2 < em_tensor_ndim(w) && i < 3; i++) kd[i] = em_tensor_dim(w, 2 + i);
-    if (spatial_read(c, x, kd, false, true, &sp)) return NULL;
+    if (spatial_read(c, x, kd, false, &sp)) return NULL;
     for (int i = 0; i < sp.nd; i++)
         if (sp.k[i] != em_tensor_dim(w, 2 + i)) {
             em_set_error(EM_ERR_SHAPE, "kernel_shape differs from W's shape");
@@ -395,7 +395,14 @@ static em_status op_conv_transpose(onnx_ctx *c)
 {
     em_tensor *x = onnx_in_req(c, 0), *w = onnx_in_req(c, 1), *b = onnx_in(c, 2);
     if (!x || !w) return em_last_status();
-    if (!is_float(em_tensor_dtype(x))) return onnx_unsupported(c, "ConvTranspose on %s input", em_dtype_name(em_tensor_dtype(x)));
+    em_dtype dt = em_tensor_dtype(x);
+    if (dt == EM_F16 || dt == EM_BF16) {
+        x = em_cast(x, EM_F32);
+        w = em_cast(w, EM_F32);
+        if (b) b = em_cast(b, EM_F32);
+    } else if (!is_float(dt)) {
+        return onnx_unsupported(c, "ConvTranspose on %s input", em_dtype_name(dt));
+    }
     int nd = 0;
     em_status st = spatial_rank(c, x, &nd, 3);
     if (st) return st;
@@ -447,7 +454,7 @@ static em_status op_conv_transpose(onnx_ctx *c)
     }
     y = em_pad(y, pads, 2 * nd, 0.0);
     if (b && y) y = em_add(y, per_channel(b, nd + 2));
-    return onnx_out(c, 0, y, 0);
+    return onnx_out(c, 0, em_cast(y, dt), 0);
 }
 
 /* ---- pools ----
@@ -518,7 +525,7 @@ static em_tensor *pool_apply(const em_tensor *xp, const spatial *sp, bool is_max
 
 static em_status pool_read(onnx_ctx *c, const em_tensor *x, spatial *sp)
 {
-    return spatial_read(c, x, NULL, onnx_attr_int(c, "ceil_mode", 0) != 0, false, sp);
+    return spatial_read(c, x, NULL, onnx_attr_int(c, "ceil_mode", 0) != 0, sp);
 }
 
 static em_status op_maxpool(onnx_ctx *c)
@@ -565,7 +572,9 @@ static em_status avg_or_lp(onnx_ctx *c, bool lp)
 {
     em_tensor *x = onnx_in_req(c, 0);
     if (!x) return em_last_status();
-    if (!is_float(em_tensor_dtype(x))) return onnx_unsupported(c, "pooling of %s input", em_dtype_name(em_tensor_dtype(x)));
+    em_dtype dt = em_tensor_dtype(x);
+    if (dt == EM_F16 || dt == EM_BF16) x = em_cast(x, EM_F32);
+    else if (!is_float(dt)) return onnx_unsupported(c, "pooling of %s input", em_dtype_name(dt));
     spatial sp;
     em_status st = pool_read(c, x, &sp);
     if (st) return st;
@@ -593,7 +602,7 @@ static em_status avg_or_lp(onnx_ctx *c, bool lp)
         }
         y = em_div(sum, pool_apply(m, &sp, false, NULL));
     }
-    return onnx_out(c, 0, y, 0);
+    return onnx_out(c, 0, em_cast(y, dt), 0);
 }
 static em_status op_avgpool(onnx_ctx *c) { return avg_or_lp(c, false); }
 static em_status op_lppool(onnx_ctx *c) { return avg_or_lp(c, true); }
@@ -1470,7 +1479,17 @@ static em_status op_deformconv(onnx_ctx *c)
     return onnx_out(c, 0, em_cast(y, dt), 0);
 }
 
+
+/* NonMaxSuppression (10, 11): the number of selected boxes (the output's
+ * first dim) depends on the box and score values, and Ember's ops need
+ * every shape before they run. */
+static em_status op_nms(onnx_ctx *c)
+{
+    return onnx_unsupported(c, "NonMaxSuppression: its output size depends on the input values (no data-dependent shapes in Ember's ops)");
+}
+
 const onnx_op onnx_ops_vision[] = {
+    {"NonMaxSuppression", 10, op_nms},
     {"DeformConv", 19, op_deformconv},
     {"RoiAlign", 10, op_roialign},
     {"ConvInteger", 10, op_convinteger},
