@@ -988,8 +988,7 @@ static em_status op_batchnorm(onnx_ctx *c)
     if (c->opset < 14) {
         for (int i = 1; i < c->nout; i++)
             if (c->node->out[i] >= 0) return onnx_unsupported(c, "training outputs of BatchNormalization before opset 14");
-        if (c->opset < 7 && onnx_attr_int(c, "is_test", 0) == 0 && c->opset >= 6)
-            return onnx_unsupported(c, "is_test = 0");
+        if (c->opset < 9 && onnx_attr_int(c, "spatial", 1) == 0) return onnx_unsupported(c, "spatial = 0 (per-activation statistics)");
     }
     em_tensor *m = mean, *v = var;
     if (training) {
