@@ -630,14 +630,15 @@ static em_status op_global_lp(onnx_ctx *c) { return global_pool(c, 2); }
 
 
 /* ---- Resize (10, 11, 13, 18, 19) and Upsample (7, 9) ----
- * Separable: for each resized axis an [O, I] interpolation matrix is built
- * on the host from the sizes and attributes alone (never from X's values),
- * following the spec's per-axis formulation: source coordinate x_ori from
- * coordinate_transformation_mode, n taps around it with the mode's
- * coefficients (nearest / linear / cubic, antialias widening the kernel by
- * 1 / scale when downsampling), exclude_outside renormalising, indices
- * clamped to the edge; X is multiplied by it along the axis. tf_crop_and_resize
- * positions outside the input take extrapolation_value. */
+ * Separable, one axis at a time: for each output position the source
+ * coordinate x_ori (coordinate_transformation_mode) and n taps around it
+ * with the mode's coefficients (nearest / linear / cubic, antialias
+ * widening the kernel by 1 / scale when downsampling, exclude_outside
+ * renormalising, indices clamped to the edge) are computed on the host
+ * from the sizes and attributes alone (never from X's values); the axis is
+ * then sum_j w_j * index_select(X, idx_j) (nearest: one gather, any
+ * dtype). tf_crop_and_resize positions outside the input take
+ * extrapolation_value. */
 
 typedef struct resize_cfg {
     int mode;            /* 0 nearest, 1 linear, 2 cubic */
@@ -698,7 +699,10 @@ static int resize_coeffs(const resize_cfg *g, double r, double sc, double *co, i
 #define RESIZE_MAX_TAPS 256
 
 /* Resizes dim @p ax of x to @p O with scale @p sc (roi r0..r1 for
- * tf_crop_and_resize). */
+ * tf_crop_and_resize): per tap j, the source index and weight of every
+ * output position (computed on the host from the sizes and attributes
+ * only), then out = sum_j w_j * index_select(x, ax, idx_j); nearest reads
+ * one tap. */
 static em_tensor *resize_axis(onnx_ctx *c, em_tensor *x, int ax, int64_t O, double sc, double r0, double r1, const resize_cfg *g)
 {
     int64_t I = em_tensor_dim(x, ax);
@@ -706,15 +710,20 @@ static em_tensor *resize_axis(onnx_ctx *c, em_tensor *x, int ax, int64_t O, doub
         em_set_error(EM_ERR_SHAPE, "empty input or output along axis %d", ax);
         return NULL;
     }
-    if ((double)O * (double)I > 64e6) {
-        onnx_unsupported(c, "resize matrix of %lld x %lld is too large", (long long)O, (long long)I);
+    em_dtype dt = em_tensor_dtype(x);
+    double co[RESIZE_MAX_TAPS];
+    int n = resize_coeffs(g, 0.5, sc, co, RESIZE_MAX_TAPS);
+    if (n < 0) {
+        onnx_unsupported(c, "antialias kernel wider than %d taps", RESIZE_MAX_TAPS);
         return NULL;
     }
-    em_dtype dt = em_tensor_dtype(x);
-    double *m = calloc((size_t)(O * I), sizeof(double));
+    int nt = g->mode == 0 ? 1 : n;
+    int64_t *idx = calloc((size_t)(nt * O), sizeof(int64_t));
+    double *wt = calloc((size_t)(nt * O), sizeof(double));
     double *mask = calloc((size_t)O, sizeof(double));
-    if (!m || !mask) {
-        free(m);
+    if (!idx || !wt || !mask) {
+        free(idx);
+        free(wt);
         free(mask);
         em_set_error(EM_ERR_NOMEM, "out of memory");
         return NULL;
@@ -741,18 +750,11 @@ static em_tensor *resize_axis(onnx_ctx *c, em_tensor *x, int ax, int64_t O, doub
         if (g->ctm == 5 && (xo < 0 || xo > (double)(I - 1))) {
             mask[y] = 1;
             any_extra = true;
-            continue;
+            continue; /* weights 0, index 0 */
         }
         double fl = floor(xo);
         double r = xo == fl ? 1.0 : xo - fl;
-        double co[RESIZE_MAX_TAPS];
-        int n = resize_coeffs(g, r, sc, co, RESIZE_MAX_TAPS);
-        if (n < 0) {
-            free(m);
-            free(mask);
-            onnx_unsupported(c, "antialias kernel wider than %d taps", RESIZE_MAX_TAPS);
-            return NULL;
-        }
+        resize_coeffs(g, r, sc, co, RESIZE_MAX_TAPS);
         int pw = (n + 1) / 2;
         double xp = xo + pw, pp = floor(xp), frac = xp - pp;
         int64_t off;
@@ -769,26 +771,37 @@ static em_tensor *resize_axis(onnx_ctx *c, em_tensor *x, int ax, int64_t O, doub
             if (sum != 0)
                 for (int j = 0; j < n; j++) co[j] /= sum;
         }
-        for (int j = 0; j < n; j++) {
+        for (int j = 0, t = 0; j < n; j++) {
             int64_t id = start + j;
             if (id < 0) id = 0;
             if (id >= I) id = I - 1;
-            m[y * I + id] += co[j];
+            if (g->mode == 0) {
+                if (co[j] == 1.0) {
+                    idx[y] = id;
+                    wt[y] = 1.0;
+                }
+                continue;
+            }
+            idx[t * O + y] = id;
+            wt[t * O + y] = co[j];
+            t++;
         }
     }
-    int64_t ms[2] = {O, I};
-    em_tensor *mt = em_cast(em_from_host(m, ms, 2, EM_F64), dt);
-    free(m);
-    em_tensor *xt = em_transpose(x, ax, -1);
-    em_tensor *yt = em_matmul(xt, em_transpose(mt, 0, 1));
-    em_tensor *out = em_transpose(yt, ax, -1);
+    int r = em_tensor_ndim(x);
+    int64_t bs[EM_MAX_DIMS];
+    for (int i = 0; i < r; i++) bs[i] = i == ax ? O : 1;
+    em_tensor *out = NULL;
+    for (int j = 0; j < nt; j++) {
+        em_tensor *g1 = em_index_select(x, ax, em_from_host(idx + j * O, &O, 1, EM_I64));
+        if (g->mode != 0) g1 = em_mul(g1, em_cast(em_from_host(wt + j * O, bs, r, EM_F64), dt));
+        out = out ? em_add(out, g1) : g1;
+    }
     if (any_extra && out) {
-        int r = em_tensor_ndim(x);
-        int64_t bs[EM_MAX_DIMS];
-        for (int i = 0; i < r; i++) bs[i] = i == ax ? O : 1;
         em_tensor *mk = em_gt_scalar(em_from_host(mask, bs, r, EM_F64), 0.5);
         out = em_where(mk, em_full(bs, r, dt, g->extrapolation), out);
     }
+    free(idx);
+    free(wt);
     free(mask);
     return out;
 }
@@ -815,9 +828,14 @@ static int lookup(const char *s, const char *const *names, int n)
 static em_status resize_run(onnx_ctx *c, em_tensor *x, const double *scales_in, int nscales, const int64_t *sizes_in, int nsizes,
                             const double *roi_in, int nroi, const resize_cfg *g)
 {
-    int r = em_tensor_ndim(x);
-    if (!is_float(em_tensor_dtype(x)) && em_tensor_dtype(x) != EM_F16 && em_tensor_dtype(x) != EM_BF16)
-        return onnx_unsupported(c, "Resize of %s input", em_dtype_name(em_tensor_dtype(x)));
+    int r = em_tensor_dtype(x) == EM_BOOL ? -1 : em_tensor_ndim(x);
+    if (r < 0) return onnx_unsupported(c, "Resize of bool input");
+    em_dtype dt = em_tensor_dtype(x);
+    bool integer = !is_float(dt) && dt != EM_F16 && dt != EM_BF16;
+    /* integers: nearest gathers them as they are; linear / cubic compute in
+     * f64 and round half to even, saturated to the type (as the spec's
+     * reference does) */
+    if (integer && g->mode != 0) x = em_cast(x, EM_F64);
     int axes[EM_MAX_DIMS], na = r;
     for (int i = 0; i < r; i++) axes[i] = i;
     const int64_t *av;
@@ -880,6 +898,19 @@ static em_status resize_run(onnx_ctx *c, em_tensor *x, const double *scales_in, 
         y = resize_axis(c, y, d, os[d], sc[d], roi0[d], roi1[d], g);
     }
     if (y == x) y = em_reshape(x, em_tensor_shape(x), r);
+    if (integer && g->mode != 0 && y) {
+        double lo, hi;
+        switch (onnx_in_type(c, 0)) {
+        case ONNX_UINT8: lo = 0; hi = 255; break;
+        case ONNX_INT8: lo = -128; hi = 127; break;
+        case ONNX_UINT16: lo = 0; hi = 65535; break;
+        case ONNX_INT16: lo = -32768; hi = 32767; break;
+        case ONNX_INT32: lo = -2147483648.0; hi = 2147483647.0; break;
+        case ONNX_UINT32: lo = 0; hi = 4294967295.0; break;
+        default: lo = -9223372036854775808.0; hi = 9223372036854774784.0; break;
+        }
+        y = em_cast(em_clamp(em_round(y), lo, hi), dt);
+    }
     return onnx_out(c, 0, y, 0);
 }
 
