@@ -481,16 +481,18 @@ static void pool_pads(const spatial *sp, int64_t all[6], int64_t expl[6])
 
 /* Max (is_max) or window sum of the padded xp [N, C, spatial...] ->
  * [N, C, out...]; indices (2-D form, padded plane) for max when asked. */
-static em_tensor *pool_apply(const em_tensor *xp, const spatial *sp, bool is_max, em_tensor **idx)
+static em_tensor *pool_apply(const em_tensor *xp, const spatial *sp, bool is_max, em_tensor **idx, em_tensor **depth_idx)
 {
     int nd = sp->nd, o0 = nd == 3 ? 1 : 0;
     int64_t N = em_tensor_dim(xp, 0), C = em_tensor_dim(xp, 1);
-    em_tensor *t;
+    em_tensor *t, *best = NULL;
     if (nd == 3) {
         em_tensor *acc = NULL;
         for (int64_t kd = 0; kd < sp->k[0]; kd++) {
             int64_t st = kd * sp->d[0];
             em_tensor *sl = em_slice(xp, 2, st, st + (sp->out[0] - 1) * sp->s[0] + 1, sp->s[0]);
+            if (depth_idx && acc) best = em_where(em_gt(sl, acc), em_full_like(best, (double)kd), best);
+            else if (depth_idx) best = em_zeros(em_tensor_shape(sl), 5, EM_I64);
             acc = acc ? (is_max ? em_maximum(acc, sl) : em_add(acc, sl)) : sl;
         }
         int64_t s4[4] = {N, C * sp->out[0], em_tensor_dim(xp, 3), em_tensor_dim(xp, 4)};
@@ -518,6 +520,16 @@ static em_tensor *pool_apply(const em_tensor *xp, const spatial *sp, bool is_max
     }
     if (nd == 3) {
         int64_t s5[5] = {N, C, sp->out[0], sp->out[1], sp->out[2]};
+        if (depth_idx && idx && *idx && best) {
+            /* the kernel depth of each maximum, at the plane position the
+             * 2-D pool chose, as an input depth */
+            int64_t P = em_tensor_dim(xp, 3) * em_tensor_dim(xp, 4), s3[3] = {N, C * sp->out[0], P};
+            int64_t q3[3] = {N, C * sp->out[0], sp->out[1] * sp->out[2]}, od[5] = {1, 1, sp->out[0], 1, 1};
+            em_tensor *kd = em_reshape(em_gather(em_reshape(best, s3, 3), 2, em_reshape(*idx, q3, 3)), s5, 5);
+            em_tensor *dz = em_reshape(em_mul_scalar(em_arange(0, (double)sp->out[0], 1, EM_I64), (double)sp->s[0]), od, 5);
+            *depth_idx = em_sub_scalar(em_add(dz, em_mul_scalar(kd, (double)sp->d[0])), (double)sp->pb[0]);
+            *idx = em_reshape(*idx, s5, 5);
+        }
         return em_reshape(y, s5, 5);
     }
     return from2d(y, nd);
@@ -542,27 +554,32 @@ static em_status op_maxpool(onnx_ctx *c)
         xf = em_cast(x, EM_F64);
     }
     bool want_idx = c->nout > 1 && c->node->out[1] >= 0;
-    if (want_idx && sp.nd == 3) return onnx_unsupported(c, "MaxPool Indices output of a 3-D input");
+    int64_t so = onnx_attr_int(c, "storage_order", 0);
     int64_t pads[6], pe[6];
     pool_pads(&sp, pads, pe);
     em_tensor *xp = em_pad(xf, pads, 2 * sp.nd, -INFINITY);
-    em_tensor *idx = NULL;
-    em_tensor *y = pool_apply(xp, &sp, true, want_idx ? &idx : NULL);
+    em_tensor *idx = NULL, *didx = NULL;
+    em_tensor *y = pool_apply(xp, &sp, true, want_idx ? &idx : NULL, want_idx ? &didx : NULL);
     if (!y) return em_last_status();
     if (xf != x) y = em_cast(y, dt);
     st = onnx_out(c, 0, y, 0);
     if (st || !want_idx) return st;
     /* padded-plane flat index -> ONNX's index into the whole input */
-    int64_t Wp = em_tensor_dim(xp, -1), H = sp.nd == 1 ? 1 : sp.in[0], W = sp.nd == 1 ? sp.in[0] : sp.in[1];
-    int64_t ph = sp.nd == 1 ? 0 : sp.pb[0], pw = sp.nd == 1 ? sp.pb[0] : sp.pb[1];
+    int64_t Wp = em_tensor_dim(xp, -1), H = sp.nd == 1 ? 1 : sp.in[sp.nd - 2], W = sp.in[sp.nd - 1];
+    int64_t ph = sp.nd == 1 ? 0 : sp.pb[sp.nd - 2], pw = sp.pb[sp.nd - 1];
     em_tensor *wp = em_scalar((double)Wp, EM_I64);
     em_tensor *hh = em_sub_scalar(em_floor_divide(idx, wp), (double)ph);
     em_tensor *ww = em_sub_scalar(em_remainder(idx, wp), (double)pw);
-    int64_t so = onnx_attr_int(c, "storage_order", 0);
-    em_tensor *pl = so ? em_add(em_mul_scalar(ww, (double)H), hh) : em_add(em_mul_scalar(hh, (double)W), ww);
+    int64_t D = sp.nd == 3 ? sp.in[0] : 1;
+    em_tensor *pl;
+    if (sp.nd == 3)
+        pl = so ? em_add(em_add(didx, em_mul_scalar(hh, (double)D)), em_mul_scalar(ww, (double)(D * H)))
+                : em_add(em_add(em_mul_scalar(didx, (double)(H * W)), em_mul_scalar(hh, (double)W)), ww);
+    else
+        pl = so ? em_add(em_mul_scalar(ww, (double)H), hh) : em_add(em_mul_scalar(hh, (double)W), ww);
     int64_t N = em_tensor_dim(x, 0), C = em_tensor_dim(x, 1);
-    int64_t bs[4] = {N, C, 1, 1};
-    em_tensor *base = em_mul_scalar(em_reshape(em_arange(0, (double)(N * C), 1, EM_I64), bs, 4), (double)(H * W));
+    int64_t bs[5] = {N, C, 1, 1, 1};
+    em_tensor *base = em_mul_scalar(em_reshape(em_arange(0, (double)(N * C), 1, EM_I64), bs, sp.nd == 3 ? 5 : 4), (double)(D * H * W));
     return onnx_out(c, 1, from2d(em_add(pl, base), sp.nd), ONNX_INT64);
 }
 
@@ -584,7 +601,7 @@ static em_status avg_or_lp(onnx_ctx *c, bool lp)
     double p = lp ? (double)onnx_attr_int(c, "p", 2) : 1.0;
     em_tensor *x2 = x;
     if (lp) x2 = p == 1.0 ? em_abs(x) : p == 2.0 ? em_square(x) : em_pow_scalar(em_abs(x), p);
-    em_tensor *sum = pool_apply(em_pad(x2, pads, np, 0.0), &sp, false, NULL);
+    em_tensor *sum = pool_apply(em_pad(x2, pads, np, 0.0), &sp, false, NULL, NULL);
     em_tensor *y;
     if (lp) {
         y = p == 1.0 ? sum : p == 2.0 ? em_sqrt(sum) : em_pow_scalar(sum, 1.0 / p);
@@ -600,7 +617,7 @@ static em_status avg_or_lp(onnx_ctx *c, bool lp)
         } else {
             m = em_pad(m, pads, np, 0.0);
         }
-        y = em_div(sum, pool_apply(m, &sp, false, NULL));
+        y = em_div(sum, pool_apply(m, &sp, false, NULL, NULL));
     }
     return onnx_out(c, 0, em_cast(y, dt), 0);
 }
