@@ -387,8 +387,32 @@ static em_status op_gather_elements(onnx_ctx *c)
     return onnx_out(c, 0, em_gather(x, axis, fix_neg(idx, em_tensor_dim(x, axis))), 0);
 }
 
+/* Reductions mul / max / min of a scatter, dense: D [P, R] with the update
+ * rows U [N, R] combined into rows T [N] (i64 in [0, P)) through a [P, N, R]
+ * selection (so bounded in size). */
+#define DENSE_SCATTER_MAX (1 << 24)
+static em_tensor *scatter_reduce_dense(onnx_ctx *c, em_tensor *D, em_tensor *T, em_tensor *U, const char *red)
+{
+    int64_t P = em_tensor_dim(D, 0), R = em_tensor_dim(D, 1), N = em_tensor_dim(U, 0);
+    if (N == 0) return em_contiguous(D);
+    if ((double)P * (double)N * (double)R > DENSE_SCATTER_MAX) {
+        onnx_unsupported(c, "reduction '%s' is composed densely (data x updates elements), too large here", red);
+        return NULL;
+    }
+    int64_t ps[3] = {P, 1, 1}, ts[3] = {1, N, 1}, us[3] = {1, N, R}, ds[3] = {P, 1, R};
+    em_tensor *E = em_eq(em_reshape(iota(P), ps, 3), em_reshape(T, ts, 3)); /* [P, N, 1] */
+    em_tensor *u3 = em_reshape(U, us, 3);
+    int one = 1;
+    if (!strcmp(red, "mul")) return em_mul(D, em_prod(em_where(E, u3, em_scalar(1, em_tensor_dtype(D))), &one, 1, false));
+    em_tensor *v = em_where(E, u3, em_reshape(D, ds, 3));
+    /* rows no update targets keep D (selected where E is false); D joins
+     * every other row's reduction once more */
+    return !strcmp(red, "max") ? em_maximum(D, em_max(v, &one, 1, false)) : em_minimum(D, em_min(v, &one, 1, false));
+}
+
 /* ScatterElements (11, 13, 16, 18) and Scatter (9): reduction none / add
- * (16); mul / max / min are unsupported. */
+ * (16) / mul (16) / max, min (18); mul / max / min composed densely
+ * (scatter_reduce_dense). */
 static em_status op_scatter_elements(onnx_ctx *c)
 {
     em_tensor *x = onnx_in_req(c, 0), *idx = onnx_in_req(c, 1), *u = onnx_in_req(c, 2);
@@ -399,7 +423,22 @@ static em_status op_scatter_elements(onnx_ctx *c)
     idx = fix_neg(idx, em_tensor_dim(x, axis));
     if (!strcmp(red, "none")) return onnx_out(c, 0, em_scatter(x, axis, idx, u), 0);
     if (!strcmp(red, "add")) return onnx_out(c, 0, em_scatter_add(x, axis, idx, u), 0);
-    return onnx_unsupported(c, "reduction '%s' (Ember has scatter and scatter_add only)", red);
+    if (strcmp(red, "mul") && strcmp(red, "max") && strcmp(red, "min")) return em_set_error(EM_ERR_INVALID, "unknown reduction '%s'", red);
+    /* the flat target of each update: its own coordinates but idx along axis */
+    int r = em_tensor_ndim(x);
+    if (em_tensor_ndim(idx) != r || em_tensor_numel(idx) != em_tensor_numel(u)) return em_set_error(EM_ERR_SHAPE, "indices and updates must have data's rank and one shape");
+    em_tensor *lin = NULL;
+    int64_t stride = 1;
+    for (int d = r - 1; d >= 0; d--) {
+        em_tensor *cd = d == axis ? em_cast(idx, EM_I64) : along(iota(em_tensor_dim(idx, d)), d, r);
+        cd = em_mul_scalar(cd, (double)stride);
+        lin = lin ? em_add(lin, cd) : cd;
+        stride *= em_tensor_dim(x, d);
+    }
+    int64_t P = em_tensor_numel(x), N = em_tensor_numel(u), ds[2] = {P, 1}, us[2] = {N, 1};
+    em_tensor *y = scatter_reduce_dense(c, em_reshape(x, ds, 2), em_reshape(em_contiguous(em_expand(lin, em_tensor_shape(idx), r)), &N, 1), em_reshape(u, us, 2), red);
+    if (!y) return em_last_status();
+    return onnx_out(c, 0, em_reshape(y, em_tensor_shape(x), r), 0);
 }
 
 /* Row-major linear index (i64, indices.shape[:-1]) of the index tuples in
@@ -453,15 +492,15 @@ static em_status op_gather_nd(onnx_ctx *c)
     return onnx_out(c, 0, em_reshape(g, s, k), 0);
 }
 
-/* ScatterND (11, 13, 16, 18): reduction none / add (16); mul / max / min
- * unsupported. */
+/* ScatterND (11, 13, 16, 18): reduction none / add (16) / mul (16) / max,
+ * min (18); mul / max / min composed densely (scatter_reduce_dense). */
 static em_status op_scatter_nd(onnx_ctx *c)
 {
     em_tensor *x = onnx_in_req(c, 0), *idx = onnx_in_req(c, 1), *u = onnx_in_req(c, 2);
     if (!x || !idx || !u) return em_last_status();
     const char *red = onnx_attr_string(c, "reduction", "none");
     bool add = !strcmp(red, "add");
-    if (!add && strcmp(red, "none")) return onnx_unsupported(c, "reduction '%s' (Ember has scatter and scatter_add only)", red);
+    if (!add && strcmp(red, "none") && strcmp(red, "mul") && strcmp(red, "max") && strcmp(red, "min")) return em_set_error(EM_ERR_INVALID, "unknown reduction '%s'", red);
     int r = em_tensor_ndim(x), ri = em_tensor_ndim(idx);
     if (ri < 1) return em_set_error(EM_ERR_SHAPE, "indices must have rank >= 1");
     int64_t m = em_tensor_dim(idx, -1);
@@ -475,7 +514,11 @@ static em_status op_scatter_nd(onnx_ctx *c)
     em_tensor *lin = em_reshape(linear_index(idx, xs, (int)m), is, 2);
     em_tensor *index = em_contiguous(em_expand(lin, us, 2));
     em_tensor *flat = em_reshape(x, fs, 2), *uf = em_reshape(u, us, 2);
-    em_tensor *y = add ? em_scatter_add(flat, 0, index, uf) : em_scatter(flat, 0, index, uf);
+    em_tensor *y;
+    if (add) y = em_scatter_add(flat, 0, index, uf);
+    else if (!strcmp(red, "none")) y = em_scatter(flat, 0, index, uf);
+    else y = scatter_reduce_dense(c, flat, em_reshape(lin, &N, 1), uf, red);
+    if (!y) return em_last_status();
     return onnx_out(c, 0, em_reshape(y, xs, r), 0);
 }
 
@@ -821,6 +864,58 @@ static em_status op_topk(onnx_ctx *c)
     return onnx_out(c, 1, em_contiguous(em_transpose(ind, axis, r - 1)), ONNX_INT64);
 }
 
+/* Unique (11, 28): sorted (default) or in first-occurrence order, of the
+ * flattened input or of its slices along axis; outputs Y, indices (first
+ * occurrences), inverse_indices, counts. Composed from pairwise
+ * comparisons of the n slices ([n, n, R] memory). */
+static em_status op_unique(onnx_ctx *c)
+{
+    em_tensor *x = onnx_in_req(c, 0);
+    if (!x) return em_last_status();
+    int r = em_tensor_ndim(x), axis = -1;
+    bool sorted = onnx_attr_int(c, "sorted", 1) != 0;
+    em_tensor *rows;
+    int64_t n, R;
+    if (onnx_has_attr(c, "axis")) {
+        if (onnx_axis(c, onnx_attr_int(c, "axis", 0), r, &axis) != EM_OK) return em_last_status();
+        n = em_tensor_dim(x, axis);
+        R = n ? em_tensor_numel(x) / n : 0;
+        int64_t s2[2] = {n, R};
+        rows = em_reshape(em_contiguous(em_transpose(x, 0, axis)), s2, 2);
+    } else {
+        n = em_tensor_numel(x), R = 1;
+        int64_t s2[2] = {n, 1};
+        rows = em_reshape(x, s2, 2);
+    }
+    if (n == 0 || R == 0) return onnx_unsupported(c, "Unique of an empty input");
+    if ((double)n * (double)n * (double)R > DENSE_SCATTER_MAX) return onnx_unsupported(c, "Unique is composed of pairwise comparisons, too large here");
+    int64_t si[3] = {n, 1, R}, sj[3] = {1, n, R}, ns[2] = {n, 1}, ms[2] = {1, n};
+    em_tensor *xi = em_reshape(rows, si, 3), *xj = em_reshape(rows, sj, 3);
+    int two = 2, one = 1;
+    em_tensor *eqr = em_eq(xi, xj);                               /* [i, j, r] */
+    em_tensor *same = em_all(eqr, &two, 1, false);                 /* [i, j] */
+    em_tensor *jlti = em_lt(em_reshape(iota(n), ms, 2), em_reshape(iota(n), ns, 2)); /* j < i */
+    /* row j before row i lexicographically: the first differing column */
+    em_tensor *prefix = scan(shift(em_cast(eqr, EM_I32), 2, 1, 1.0), 2, true);
+    em_tensor *less = em_any(em_logical_and(em_lt(xj, xi), em_ne_scalar(prefix, 0)), &two, 1, false); /* [i, j] */
+    em_tensor *first = em_logical_not(em_any(em_logical_and(same, jlti), &one, 1, false)); /* [i] */
+    double ud;
+    if (em_item(em_sum_all(em_cast(first, EM_I64)), &ud) != EM_OK) return em_last_status();
+    int64_t u = (int64_t)ud, us[2] = {u, 1};
+    em_tensor *fj = em_reshape(first, ms, 2);
+    em_tensor *rank = em_sum(em_cast(em_logical_and(fj, sorted ? less : jlti), EM_I64), &one, 1, false); /* [i] */
+    em_tensor *sel = em_logical_and(em_eq(em_reshape(rank, ms, 2), em_reshape(iota(u), us, 2)), fj); /* [k, i] */
+    em_tensor *idx = em_argmax(em_cast(sel, EM_I32), 1, false);   /* [u] */
+    em_tensor *y = axis >= 0 ? em_index_select(x, axis, idx) : em_index_select(em_reshape(rows, &n, 1), 0, idx);
+    em_tensor *firstocc = em_argmax(em_cast(same, EM_I32), 1, false); /* [i] */
+    em_tensor *inv = em_index_select(rank, 0, firstocc);
+    em_tensor *counts = em_sum(em_cast(em_index_select(same, 0, idx), EM_I64), &one, 1, false);
+    em_status st;
+    if ((st = onnx_out(c, 0, y, 0)) != EM_OK || (st = onnx_out(c, 1, idx, ONNX_INT64)) != EM_OK || (st = onnx_out(c, 2, inv, ONNX_INT64)) != EM_OK)
+        return st;
+    return onnx_out(c, 3, counts, ONNX_INT64);
+}
+
 /* CenterCropPad (18): each axis cropped or zero padded around its centre
  * (the odd element at the end). */
 static em_status op_center_crop_pad(onnx_ctx *c)
@@ -883,5 +978,6 @@ const onnx_op onnx_ops_shape[] = {
     {"ReverseSequence", 10, op_reverse_sequence},
     {"TopK", 1, op_topk},
     {"CenterCropPad", 18, op_center_crop_pad},
+    {"Unique", 11, op_unique},
     {NULL, 0, NULL},
 };
