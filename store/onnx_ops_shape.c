@@ -916,6 +916,33 @@ static em_status op_unique(onnx_ctx *c)
     return onnx_out(c, 3, counts, ONNX_INT64);
 }
 
+/* TensorScatter (24): update written into a copy of past_cache along axis
+ * from write_indices[batch] (0 when omitted), modulo the axis length in
+ * circular mode. */
+static em_status op_tensor_scatter(onnx_ctx *c)
+{
+    em_tensor *x = onnx_in_req(c, 0), *u = onnx_in_req(c, 1), *wi = onnx_in(c, 2);
+    if (!x || !u) return em_last_status();
+    int r = em_tensor_ndim(x), axis;
+    if (onnx_axis(c, onnx_attr_int(c, "axis", -2), r, &axis) != EM_OK) return em_last_status();
+    if (axis == 0) return em_set_error(EM_ERR_INVALID, "axis must not be the batch dim 0");
+    if (em_tensor_ndim(u) != r) return em_set_error(EM_ERR_SHAPE, "update must have the cache's rank %d", r);
+    int64_t L = em_tensor_dim(x, axis), S = em_tensor_dim(u, axis), B = em_tensor_dim(x, 0);
+    for (int d = 0; d < r; d++)
+        if (d != axis ? em_tensor_dim(u, d) != em_tensor_dim(x, d) : S > L)
+            return em_set_error(EM_ERR_SHAPE, "update dim %d (%lld) does not fit the cache's (%lld)", d, (long long)em_tensor_dim(u, d), (long long)em_tensor_dim(x, d));
+    const char *mode = onnx_attr_string(c, "mode", "linear");
+    bool circ = !strcmp(mode, "circular");
+    if (!circ && strcmp(mode, "linear")) return em_set_error(EM_ERR_INVALID, "unknown mode '%s'", mode);
+    if (wi && em_tensor_numel(wi) != B) return em_set_error(EM_ERR_SHAPE, "write_indices has %lld values for a batch of %lld", (long long)em_tensor_numel(wi), (long long)B);
+    em_tensor *w = wi ? along(em_cast(wi, EM_I64), 0, r) : em_zeros(NULL, 0, EM_I64);
+    em_tensor *idx = em_add(along(iota(S), axis, r), w);
+    if (circ) idx = em_remainder(idx, em_scalar((double)L, EM_I64));
+    idx = em_contiguous(em_expand(idx, em_tensor_shape(u), r));
+    if (S == 0) return onnx_out(c, 0, em_contiguous(x), 0);
+    return onnx_out(c, 0, em_scatter(x, axis, idx, u), 0);
+}
+
 /* CenterCropPad (18): each axis cropped or zero padded around its centre
  * (the odd element at the end). */
 static em_status op_center_crop_pad(onnx_ctx *c)
@@ -979,5 +1006,6 @@ const onnx_op onnx_ops_shape[] = {
     {"TopK", 1, op_topk},
     {"CenterCropPad", 18, op_center_crop_pad},
     {"Unique", 11, op_unique},
+    {"TensorScatter", 24, op_tensor_scatter},
     {NULL, 0, NULL},
 };
