@@ -604,25 +604,39 @@ static em_status op_pad(onnx_ctx *c)
         if (r == 0) return onnx_out(c, 0, em_reshape(x, NULL, 0), 0);
         return onnx_out(c, 0, em_pad(x, tp, 2 * r, value), 0);
     }
-    em_pad_mode_kind kind;
-    if (!strcmp(mode, "reflect")) kind = EM_PAD_REFLECT;
-    else if (!strcmp(mode, "edge")) kind = EM_PAD_REPLICATE;
-    else if (!strcmp(mode, "wrap")) kind = EM_PAD_CIRCULAR;
+    int kind;
+    if (!strcmp(mode, "reflect")) kind = 0;
+    else if (!strcmp(mode, "edge")) kind = 1;
+    else if (!strcmp(mode, "wrap")) kind = 2;
     else return em_set_error(EM_ERR_INVALID, "unknown mode '%s'", mode);
-    for (int d = 0; d < r && y; d++) {
+    for (int d = 0; d < r; d++) {
         /* negative pads crop first */
         if (beg[d] < 0) y = em_narrow(y, d, -beg[d], em_tensor_dim(y, d) + beg[d]), beg[d] = 0;
         if (end[d] < 0) y = em_narrow(y, d, 0, em_tensor_dim(y, d) + end[d]), end[d] = 0;
-        if (!y || (beg[d] == 0 && end[d] == 0)) continue;
-        /* the dim moved last and the rest folded: a 1-D pad of [1, M, n] */
-        em_tensor *t = em_contiguous(em_transpose(y, d, r - 1));
-        if (!t) return em_last_status();
-        int64_t ts[EM_MAX_DIMS], n = em_tensor_dim(t, -1), s3[3] = {1, em_tensor_numel(t) / (n ? n : 1), n};
-        memcpy(ts, em_tensor_shape(t), (size_t)r * sizeof *ts);
-        int64_t pp[2] = {beg[d], end[d]};
-        em_tensor *q = em_pad_mode(em_reshape(t, s3, 3), pp, 2, kind, 0);
-        ts[r - 1] = n + beg[d] + end[d];
-        y = em_contiguous(em_transpose(em_reshape(q, ts, r), d, r - 1));
+        if (!y) return em_last_status();
+        if (beg[d] == 0 && end[d] == 0) continue;
+        /* output position q reads p = q - begin mapped into [0, n): an
+         * index vector computed from the sizes only, then a gather */
+        int64_t n = em_tensor_dim(y, d), m = n + beg[d] + end[d];
+        if (n == 0) return em_set_error(EM_ERR_SHAPE, "mode '%s' cannot pad the empty dim %d", mode, d);
+        int64_t *ix = malloc((size_t)m * sizeof *ix);
+        if (!ix) return em_set_error(EM_ERR_NOMEM, "Pad: out of memory");
+        for (int64_t q = 0; q < m; q++) {
+            int64_t pp = q - beg[d];
+            if (kind == 1) pp = pp < 0 ? 0 : pp >= n ? n - 1 : pp;
+            else if (kind == 2) pp = ((pp % n) + n) % n;
+            else if (n == 1) pp = 0;
+            else {
+                int64_t per = 2 * (n - 1);
+                pp = ((pp % per) + per) % per;
+                if (pp >= n) pp = per - pp;
+            }
+            ix[q] = pp;
+        }
+        em_tensor *it = em_from_host(ix, &m, 1, EM_I64);
+        free(ix);
+        y = em_index_select(y, d, it);
+        if (!y) return em_last_status();
     }
     return onnx_out(c, 0, y == x ? em_reshape(x, em_tensor_shape(x), r) : y, 0);
 }
