@@ -957,6 +957,187 @@ static em_status op_tensor_scatter(onnx_ctx *c)
     return onnx_out(c, 0, em_scatter(x, axis, idx, u), 0);
 }
 
+/* Einsum (12): explicit (->) or implicit output, "..." broadcast dims,
+ * repeated labels in one operand (diagonals). Operands are aligned to one
+ * order of all labels (the "..." dims first); two operands contract as one
+ * broadcast matmul [batch.., L, K] x [batch.., K, R], others multiply with
+ * broadcasting, then labels absent from the output are summed. */
+#define EINSUM_MAX 8
+static em_status op_einsum(onnx_ctx *c)
+{
+    const char *eq0 = onnx_attr_string(c, "equation", NULL);
+    if (!eq0) return em_set_error(EM_ERR_INVALID, "Einsum without an equation");
+    char eq[256];
+    int len = 0;
+    for (const char *q = eq0; *q && len < 255; q++)
+        if (*q != ' ') eq[len++] = *q;
+    eq[len] = 0;
+    int nin = c->nin;
+    if (nin < 1 || nin > EINSUM_MAX) return onnx_unsupported(c, "Einsum of %d operands", nin);
+    char *arrow = strstr(eq, "->");
+    if (arrow) *arrow = 0;
+    /* global labels: slots 0..E-1 the "..." dims, then letters */
+    int slot[128];
+    for (int i = 0; i < 128; i++) slot[i] = -1;
+    char terms[EINSUM_MAX][64];
+    int nt = 0, count[128] = {0};
+    {
+        char *t = eq;
+        while (nt < EINSUM_MAX) {
+            char *comma = strchr(t, ',');
+            size_t l = comma ? (size_t)(comma - t) : strlen(t);
+            if (l >= 64) return em_set_error(EM_ERR_INVALID, "Einsum term too long");
+            memcpy(terms[nt], t, l);
+            terms[nt++][l] = 0;
+            if (!comma) break;
+            t = comma + 1;
+        }
+    }
+    if (nt != nin) return em_set_error(EM_ERR_INVALID, "equation '%s' has %d terms for %d inputs", eq0, nt, nin);
+    em_tensor *ops[EINSUM_MAX];
+    int E = 0, ne[EINSUM_MAX];
+    for (int i = 0; i < nin; i++) {
+        if (!(ops[i] = onnx_in_req(c, i))) return em_last_status();
+        int letters = 0;
+        bool ell = false;
+        for (const char *q = terms[i]; *q; q++) {
+            if (*q == '.') {
+                if (strncmp(q, "...", 3) || ell) return em_set_error(EM_ERR_INVALID, "bad ellipsis in '%s'", terms[i]);
+                ell = true, q += 2;
+            } else if ((*q >= 'a' && *q <= 'z') || (*q >= 'A' && *q <= 'Z')) letters++, count[(int)*q]++;
+            else return em_set_error(EM_ERR_INVALID, "bad character '%c' in equation '%s'", *q, eq0);
+        }
+        int r = em_tensor_ndim(ops[i]);
+        ne[i] = ell ? r - letters : 0;
+        if (ne[i] < 0 || (!ell && r != letters)) return em_set_error(EM_ERR_SHAPE, "term '%s' does not fit input %d of rank %d", terms[i], i, r);
+        if (ne[i] > E) E = ne[i];
+    }
+    int G = E;
+    for (int i = 0; i < nin; i++)
+        for (const char *q = terms[i]; *q; q++)
+            if (*q != '.' && slot[(int)*q] < 0) slot[(int)*q] = G++;
+    if (G > EM_MAX_DIMS) return onnx_unsupported(c, "Einsum with %d labels is more than Ember's %d dims", G, EM_MAX_DIMS);
+    /* output labels (global slots, in output order) */
+    int out[EM_MAX_DIMS], no = 0;
+    bool inout[EM_MAX_DIMS] = {false};
+    if (arrow) {
+        bool ell = false;
+        for (const char *q = arrow + 2; *q; q++) {
+            if (*q == '.') {
+                if (strncmp(q, "...", 3) || ell) return em_set_error(EM_ERR_INVALID, "bad ellipsis in the output");
+                ell = true, q += 2;
+                for (int k = 0; k < E; k++) out[no++] = k;
+            } else {
+                if (*q < 0 || slot[(int)*q] < 0) return em_set_error(EM_ERR_INVALID, "output label '%c' is not in the inputs", *q);
+                if (inout[slot[(int)*q]]) return em_set_error(EM_ERR_INVALID, "output label '%c' repeats", *q);
+                out[no++] = slot[(int)*q];
+            }
+        }
+        for (int k = 0; k < no; k++) inout[out[k]] = true;
+    } else {
+        for (int k = 0; k < E; k++) out[no++] = k;
+        for (int ch = 'A'; ch <= 'z'; ch++)
+            if (count[ch] == 1) out[no++] = slot[ch];
+        for (int k = 0; k < no; k++) inout[out[k]] = true;
+    }
+    /* each operand: diagonals taken, then aligned to rank G */
+    bool has[EINSUM_MAX][EM_MAX_DIMS];
+    for (int i = 0; i < nin; i++) {
+        em_tensor *x = ops[i];
+        int lab[EM_MAX_DIMS], r = em_tensor_ndim(x), k = 0;
+        for (const char *q = terms[i]; *q; q++)
+            if (*q == '.') {
+                for (int d = 0; d < ne[i]; d++) lab[k++] = E - ne[i] + d;
+                q += 2;
+            } else lab[k++] = slot[(int)*q];
+        /* repeated labels: keep the diagonal */
+        for (int a = 0; a < r; a++)
+            for (int b = a + 1; b < r; b++) {
+                if (lab[a] != lab[b]) continue;
+                int64_t n = em_tensor_dim(x, a);
+                if (em_tensor_dim(x, b) != n) return em_set_error(EM_ERR_SHAPE, "repeated label with sizes %lld and %lld", (long long)n, (long long)em_tensor_dim(x, b));
+                em_tensor *m = em_eq(along(iota(n), a, r), along(iota(n), b, r));
+                x = em_sum(em_where(m, x, em_zeros(NULL, 0, em_tensor_dtype(x))), &b, 1, false);
+                if (!x) return em_last_status();
+                for (int d = b; d < r - 1; d++) lab[d] = lab[d + 1];
+                r--, b--;
+            }
+        int perm[EM_MAX_DIMS], np = 0;
+        int64_t s[EM_MAX_DIMS];
+        for (int g = 0; g < G; g++) {
+            has[i][g] = false;
+            s[g] = 1;
+            for (int d = 0; d < r; d++)
+                if (lab[d] == g) perm[np++] = d, s[g] = em_tensor_dim(x, d), has[i][g] = true;
+        }
+        if (r > 0) x = em_permute(x, perm, r);
+        ops[i] = em_reshape(em_contiguous(x), s, G);
+        if (!ops[i]) return em_last_status();
+    }
+    em_tensor *y;
+    int lab[EM_MAX_DIMS], ny = 0; /* y's dims as global slots */
+    if (nin == 2) {
+        em_tensor *A = ops[0], *B = ops[1];
+        int bt[EM_MAX_DIMS], lf[EM_MAX_DIMS], ct[EM_MAX_DIMS], rt[EM_MAX_DIMS], nb = 0, nl = 0, nc = 0, nr = 0;
+        int sa[EM_MAX_DIMS], sb[EM_MAX_DIMS], nsa = 0, nsb = 0;
+        for (int g = 0; g < G; g++) {
+            bool a = has[0][g], b = has[1][g];
+            if (inout[g]) {
+                if (a && b) bt[nb++] = g;
+                else if (a) lf[nl++] = g;
+                else if (b) rt[nr++] = g;
+                else bt[nb++] = g;
+            } else if (a && b) {
+                if (em_tensor_dim(A, g) != em_tensor_dim(B, g)) sa[nsa++] = g, sb[nsb++] = g;
+                else ct[nc++] = g;
+            } else if (a) sa[nsa++] = g;
+            else if (b) sb[nsb++] = g;
+        }
+        if (nsa) A = em_sum(A, sa, nsa, true);
+        if (nsb) B = em_sum(B, sb, nsb, true);
+        if (nb + 2 > EM_MAX_DIMS) return onnx_unsupported(c, "Einsum with %d batch labels", nb);
+        int pa[EM_MAX_DIMS], pb[EM_MAX_DIMS], k = 0, kb = 0;
+        bool used[EM_MAX_DIMS] = {false};
+        int64_t s3a[EM_MAX_DIMS], s3b[EM_MAX_DIMS], L = 1, K = 1, R = 1, ys[EM_MAX_DIMS];
+        for (int j = 0; j < nb; j++) pa[k++] = bt[j], pb[kb++] = bt[j], used[bt[j]] = true;
+        for (int j = 0; j < nl; j++) pa[k++] = lf[j], used[lf[j]] = true, L *= em_tensor_dim(A, lf[j]);
+        for (int j = 0; j < nc; j++) pa[k++] = ct[j], used[ct[j]] = true, K *= em_tensor_dim(A, ct[j]);
+        for (int j = 0; j < nc; j++) pb[kb++] = ct[j];
+        for (int j = 0; j < nr; j++) pb[kb++] = rt[j], used[rt[j]] = true, R *= em_tensor_dim(B, rt[j]);
+        for (int g = 0; g < G; g++)
+            if (!used[g]) pa[k++] = g, pb[kb++] = g;
+        for (int j = 0; j < nl; j++) pb[kb++] = lf[j];
+        for (int g = 0, j = k; g < nr; g++) pa[j++] = rt[g];
+        for (int j = 0; j < nb; j++) s3a[j] = em_tensor_dim(A, bt[j]), s3b[j] = em_tensor_dim(B, bt[j]);
+        s3a[nb] = L, s3a[nb + 1] = K, s3b[nb] = K, s3b[nb + 1] = R;
+        em_tensor *a3 = em_reshape(em_contiguous(em_permute(A, pa, G)), s3a, nb + 2);
+        em_tensor *b3 = em_reshape(em_contiguous(em_permute(B, pb, G)), s3b, nb + 2);
+        em_tensor *m = em_matmul(a3, b3);
+        if (!m) return em_last_status();
+        for (int j = 0; j < nb; j++) ys[ny] = em_tensor_dim(m, j), lab[ny++] = bt[j];
+        for (int j = 0; j < nl; j++) ys[ny] = em_tensor_dim(A, lf[j]), lab[ny++] = lf[j];
+        for (int j = 0; j < nr; j++) ys[ny] = em_tensor_dim(B, rt[j]), lab[ny++] = rt[j];
+        y = em_reshape(m, ys, ny);
+    } else {
+        y = ops[0];
+        for (int i = 1; i < nin; i++) y = em_mul(y, ops[i]);
+        int sd[EM_MAX_DIMS], ns = 0;
+        for (int g = 0; g < G; g++)
+            if (inout[g]) lab[ny++] = g;
+            else sd[ns++] = g;
+        if (ns) y = em_sum(y, sd, ns, false);
+    }
+    if (!y) return em_last_status();
+    /* y's labels to the output order */
+    int perm[EM_MAX_DIMS];
+    for (int k = 0; k < no; k++)
+        for (int d = 0; d < ny; d++)
+            if (lab[d] == out[k]) perm[k] = d;
+    if (no != ny) return em_set_error(EM_ERR_RUNTIME, "Einsum: %d result dims for %d output labels", ny, no);
+    if (no > 0) y = em_contiguous(em_permute(y, perm, no));
+    return onnx_out(c, 0, y, 0);
+}
+
 /* CenterCropPad (18): each axis cropped or zero padded around its centre
  * (the odd element at the end). */
 static em_status op_center_crop_pad(onnx_ctx *c)
@@ -1021,5 +1202,6 @@ const onnx_op onnx_ops_shape[] = {
     {"CenterCropPad", 18, op_center_crop_pad},
     {"Unique", 11, op_unique},
     {"TensorScatter", 24, op_tensor_scatter},
+    {"Einsum", 12, op_einsum},
     {NULL, 0, NULL},
 };
