@@ -856,6 +856,8 @@ static em_status op_topk(onnx_ctx *c)
     int64_t n = em_tensor_dim(x, axis);
     if (k < 0 || k > n) return em_set_error(EM_ERR_INVALID, "k = %lld for a dim of %lld", (long long)k, (long long)n);
     bool largest = onnx_attr_int(c, "largest", 1) != 0;
+    if ((double)em_tensor_numel(x) * (double)n > DENSE_SCATTER_MAX)
+        return onnx_unsupported(c, "TopK is composed of pairwise comparisons (Ember has no sort), too large here (%lld elements, axis of %lld)", (long long)em_tensor_numel(x), (long long)n);
     em_tensor *xt = em_contiguous(em_transpose(x, axis, r - 1));
     em_tensor *xi = em_unsqueeze(xt, r), *xj = em_unsqueeze(xt, r - 1); /* [..., n, 1], [..., 1, n] */
     int64_t ns[2] = {n, 1}, ms[2] = {1, n};
@@ -1138,6 +1140,28 @@ static em_status op_einsum(onnx_ctx *c)
     return onnx_out(c, 0, y, 0);
 }
 
+/* HannWindow / HammingWindow / BlackmanWindow (17): size input, periodic
+ * (default 1), output_datatype (default float). */
+static em_status window(onnx_ctx *c, double a0, double a1, double a2)
+{
+    double sz;
+    if (onnx_in_scalar(c, 0, &sz) != EM_OK) return em_last_status();
+    int64_t n = (int64_t)sz;
+    if (n < 0) return em_set_error(EM_ERR_INVALID, "size %lld is negative", (long long)n);
+    int type = (int)onnx_attr_int(c, "output_datatype", ONNX_FLOAT);
+    em_dtype dt;
+    if (!onnx_type_to_dtype(type, &dt)) return onnx_unsupported(c, "output_datatype %d", type);
+    double N = onnx_attr_int(c, "periodic", 1) ? (double)n : (double)(n - 1);
+    if (n == 0) return onnx_out(c, 0, em_zeros(&n, 1, dt), type);
+    em_tensor *t = em_mul_scalar(em_arange(0, (double)n, 1, EM_F64), 2 * M_PI / N);
+    em_tensor *w = em_sub(em_full(&n, 1, EM_F64, a0), em_mul_scalar(em_cos(t), a1));
+    if (a2 != 0) w = em_add(w, em_mul_scalar(em_cos(em_mul_scalar(t, 2)), a2));
+    return onnx_out(c, 0, em_cast(w, dt), type);
+}
+static em_status op_hann_window(onnx_ctx *c) { return window(c, 0.5, 0.5, 0); }
+static em_status op_hamming_window(onnx_ctx *c) { return window(c, 25.0 / 46.0, 1 - 25.0 / 46.0, 0); }
+static em_status op_blackman_window(onnx_ctx *c) { return window(c, 0.42, 0.5, 0.08); }
+
 /* CenterCropPad (18): each axis cropped or zero padded around its centre
  * (the odd element at the end). */
 static em_status op_center_crop_pad(onnx_ctx *c)
@@ -1203,5 +1227,8 @@ const onnx_op onnx_ops_shape[] = {
     {"Unique", 11, op_unique},
     {"TensorScatter", 24, op_tensor_scatter},
     {"Einsum", 12, op_einsum},
+    {"HannWindow", 17, op_hann_window},
+    {"HammingWindow", 17, op_hamming_window},
+    {"BlackmanWindow", 17, op_blackman_window},
     {NULL, 0, NULL},
 };
