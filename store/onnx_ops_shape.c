@@ -1162,6 +1162,70 @@ static em_status op_hann_window(onnx_ctx *c) { return window(c, 0.5, 0.5, 0); }
 static em_status op_hamming_window(onnx_ctx *c) { return window(c, 25.0 / 46.0, 1 - 25.0 / 46.0, 0); }
 static em_status op_blackman_window(onnx_ctx *c) { return window(c, 0.42, 0.5, 0.08); }
 
+/* Col2Im (18): input [N, C * prod(block), L] summed back into
+ * [N, C, image...] (torch.nn.Fold, any number of spatial dims): the
+ * target of each (block offset, block position) pair is computed on the
+ * host from the sizes alone, then one index_add accumulates. */
+static em_status op_col2im(onnx_ctx *c)
+{
+    em_tensor *x = onnx_in_req(c, 0);
+    if (!x) return em_last_status();
+    int64_t img[EM_MAX_DIMS], blk[EM_MAX_DIMS], dil[EM_MAX_DIMS], str[EM_MAX_DIMS], pb[EM_MAX_DIMS], pe[EM_MAX_DIMS], ob[EM_MAX_DIMS];
+    int nd = onnx_in_ints(c, 1, img, EM_MAX_DIMS - 2);
+    if (nd < 0) return em_last_status();
+    if (onnx_in_ints(c, 2, blk, EM_MAX_DIMS - 2) != nd) return em_last_status() != EM_OK ? em_last_status() : em_set_error(EM_ERR_SHAPE, "block_shape and image_shape differ in length");
+    if (em_tensor_ndim(x) != 3) return em_set_error(EM_ERR_SHAPE, "input must be 3-D [N, C * prod(block_shape), L]");
+    const int64_t *v;
+    int n;
+    for (int d = 0; d < nd; d++) dil[d] = 1, str[d] = 1, pb[d] = 0, pe[d] = 0;
+    if ((n = onnx_attr_ints(c, "dilations", &v)) >= 0) {
+        if (n != nd) return em_set_error(EM_ERR_INVALID, "dilations has %d values for %d dims", n, nd);
+        memcpy(dil, v, (size_t)nd * 8);
+    }
+    if ((n = onnx_attr_ints(c, "strides", &v)) >= 0) {
+        if (n != nd) return em_set_error(EM_ERR_INVALID, "strides has %d values for %d dims", n, nd);
+        memcpy(str, v, (size_t)nd * 8);
+    }
+    if ((n = onnx_attr_ints(c, "pads", &v)) >= 0) {
+        if (n != 2 * nd) return em_set_error(EM_ERR_INVALID, "pads has %d values for %d dims", n, nd);
+        memcpy(pb, v, (size_t)nd * 8), memcpy(pe, v + nd, (size_t)nd * 8);
+    }
+    int64_t K = 1, L = 1, T = 1;
+    for (int d = 0; d < nd; d++) {
+        if (blk[d] < 1 || dil[d] < 1 || str[d] < 1 || img[d] < 0) return em_set_error(EM_ERR_INVALID, "bad block_shape / dilations / strides / image_shape at dim %d", d);
+        ob[d] = (img[d] + pb[d] + pe[d] - dil[d] * (blk[d] - 1) - 1) / str[d] + 1;
+        if (ob[d] < 1) return em_set_error(EM_ERR_SHAPE, "the block does not fit the padded image at dim %d", d);
+        K *= blk[d], L *= ob[d], T *= img[d];
+    }
+    int64_t N = em_tensor_dim(x, 0), CK = em_tensor_dim(x, 1);
+    if (CK % K || em_tensor_dim(x, 2) != L)
+        return em_set_error(EM_ERR_SHAPE, "input dims %lld x %lld do not fit %lld block elements and %lld blocks", (long long)CK, (long long)em_tensor_dim(x, 2), (long long)K, (long long)L);
+    int64_t C = CK / K, KL = K * L;
+    int64_t *ix = malloc((size_t)KL * sizeof *ix);
+    if (!ix) return em_set_error(EM_ERR_NOMEM, "Col2Im: out of memory");
+    for (int64_t k = 0; k < K; k++)
+        for (int64_t l = 0; l < L; l++) {
+            int64_t kr = k, lr = l, flat = 0, mul = 1;
+            bool inside = true;
+            for (int d = nd - 1; d >= 0; d--) {
+                int64_t kd = kr % blk[d], ld = lr % ob[d];
+                kr /= blk[d], lr /= ob[d];
+                int64_t pos = ld * str[d] + kd * dil[d] - pb[d];
+                if (pos < 0 || pos >= img[d]) inside = false;
+                flat += pos * mul;
+                mul *= img[d];
+            }
+            ix[k * L + l] = inside ? flat : T; /* T: a dump slot cut off below */
+        }
+    em_tensor *it = em_from_host(ix, &KL, 1, EM_I64);
+    free(ix);
+    int64_t s3[3] = {N, C, KL}, z3[3] = {N, C, T + 1}, os[EM_MAX_DIMS];
+    em_tensor *acc = em_index_add(em_zeros(z3, 3, em_tensor_dtype(x)), 2, it, em_reshape(x, s3, 3));
+    os[0] = N, os[1] = C;
+    for (int d = 0; d < nd; d++) os[2 + d] = img[d];
+    return onnx_out(c, 0, em_reshape(em_contiguous(em_narrow(acc, 2, 0, T)), os, nd + 2), 0);
+}
+
 /* CenterCropPad (18): each axis cropped or zero padded around its centre
  * (the odd element at the end). */
 static em_status op_center_crop_pad(onnx_ctx *c)
@@ -1227,6 +1291,7 @@ const onnx_op onnx_ops_shape[] = {
     {"Unique", 11, op_unique},
     {"TensorScatter", 24, op_tensor_scatter},
     {"Einsum", 12, op_einsum},
+    {"Col2Im", 18, op_col2im},
     {"HannWindow", 17, op_hann_window},
     {"HammingWindow", 17, op_hamming_window},
     {"BlackmanWindow", 17, op_blackman_window},
