@@ -1226,6 +1226,135 @@ static em_status op_col2im(onnx_ctx *c)
     return onnx_out(c, 0, em_reshape(em_contiguous(em_narrow(acc, 2, 0, T)), os, nd + 2), 0);
 }
 
+/* [n, K] matrix cos (or sin) of 2 pi (i k mod N) / N, in @p dt. */
+static em_tensor *dft_mat(int64_t n, int64_t K, int64_t N, bool sine, em_dtype dt)
+{
+    int64_t ns[2] = {n, 1}, ks[2] = {1, K};
+    em_tensor *ik = em_remainder(em_mul(em_reshape(iota(n), ns, 2), em_reshape(iota(K), ks, 2)), em_scalar((double)N, EM_I64));
+    em_tensor *ang = em_mul_scalar(em_cast(ik, EM_F64), 2 * M_PI / (double)N);
+    return em_cast(sine ? em_sin(ang) : em_cos(ang), dt);
+}
+
+/* Length of the last dim of @p t made @p n: cut or zero padded. */
+static em_tensor *fit_last(em_tensor *t, int64_t n)
+{
+    int r = em_tensor_ndim(t);
+    int64_t m = em_tensor_dim(t, -1);
+    if (m >= n) return em_narrow(t, r - 1, 0, n);
+    int64_t pads[2] = {0, n - m};
+    return em_pad(t, pads, 2, 0);
+}
+
+/* The DFT of re + i im (im may be NULL) along the last dim (length N):
+ * the first K bins; inverse divides by N. */
+static void dft_last(em_tensor *re, em_tensor *im, int64_t N, int64_t K, bool inverse, em_tensor **ore, em_tensor **oim)
+{
+    em_dtype dt = em_tensor_dtype(re);
+    em_tensor *C = dft_mat(N, K, N, false, dt), *S = dft_mat(N, K, N, true, dt);
+    em_tensor *rc = em_matmul(re, C), *rs = em_matmul(re, S);
+    em_tensor *ic = im ? em_matmul(im, C) : NULL, *is = im ? em_matmul(im, S) : NULL;
+    if (!inverse) {
+        *ore = im ? em_add(rc, is) : rc;
+        *oim = im ? em_sub(ic, rs) : em_neg(rs);
+    } else {
+        *ore = em_div_scalar(im ? em_sub(rc, is) : rc, (double)N);
+        *oim = em_div_scalar(im ? em_add(ic, rs) : rs, (double)N);
+    }
+}
+
+/* DFT (17, 20): axis attribute (default 1) before 20, input (default -2)
+ * from 20; dft_length input; inverse; onesided (RFFT forward, IRFFT
+ * inverse). Composed as matmuls with cos / sin matrices (O(N^2)). */
+static em_status op_dft(onnx_ctx *c)
+{
+    em_tensor *x = onnx_in_req(c, 0);
+    if (!x) return em_last_status();
+    int r = em_tensor_ndim(x);
+    if (r < 2 || (em_tensor_dim(x, -1) != 1 && em_tensor_dim(x, -1) != 2)) return em_set_error(EM_ERR_SHAPE, "input must end in a dim of 1 (real) or 2 (complex)");
+    em_dtype dt = em_tensor_dtype(x);
+    if (dt != EM_F32 && dt != EM_F64 && dt != EM_F16 && dt != EM_BF16) return em_set_error(EM_ERR_DTYPE, "input must be floating point");
+    int64_t a = c->opset < 20 ? onnx_attr_int(c, "axis", 1) : -2;
+    if (c->opset >= 20 && onnx_in(c, 2) && onnx_in_ints(c, 2, &a, 1) != 1) return em_last_status() != EM_OK ? em_last_status() : em_set_error(EM_ERR_SHAPE, "axis must be a scalar");
+    if (a < 0) a += r;
+    if (a < 0 || a > r - 2) return em_set_error(EM_ERR_INVALID, "axis out of range [-%d, -2] or [0, %d]", r, r - 2);
+    bool inverse = onnx_attr_int(c, "inverse", 0) != 0, onesided = onnx_attr_int(c, "onesided", 0) != 0;
+    bool cplx = em_tensor_dim(x, -1) == 2;
+    if (onesided && !inverse && cplx) return em_set_error(EM_ERR_INVALID, "onesided forward DFT needs real input");
+    if (onesided && inverse && !cplx) return em_set_error(EM_ERR_INVALID, "onesided inverse DFT needs complex input");
+    int64_t len = em_tensor_dim(x, (int)a), N = onesided && inverse ? 2 * (len - 1) : len;
+    if (onnx_in(c, 1) && em_tensor_numel(onnx_in(c, 1)) > 0 && onnx_in_ints(c, 1, &N, 1) != 1) return em_last_status();
+    if (N < 1) return em_set_error(EM_ERR_INVALID, "dft_length %lld must be >= 1", (long long)N);
+    int last = r - 2;
+    em_tensor *re = em_transpose(em_squeeze(em_narrow(x, r - 1, 0, 1), r - 1), (int)a, last);
+    em_tensor *im = cplx ? em_transpose(em_squeeze(em_narrow(x, r - 1, 1, 1), r - 1), (int)a, last) : NULL;
+    em_tensor *yr, *yi;
+    if (onesided && inverse) {
+        /* the full spectrum from the first N / 2 + 1 bins (Hermitian) */
+        int64_t h = N / 2 + 1;
+        re = fit_last(re, h), im = fit_last(im, h);
+        int64_t *ix = malloc((size_t)N * sizeof *ix);
+        double *sg = malloc((size_t)N * sizeof *sg);
+        if (!ix || !sg) {
+            free(ix), free(sg);
+            return em_set_error(EM_ERR_NOMEM, "DFT: out of memory");
+        }
+        for (int64_t k = 0; k < N; k++) ix[k] = k < h ? k : N - k, sg[k] = k < h ? 1 : -1;
+        em_tensor *it = em_from_host(ix, &N, 1, EM_I64), *st = em_cast(em_from_host(sg, &N, 1, EM_F64), dt);
+        free(ix), free(sg);
+        re = em_index_select(re, last, it);
+        im = em_mul(em_index_select(im, last, it), st);
+        dft_last(re, im, N, N, true, &yr, &yi);
+        if (!yr) return em_last_status();
+        return onnx_out(c, 0, em_contiguous(em_unsqueeze(em_transpose(yr, (int)a, last), r - 1)), 0);
+    }
+    re = fit_last(re, N);
+    if (im) im = fit_last(im, N);
+    dft_last(re, im, N, onesided ? N / 2 + 1 : N, inverse, &yr, &yi);
+    if (!yr || !yi) return em_last_status();
+    em_tensor *pair[2] = {em_transpose(yr, (int)a, last), em_transpose(yi, (int)a, last)};
+    return onnx_out(c, 0, em_stack(pair, 2, r - 1), 0);
+}
+
+/* STFT (17): frames of frame_length every frame_step samples, times the
+ * window (all ones when omitted), DFT of each; onesided (default 1) for
+ * real input. */
+static em_status op_stft(onnx_ctx *c)
+{
+    em_tensor *x = onnx_in_req(c, 0), *win = onnx_in(c, 2);
+    if (!x) return em_last_status();
+    if (em_tensor_ndim(x) != 3 || (em_tensor_dim(x, 2) != 1 && em_tensor_dim(x, 2) != 2)) return em_set_error(EM_ERR_SHAPE, "signal must be [batch, length, 1 or 2]");
+    int64_t step, fl = -1;
+    if (onnx_in_ints(c, 1, &step, 1) != 1) return em_last_status() != EM_OK ? em_last_status() : em_set_error(EM_ERR_SHAPE, "frame_step must be a scalar");
+    if (onnx_in(c, 3) && onnx_in_ints(c, 3, &fl, 1) != 1) return em_last_status() != EM_OK ? em_last_status() : em_set_error(EM_ERR_SHAPE, "frame_length must be a scalar");
+    int64_t B = em_tensor_dim(x, 0), L = em_tensor_dim(x, 1);
+    if (fl < 0) fl = win ? em_tensor_numel(win) : L;
+    if (win && em_tensor_numel(win) != fl) return em_set_error(EM_ERR_SHAPE, "window has %lld values for frame_length %lld", (long long)em_tensor_numel(win), (long long)fl);
+    if (step < 1 || fl < 1 || fl > L) return em_set_error(EM_ERR_INVALID, "frame_step %lld / frame_length %lld do not fit a signal of %lld", (long long)step, (long long)fl, (long long)L);
+    bool cplx = em_tensor_dim(x, 2) == 2, onesided = onnx_attr_int(c, "onesided", 1) != 0;
+    if (cplx && onesided) return em_set_error(EM_ERR_INVALID, "onesided STFT needs real input");
+    int64_t F = 1 + (L - fl) / step, FL = F * fl;
+    int64_t *ix = malloc((size_t)FL * sizeof *ix);
+    if (!ix) return em_set_error(EM_ERR_NOMEM, "STFT: out of memory");
+    for (int64_t f = 0; f < F; f++)
+        for (int64_t j = 0; j < fl; j++) ix[f * fl + j] = f * step + j;
+    em_tensor *it = em_from_host(ix, &FL, 1, EM_I64);
+    free(ix);
+    int64_t s3[3] = {B, F, fl};
+    em_tensor *fr = em_index_select(x, 1, it); /* [B, F*fl, 1|2] */
+    em_tensor *re = em_reshape(em_contiguous(em_squeeze(em_narrow(fr, 2, 0, 1), 2)), s3, 3);
+    em_tensor *im = cplx ? em_reshape(em_contiguous(em_squeeze(em_narrow(fr, 2, 1, 1), 2)), s3, 3) : NULL;
+    if (win) {
+        em_tensor *w = em_cast(win, em_tensor_dtype(x));
+        re = em_mul(re, w);
+        if (im) im = em_mul(im, w);
+    }
+    em_tensor *yr, *yi;
+    dft_last(re, im, fl, onesided ? fl / 2 + 1 : fl, false, &yr, &yi);
+    if (!yr || !yi) return em_last_status();
+    em_tensor *pair[2] = {yr, yi};
+    return onnx_out(c, 0, em_stack(pair, 2, 3), 0);
+}
+
 /* CenterCropPad (18): each axis cropped or zero padded around its centre
  * (the odd element at the end). */
 static em_status op_center_crop_pad(onnx_ctx *c)
@@ -1292,6 +1421,8 @@ const onnx_op onnx_ops_shape[] = {
     {"TensorScatter", 24, op_tensor_scatter},
     {"Einsum", 12, op_einsum},
     {"Col2Im", 18, op_col2im},
+    {"DFT", 17, op_dft},
+    {"STFT", 17, op_stft},
     {"HannWindow", 17, op_hann_window},
     {"HammingWindow", 17, op_hamming_window},
     {"BlackmanWindow", 17, op_blackman_window},
