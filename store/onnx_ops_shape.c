@@ -1355,6 +1355,42 @@ static em_status op_stft(onnx_ctx *c)
     return onnx_out(c, 0, em_stack(pair, 2, 3), 0);
 }
 
+/* MelWeightMatrix (17): [dft_length / 2 + 1, num_mel_bins] triangular
+ * filters between mel-spaced bins; the num_mel_bins + 2 bin edges come from
+ * the scalar inputs on the host, the matrix from comparisons. */
+static em_status op_mel_weight_matrix(onnx_ctx *c)
+{
+    double nm, dl, sr, lo, hi;
+    if (onnx_in_scalar(c, 0, &nm) || onnx_in_scalar(c, 1, &dl) || onnx_in_scalar(c, 2, &sr) || onnx_in_scalar(c, 3, &lo) || onnx_in_scalar(c, 4, &hi))
+        return em_last_status();
+    int64_t M = (int64_t)nm, D = (int64_t)dl, S = D / 2 + 1;
+    if (M < 1 || D < 1 || sr <= 0) return em_set_error(EM_ERR_INVALID, "num_mel_bins, dft_length and sample_rate must be positive");
+    int type = (int)onnx_attr_int(c, "output_datatype", ONNX_FLOAT);
+    em_dtype dt;
+    if (!onnx_type_to_dtype(type, &dt)) return onnx_unsupported(c, "output_datatype %d", type);
+    double lm = 2595 * log1p(lo / 700) / log(10), hm = 2595 * log1p(hi / 700) / log(10), step = (hm - lm) / (double)(M + 2);
+    int64_t M2 = M + 2, *fb = malloc((size_t)M2 * sizeof *fb);
+    if (!fb) return em_set_error(EM_ERR_NOMEM, "MelWeightMatrix: out of memory");
+    for (int64_t i = 0; i < M2; i++) {
+        double f = 700 * expm1(((double)i * step + lm) / 2595 * log(10));
+        fb[i] = (int64_t)floor((double)(D + 1) * f / sr);
+        if (fb[i] < 0 || fb[i] >= S) {
+            free(fb);
+            return em_set_error(EM_ERR_INVALID, "mel bin edge %lld falls outside the %lld spectrogram bins", (long long)fb[i], (long long)S);
+        }
+    }
+    em_tensor *f = em_from_host(fb, &M2, 1, EM_I64);
+    free(fb);
+    int64_t rs[2] = {1, M}, js[2] = {S, 1};
+    em_tensor *l = em_reshape(em_narrow(f, 0, 0, M), rs, 2), *ce = em_reshape(em_narrow(f, 0, 1, M), rs, 2), *h = em_reshape(em_narrow(f, 0, 2, M), rs, 2);
+    em_tensor *j = em_reshape(iota(S), js, 2);
+    em_tensor *up = em_where(em_eq(ce, l), em_scalar(1, EM_F64), em_div(em_cast(em_sub(j, l), EM_F64), em_cast(em_maximum_scalar(em_sub(ce, l), 1), EM_F64)));
+    em_tensor *down = em_div(em_cast(em_sub(h, j), EM_F64), em_cast(em_maximum_scalar(em_sub(h, ce), 1), EM_F64));
+    em_tensor *in_up = em_logical_and(em_ge(j, l), em_le(j, ce)), *in_down = em_logical_and(em_ge(j, ce), em_lt(j, h));
+    em_tensor *w = em_where(in_down, down, em_where(in_up, up, em_scalar(0, EM_F64)));
+    return onnx_out(c, 0, em_cast(w, dt), type);
+}
+
 /* CenterCropPad (18): each axis cropped or zero padded around its centre
  * (the odd element at the end). */
 static em_status op_center_crop_pad(onnx_ctx *c)
@@ -1423,6 +1459,7 @@ const onnx_op onnx_ops_shape[] = {
     {"Col2Im", 18, op_col2im},
     {"DFT", 17, op_dft},
     {"STFT", 17, op_stft},
+    {"MelWeightMatrix", 17, op_mel_weight_matrix},
     {"HannWindow", 17, op_hann_window},
     {"HammingWindow", 17, op_hamming_window},
     {"BlackmanWindow", 17, op_blackman_window},
