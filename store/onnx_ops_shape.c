@@ -422,7 +422,7 @@ static em_status op_scatter_elements(onnx_ctx *c)
     const char *red = onnx_attr_string(c, "reduction", "none");
     idx = fix_neg(idx, em_tensor_dim(x, axis));
     if (!strcmp(red, "none")) return onnx_out(c, 0, em_scatter(x, axis, idx, u), 0);
-    if (!strcmp(red, "add")) return onnx_out(c, 0, em_scatter_add(x, axis, idx, u), 0);
+    if (!strcmp(red, "add")) return onnx_out(c, 0, onnx_wrap_int(em_scatter_add(x, axis, idx, u), onnx_in_type(c, 0)), 0);
     if (strcmp(red, "mul") && strcmp(red, "max") && strcmp(red, "min")) return em_set_error(EM_ERR_INVALID, "unknown reduction '%s'", red);
     /* the flat target of each update: its own coordinates but idx along axis */
     int r = em_tensor_ndim(x);
@@ -438,7 +438,7 @@ static em_status op_scatter_elements(onnx_ctx *c)
     int64_t P = em_tensor_numel(x), N = em_tensor_numel(u), ds[2] = {P, 1}, us[2] = {N, 1};
     em_tensor *y = scatter_reduce_dense(c, em_reshape(x, ds, 2), em_reshape(em_contiguous(em_expand(lin, em_tensor_shape(idx), r)), &N, 1), em_reshape(u, us, 2), red);
     if (!y) return em_last_status();
-    return onnx_out(c, 0, em_reshape(y, em_tensor_shape(x), r), 0);
+    return onnx_out(c, 0, onnx_wrap_int(em_reshape(y, em_tensor_shape(x), r), onnx_in_type(c, 0)), 0);
 }
 
 /* Row-major linear index (i64, indices.shape[:-1]) of the index tuples in
@@ -519,7 +519,7 @@ static em_status op_scatter_nd(onnx_ctx *c)
     else if (!strcmp(red, "none")) y = em_scatter(flat, 0, index, uf);
     else y = scatter_reduce_dense(c, flat, em_reshape(lin, &N, 1), uf, red);
     if (!y) return em_last_status();
-    return onnx_out(c, 0, em_reshape(y, xs, r), 0);
+    return onnx_out(c, 0, onnx_wrap_int(em_reshape(y, xs, r), onnx_in_type(c, 0)), 0);
 }
 
 /* Split (1, 2, 11, 13, 18): split attribute (2) or input (1, 13), else
@@ -773,7 +773,7 @@ static em_status cumulative(onnx_ctx *c, bool mul)
     if (excl) y = shift(y, axis, 1, mul ? 1.0 : 0.0);
     y = scan(y, axis, mul);
     if (rev) y = flip(y, axis);
-    return onnx_out(c, 0, y, 0);
+    return onnx_out(c, 0, onnx_wrap_int(y, onnx_in_type(c, 0)), 0);
 }
 static em_status op_cumsum(onnx_ctx *c) { return cumulative(c, false); }
 static em_status op_cumprod(onnx_ctx *c) { return cumulative(c, true); }
@@ -833,7 +833,8 @@ static em_status op_reverse_sequence(onnx_ctx *c)
     if (ta == ba) return em_set_error(EM_ERR_INVALID, "time_axis and batch_axis are the same");
     if (em_tensor_numel(lens) != em_tensor_dim(x, ba)) return em_set_error(EM_ERR_SHAPE, "sequence_lens has %lld values for a batch of %lld", (long long)em_tensor_numel(lens), (long long)em_tensor_dim(x, ba));
     em_tensor *t = along(iota(em_tensor_dim(x, ta)), ta, r);
-    em_tensor *l = along(em_cast(lens, EM_I64), ba, r);
+    /* lengths past the time dim reverse all of it (as numpy's slices) */
+    em_tensor *l = along(em_minimum_scalar(em_cast(lens, EM_I64), (double)em_tensor_dim(x, ta)), ba, r);
     em_tensor *src = em_where(em_lt(t, l), em_sub(em_sub_scalar(l, 1), t), t);
     src = em_contiguous(em_expand(src, em_tensor_shape(x), r));
     return onnx_out(c, 0, em_gather(x, ta, src), 0);
@@ -1137,7 +1138,7 @@ static em_status op_einsum(onnx_ctx *c)
             if (lab[d] == out[k]) perm[k] = d;
     if (no != ny) return em_set_error(EM_ERR_RUNTIME, "Einsum: %d result dims for %d output labels", ny, no);
     if (no > 0) y = em_contiguous(em_permute(y, perm, no));
-    return onnx_out(c, 0, y, 0);
+    return onnx_out(c, 0, onnx_wrap_int(y, onnx_in_type(c, 0)), 0);
 }
 
 /* HannWindow / HammingWindow / BlackmanWindow (17): size input, periodic
