@@ -184,7 +184,10 @@ static em_status op_unsqueeze(onnx_ctx *c)
     int64_t ax[EM_MAX_DIMS + 1];
     int n = ints_attr_or_input(c, "axes", 1, ax, EM_MAX_DIMS + 1);
     if (n < 0) return em_last_status();
-    if (n == 0) return em_set_error(EM_ERR_INVALID, "Unsqueeze without axes");
+    if (n == 0) {
+        if (!onnx_in(c, 1) && !onnx_has_attr(c, "axes")) return em_set_error(EM_ERR_INVALID, "Unsqueeze without axes");
+        return onnx_out(c, 0, em_reshape(x, em_tensor_shape(x), em_tensor_ndim(x)), 0); /* nothing inserted */
+    }
     int r = em_tensor_ndim(x) + n, a[EM_MAX_DIMS + 1];
     if (r > EM_MAX_DIMS) return onnx_unsupported(c, "rank %d is more than Ember's %d", r, EM_MAX_DIMS);
     for (int i = 0; i < n; i++)
