@@ -2,7 +2,9 @@
  * movement operators (Shape, Size, Concat, Transpose, Unsqueeze, Squeeze,
  * Expand, ConstantOfShape, Slice, Range, Gather*, Scatter*, Split, Pad,
  * Trilu, Tile, OneHot, EyeLike, DepthToSpace, SpaceToDepth, NonZero,
- * Compress, CumSum, CumProd, ReverseSequence, TopK, CenterCropPad).
+ * Compress, CumSum, CumProd, ReverseSequence, TopK, Unique, CenterCropPad,
+ * TensorScatter, Einsum, Col2Im) and the signal ones (DFT, STFT, the
+ * Hann / Hamming / Blackman windows, MelWeightMatrix).
  * Semantics from onnx/docs/Operators.md (onnx 1.23); each function names
  * the opsets whose differences it handles. Everything is composed from
  * Ember's tensor ops; only shapes, axes, pads and similar small integer
