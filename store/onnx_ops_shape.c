@@ -3,7 +3,7 @@
  * Expand, ConstantOfShape, Slice, Range, Gather*, Scatter*, Split, Pad,
  * Trilu, Tile, OneHot, EyeLike, DepthToSpace, SpaceToDepth, NonZero,
  * Compress, CumSum, CumProd, ReverseSequence, TopK, Unique, CenterCropPad,
- * TensorScatter, Einsum, Col2Im) and the signal ones (DFT, STFT, the
+ * TensorScatter) and the signal ones (DFT, STFT, the
  * Hann / Hamming / Blackman windows, MelWeightMatrix).
  * Semantics from onnx/docs/Operators.md (onnx 1.23); each function names
  * the opsets whose differences it handles. Everything is composed from
@@ -965,186 +965,6 @@ static em_status op_tensor_scatter(onnx_ctx *c)
     return onnx_out(c, 0, em_scatter(x, axis, idx, u), 0);
 }
 
-/* Einsum (12): explicit (->) or implicit output, "..." broadcast dims,
- * repeated labels in one operand (diagonals). Operands are aligned to one
- * order of all labels (the "..." dims first); two operands contract as one
- * broadcast matmul [batch.., L, K] x [batch.., K, R], others multiply with
- * broadcasting, then labels absent from the output are summed. */
-#define EINSUM_MAX 8
-static em_status op_einsum(onnx_ctx *c)
-{
-    const char *eq0 = onnx_attr_string(c, "equation", NULL);
-    if (!eq0) return em_set_error(EM_ERR_INVALID, "Einsum without an equation");
-    char eq[256];
-    int len = 0;
-    for (const char *q = eq0; *q && len < 255; q++)
-        if (*q != ' ') eq[len++] = *q;
-    eq[len] = 0;
-    int nin = c->nin;
-    if (nin < 1 || nin > EINSUM_MAX) return onnx_unsupported(c, "Einsum of %d operands", nin);
-    char *arrow = strstr(eq, "->");
-    if (arrow) *arrow = 0;
-    /* global labels: slots 0..E-1 the "..." dims, then letters */
-    int slot[128];
-    for (int i = 0; i < 128; i++) slot[i] = -1;
-    char terms[EINSUM_MAX][64];
-    int nt = 0, count[128] = {0};
-    {
-        char *t = eq;
-        while (nt < EINSUM_MAX) {
-            char *comma = strchr(t, ',');
-            size_t l = comma ? (size_t)(comma - t) : strlen(t);
-            if (l >= 64) return em_set_error(EM_ERR_INVALID, "Einsum term too long");
-            memcpy(terms[nt], t, l);
-            terms[nt++][l] = 0;
-            if (!comma) break;
-            t = comma + 1;
-        }
-    }
-    if (nt != nin) return em_set_error(EM_ERR_INVALID, "equation '%s' has %d terms for %d inputs", eq0, nt, nin);
-    em_tensor *ops[EINSUM_MAX];
-    int E = 0, ne[EINSUM_MAX];
-    for (int i = 0; i < nin; i++) {
-        if (!(ops[i] = onnx_in_req(c, i))) return em_last_status();
-        int letters = 0;
-        bool ell = false;
-        for (const char *q = terms[i]; *q; q++) {
-            if (*q == '.') {
-                if (strncmp(q, "...", 3) || ell) return em_set_error(EM_ERR_INVALID, "bad ellipsis in '%s'", terms[i]);
-                ell = true, q += 2;
-            } else if ((*q >= 'a' && *q <= 'z') || (*q >= 'A' && *q <= 'Z')) letters++, count[(int)*q]++;
-            else return em_set_error(EM_ERR_INVALID, "bad character '%c' in equation '%s'", *q, eq0);
-        }
-        int r = em_tensor_ndim(ops[i]);
-        ne[i] = ell ? r - letters : 0;
-        if (ne[i] < 0 || (!ell && r != letters)) return em_set_error(EM_ERR_SHAPE, "term '%s' does not fit input %d of rank %d", terms[i], i, r);
-        if (ne[i] > E) E = ne[i];
-    }
-    int G = E;
-    for (int i = 0; i < nin; i++)
-        for (const char *q = terms[i]; *q; q++)
-            if (*q != '.' && slot[(int)*q] < 0) slot[(int)*q] = G++;
-    if (G > EM_MAX_DIMS) return onnx_unsupported(c, "Einsum with %d labels is more than Ember's %d dims", G, EM_MAX_DIMS);
-    /* output labels (global slots, in output order) */
-    int out[EM_MAX_DIMS], no = 0;
-    bool inout[EM_MAX_DIMS] = {false};
-    if (arrow) {
-        bool ell = false;
-        for (const char *q = arrow + 2; *q; q++) {
-            if (*q == '.') {
-                if (strncmp(q, "...", 3) || ell) return em_set_error(EM_ERR_INVALID, "bad ellipsis in the output");
-                ell = true, q += 2;
-                for (int k = 0; k < E; k++) out[no++] = k;
-            } else {
-                if (*q < 0 || slot[(int)*q] < 0) return em_set_error(EM_ERR_INVALID, "output label '%c' is not in the inputs", *q);
-                if (inout[slot[(int)*q]]) return em_set_error(EM_ERR_INVALID, "output label '%c' repeats", *q);
-                out[no++] = slot[(int)*q];
-            }
-        }
-        for (int k = 0; k < no; k++) inout[out[k]] = true;
-    } else {
-        for (int k = 0; k < E; k++) out[no++] = k;
-        for (int ch = 'A'; ch <= 'z'; ch++)
-            if (count[ch] == 1) out[no++] = slot[ch];
-        for (int k = 0; k < no; k++) inout[out[k]] = true;
-    }
-    /* each operand: diagonals taken, then aligned to rank G */
-    bool has[EINSUM_MAX][EM_MAX_DIMS];
-    for (int i = 0; i < nin; i++) {
-        em_tensor *x = ops[i];
-        int lab[EM_MAX_DIMS], r = em_tensor_ndim(x), k = 0;
-        for (const char *q = terms[i]; *q; q++)
-            if (*q == '.') {
-                for (int d = 0; d < ne[i]; d++) lab[k++] = E - ne[i] + d;
-                q += 2;
-            } else lab[k++] = slot[(int)*q];
-        /* repeated labels: keep the diagonal */
-        for (int a = 0; a < r; a++)
-            for (int b = a + 1; b < r; b++) {
-                if (lab[a] != lab[b]) continue;
-                int64_t n = em_tensor_dim(x, a);
-                if (em_tensor_dim(x, b) != n) return em_set_error(EM_ERR_SHAPE, "repeated label with sizes %lld and %lld", (long long)n, (long long)em_tensor_dim(x, b));
-                em_tensor *m = em_eq(along(iota(n), a, r), along(iota(n), b, r));
-                x = em_sum(em_where(m, x, em_zeros(NULL, 0, em_tensor_dtype(x))), &b, 1, false);
-                if (!x) return em_last_status();
-                for (int d = b; d < r - 1; d++) lab[d] = lab[d + 1];
-                r--, b--;
-            }
-        int perm[EM_MAX_DIMS], np = 0;
-        int64_t s[EM_MAX_DIMS];
-        for (int g = 0; g < G; g++) {
-            has[i][g] = false;
-            s[g] = 1;
-            for (int d = 0; d < r; d++)
-                if (lab[d] == g) perm[np++] = d, s[g] = em_tensor_dim(x, d), has[i][g] = true;
-        }
-        if (r > 0) x = em_permute(x, perm, r);
-        ops[i] = em_reshape(em_contiguous(x), s, G);
-        if (!ops[i]) return em_last_status();
-    }
-    em_tensor *y;
-    int lab[EM_MAX_DIMS], ny = 0; /* y's dims as global slots */
-    if (nin == 2) {
-        em_tensor *A = ops[0], *B = ops[1];
-        int bt[EM_MAX_DIMS], lf[EM_MAX_DIMS], ct[EM_MAX_DIMS], rt[EM_MAX_DIMS], nb = 0, nl = 0, nc = 0, nr = 0;
-        int sa[EM_MAX_DIMS], sb[EM_MAX_DIMS], nsa = 0, nsb = 0;
-        for (int g = 0; g < G; g++) {
-            bool a = has[0][g], b = has[1][g];
-            if (inout[g]) {
-                if (a && b) bt[nb++] = g;
-                else if (a) lf[nl++] = g;
-                else if (b) rt[nr++] = g;
-                else bt[nb++] = g;
-            } else if (a && b) {
-                if (em_tensor_dim(A, g) != em_tensor_dim(B, g)) sa[nsa++] = g, sb[nsb++] = g;
-                else ct[nc++] = g;
-            } else if (a) sa[nsa++] = g;
-            else if (b) sb[nsb++] = g;
-        }
-        if (nsa) A = em_sum(A, sa, nsa, true);
-        if (nsb) B = em_sum(B, sb, nsb, true);
-        if (nb + 2 > EM_MAX_DIMS) return onnx_unsupported(c, "Einsum with %d batch labels", nb);
-        int pa[EM_MAX_DIMS], pb[EM_MAX_DIMS], k = 0, kb = 0;
-        bool used[EM_MAX_DIMS] = {false};
-        int64_t s3a[EM_MAX_DIMS], s3b[EM_MAX_DIMS], L = 1, K = 1, R = 1, ys[EM_MAX_DIMS];
-        for (int j = 0; j < nb; j++) pa[k++] = bt[j], pb[kb++] = bt[j], used[bt[j]] = true;
-        for (int j = 0; j < nl; j++) pa[k++] = lf[j], used[lf[j]] = true, L *= em_tensor_dim(A, lf[j]);
-        for (int j = 0; j < nc; j++) pa[k++] = ct[j], used[ct[j]] = true, K *= em_tensor_dim(A, ct[j]);
-        for (int j = 0; j < nc; j++) pb[kb++] = ct[j];
-        for (int j = 0; j < nr; j++) pb[kb++] = rt[j], used[rt[j]] = true, R *= em_tensor_dim(B, rt[j]);
-        for (int g = 0; g < G; g++)
-            if (!used[g]) pa[k++] = g, pb[kb++] = g;
-        for (int j = 0; j < nl; j++) pb[kb++] = lf[j];
-        for (int g = 0, j = k; g < nr; g++) pa[j++] = rt[g];
-        for (int j = 0; j < nb; j++) s3a[j] = em_tensor_dim(A, bt[j]), s3b[j] = em_tensor_dim(B, bt[j]);
-        s3a[nb] = L, s3a[nb + 1] = K, s3b[nb] = K, s3b[nb + 1] = R;
-        em_tensor *a3 = em_reshape(em_contiguous(em_permute(A, pa, G)), s3a, nb + 2);
-        em_tensor *b3 = em_reshape(em_contiguous(em_permute(B, pb, G)), s3b, nb + 2);
-        em_tensor *m = em_matmul(a3, b3);
-        if (!m) return em_last_status();
-        for (int j = 0; j < nb; j++) ys[ny] = em_tensor_dim(m, j), lab[ny++] = bt[j];
-        for (int j = 0; j < nl; j++) ys[ny] = em_tensor_dim(A, lf[j]), lab[ny++] = lf[j];
-        for (int j = 0; j < nr; j++) ys[ny] = em_tensor_dim(B, rt[j]), lab[ny++] = rt[j];
-        y = em_reshape(m, ys, ny);
-    } else {
-        y = ops[0];
-        for (int i = 1; i < nin; i++) y = em_mul(y, ops[i]);
-        int sd[EM_MAX_DIMS], ns = 0;
-        for (int g = 0; g < G; g++)
-            if (inout[g]) lab[ny++] = g;
-            else sd[ns++] = g;
-        if (ns) y = em_sum(y, sd, ns, false);
-    }
-    if (!y) return em_last_status();
-    /* y's labels to the output order */
-    int perm[EM_MAX_DIMS];
-    for (int k = 0; k < no; k++)
-        for (int d = 0; d < ny; d++)
-            if (lab[d] == out[k]) perm[k] = d;
-    if (no != ny) return em_set_error(EM_ERR_RUNTIME, "Einsum: %d result dims for %d output labels", ny, no);
-    if (no > 0) y = em_contiguous(em_permute(y, perm, no));
-    return onnx_out(c, 0, onnx_wrap_int(y, onnx_in_type(c, 0)), 0);
-}
 
 /* HannWindow / HammingWindow / BlackmanWindow (17): size input, periodic
  * (default 1), output_datatype (default float). */
@@ -1167,70 +987,6 @@ static em_status window(onnx_ctx *c, double a0, double a1, double a2)
 static em_status op_hann_window(onnx_ctx *c) { return window(c, 0.5, 0.5, 0); }
 static em_status op_hamming_window(onnx_ctx *c) { return window(c, 25.0 / 46.0, 1 - 25.0 / 46.0, 0); }
 static em_status op_blackman_window(onnx_ctx *c) { return window(c, 0.42, 0.5, 0.08); }
-
-/* Col2Im (18): input [N, C * prod(block), L] summed back into
- * [N, C, image...] (torch.nn.Fold, any number of spatial dims): the
- * target of each (block offset, block position) pair is computed on the
- * host from the sizes alone, then one index_add accumulates. */
-static em_status op_col2im(onnx_ctx *c)
-{
-    em_tensor *x = onnx_in_req(c, 0);
-    if (!x) return em_last_status();
-    int64_t img[EM_MAX_DIMS], blk[EM_MAX_DIMS], dil[EM_MAX_DIMS], str[EM_MAX_DIMS], pb[EM_MAX_DIMS], pe[EM_MAX_DIMS], ob[EM_MAX_DIMS];
-    int nd = onnx_in_ints(c, 1, img, EM_MAX_DIMS - 2);
-    if (nd < 0) return em_last_status();
-    if (onnx_in_ints(c, 2, blk, EM_MAX_DIMS - 2) != nd) return em_last_status() != EM_OK ? em_last_status() : em_set_error(EM_ERR_SHAPE, "block_shape and image_shape differ in length");
-    if (em_tensor_ndim(x) != 3) return em_set_error(EM_ERR_SHAPE, "input must be 3-D [N, C * prod(block_shape), L]");
-    const int64_t *v;
-    int n;
-    for (int d = 0; d < nd; d++) dil[d] = 1, str[d] = 1, pb[d] = 0, pe[d] = 0;
-    if ((n = onnx_attr_ints(c, "dilations", &v)) >= 0) {
-        if (n != nd) return em_set_error(EM_ERR_INVALID, "dilations has %d values for %d dims", n, nd);
-        memcpy(dil, v, (size_t)nd * 8);
-    }
-    if ((n = onnx_attr_ints(c, "strides", &v)) >= 0) {
-        if (n != nd) return em_set_error(EM_ERR_INVALID, "strides has %d values for %d dims", n, nd);
-        memcpy(str, v, (size_t)nd * 8);
-    }
-    if ((n = onnx_attr_ints(c, "pads", &v)) >= 0) {
-        if (n != 2 * nd) return em_set_error(EM_ERR_INVALID, "pads has %d values for %d dims", n, nd);
-        memcpy(pb, v, (size_t)nd * 8), memcpy(pe, v + nd, (size_t)nd * 8);
-    }
-    int64_t K = 1, L = 1, T = 1;
-    for (int d = 0; d < nd; d++) {
-        if (blk[d] < 1 || dil[d] < 1 || str[d] < 1 || img[d] < 0) return em_set_error(EM_ERR_INVALID, "bad block_shape / dilations / strides / image_shape at dim %d", d);
-        ob[d] = (img[d] + pb[d] + pe[d] - dil[d] * (blk[d] - 1) - 1) / str[d] + 1;
-        if (ob[d] < 1) return em_set_error(EM_ERR_SHAPE, "the block does not fit the padded image at dim %d", d);
-        K *= blk[d], L *= ob[d], T *= img[d];
-    }
-    int64_t N = em_tensor_dim(x, 0), CK = em_tensor_dim(x, 1);
-    if (CK % K || em_tensor_dim(x, 2) != L)
-        return em_set_error(EM_ERR_SHAPE, "input dims %lld x %lld do not fit %lld block elements and %lld blocks", (long long)CK, (long long)em_tensor_dim(x, 2), (long long)K, (long long)L);
-    int64_t C = CK / K, KL = K * L;
-    int64_t *ix = malloc((size_t)KL * sizeof *ix);
-    if (!ix) return em_set_error(EM_ERR_NOMEM, "Col2Im: out of memory");
-    for (int64_t k = 0; k < K; k++)
-        for (int64_t l = 0; l < L; l++) {
-            int64_t kr = k, lr = l, flat = 0, mul = 1;
-            bool inside = true;
-            for (int d = nd - 1; d >= 0; d--) {
-                int64_t kd = kr % blk[d], ld = lr % ob[d];
-                kr /= blk[d], lr /= ob[d];
-                int64_t pos = ld * str[d] + kd * dil[d] - pb[d];
-                if (pos < 0 || pos >= img[d]) inside = false;
-                flat += pos * mul;
-                mul *= img[d];
-            }
-            ix[k * L + l] = inside ? flat : T; /* T: a dump slot cut off below */
-        }
-    em_tensor *it = em_from_host(ix, &KL, 1, EM_I64);
-    free(ix);
-    int64_t s3[3] = {N, C, KL}, z3[3] = {N, C, T + 1}, os[EM_MAX_DIMS];
-    em_tensor *acc = em_index_add(em_zeros(z3, 3, em_tensor_dtype(x)), 2, it, em_reshape(x, s3, 3));
-    os[0] = N, os[1] = C;
-    for (int d = 0; d < nd; d++) os[2 + d] = img[d];
-    return onnx_out(c, 0, em_reshape(em_contiguous(em_narrow(acc, 2, 0, T)), os, nd + 2), 0);
-}
 
 /* [n, K] matrix cos (or sin) of 2 pi (i k mod N) / N, in @p dt. */
 static em_tensor *dft_mat(int64_t n, int64_t K, int64_t N, bool sine, em_dtype dt)
@@ -1461,8 +1217,6 @@ const onnx_op onnx_ops_shape[] = {
     {"CenterCropPad", 18, op_center_crop_pad},
     {"Unique", 11, op_unique},
     {"TensorScatter", 24, op_tensor_scatter},
-    {"Einsum", 12, op_einsum},
-    {"Col2Im", 18, op_col2im},
     {"DFT", 17, op_dft},
     {"STFT", 17, op_stft},
     {"MelWeightMatrix", 17, op_mel_weight_matrix},
