@@ -4,7 +4,9 @@
 
 #include "ember/onnx.h"
 
+#include <errno.h>
 #include <getopt.h>
+#include <sys/stat.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -20,11 +22,33 @@ static const char RUN_HELP[] =
     "  --input [NAME=]FILE.npy  an input from a .npy file (NAME may be left out for\n"
     "                           a model of one input); every graph input needs one\n"
     "  --device DEV             cpu, cuda:N, opencl:N, auto (default: EMBER_DEVICE or cpu)\n"
-    "  --output-dir DIR         also write each output to DIR/<output name>.npy\n"
-    "                           (characters other than [A-Za-z0-9._-] become '_')\n"
+    "  --output-dir DIR         also write each output to DIR/<output name>.npy (DIR is\n"
+    "                           created when missing)\n"
+    "                           (characters of the name other than [A-Za-z0-9._-] become '_')\n"
     "  --repeat N               run N more times after the first and print the median,\n"
     "                           fastest and slowest wall time per run (ms)\n"
     "  --print-limit K          print at most K values per output (default 20; 0: none)\n\n" EM_TOOL_EXIT_HELP;
+
+/* mkdir -p: 0, or -1 with errno. */
+static int make_dirs(const char *dir)
+{
+    char p[4096];
+    snprintf(p, sizeof p, "%s", dir);
+    for (char *s = p + 1; *s; s++)
+        if (*s == '/') {
+            *s = 0;
+            if (mkdir(p, 0777) != 0 && errno != EEXIST) return -1;
+            *s = '/';
+        }
+    if (mkdir(p, 0777) != 0 && errno != EEXIST) return -1;
+    struct stat sb;
+    if (stat(p, &sb) != 0) return -1;
+    if (!S_ISDIR(sb.st_mode)) {
+        errno = ENOTDIR;
+        return -1;
+    }
+    return 0;
+}
 
 static double now_ms(void)
 {
@@ -95,6 +119,10 @@ int em_tool_run(int argc, char **argv)
     }
     const char *path = argv[optind];
     if (em_tool_check_device("run", device) != 0) return EM_TOOL_EXIT_USAGE;
+    if (outdir && make_dirs(outdir) != 0) {
+        fprintf(stderr, "ember run: --output-dir %s: %s\n", outdir, strerror(errno));
+        return EM_TOOL_EXIT_RUNTIME;
+    }
     if (em_tool_init_runtime(device) != 0) return EM_TOOL_EXIT_RUNTIME;
     int rc = EM_TOOL_EXIT_RUNTIME;
     const char *err = NULL;
