@@ -7,7 +7,6 @@
  */
 #define _GNU_SOURCE
 #include "store/onnx_internal.h"
-#include "runtime/runtime_internal.h"
 
 #include <errno.h>
 #include <limits.h>
@@ -536,7 +535,11 @@ static em_tensor *onnx_module_forward(em_module *mod, const em_tensor *x)
     }
     em_tensor *in = (em_tensor *)x, *out = NULL;
     if (em_onnx_run(m, &in, 1, &out, 1) != EM_OK) return NULL;
-    return em__publish(out); /* a module's forward follows tensor.h's rules: the current scope owns it */
+    /* a module's forward follows tensor.h's rules (the current scope owns the
+     * result): a view made here is scope-owned, our own reference is dropped */
+    em_tensor *r = em_reshape(out, em_tensor_shape(out), em_tensor_ndim(out));
+    em_tensor_release(out);
+    return r;
 }
 
 static const em_module_vtable ONNX_MODEL_VT = {"OnnxModel", onnx_module_forward, NULL};
