@@ -316,6 +316,11 @@ static em_status op_col2im(onnx_ctx *c)
     em_status st;
     if ((st = ints_attr(c, "strides", nd, s, 1)) || (st = ints_attr(c, "dilations", nd, d, 1)) || (st = ints_attr(c, "pads", 2 * nd, p, 0)))
         return st;
+    for (int i = 0; i < nd; i++)
+        if (img[i] < 1 || blk[i] < 1 || s[i] < 1 || d[i] < 1 || p[i] < 0 || p[nd + i] < 0)
+            return em_set_error(EM_ERR_INVALID, "image_shape, block_shape, strides and dilations must be >= 1 and pads >= 0 (dim %d: "
+                                "image %lld, block %lld, stride %lld, dilation %lld)", i, (long long)img[i], (long long)blk[i],
+                                (long long)s[i], (long long)d[i]);
     int64_t K = 1, L = 1, ol[3];
     for (int i = 0; i < nd; i++) {
         K *= blk[i];
