@@ -262,8 +262,9 @@ static em_tensor *minus_zp(onnx_ctx *c, em_tensor *x, em_tensor *zp, int row_axi
     if (n != 1) {
         if (em_tensor_ndim(zp) != 1) { onnx_unsupported(c, "%s of rank %d", name, em_tensor_ndim(zp)); return NULL; }
         int r = em_tensor_ndim(x);
+        if (r < 2) { onnx_unsupported(c, "1-D operand with a 1-D %s", name); return NULL; }
         int64_t want = em_tensor_dim(x, row_axis ? r - 2 : r - 1);
-        if (r < 2 || n != want) { em_set_error(EM_ERR_SHAPE, "%s has %lld entries, expected 1 or %lld", name, (long long)n, (long long)want); return NULL; }
+        if (n != want) { em_set_error(EM_ERR_SHAPE, "%s has %lld entries, expected 1 or %lld", name, (long long)n, (long long)want); return NULL; }
         if (row_axis) z = em_unsqueeze(z, 1);
     } else {
         z = em_reshape(z, NULL, 0);
@@ -281,7 +282,6 @@ static em_status op_matmul_integer(onnx_ctx *c)
     if (!int_range(onnx_in_type(c, 0), &lo, &hi) || !int_range(onnx_in_type(c, 1), &lo, &hi) || onnx_in_type(c, 0) == ONNX_INT32 ||
         onnx_in_type(c, 1) == ONNX_INT32)
         return em_set_error(EM_ERR_DTYPE, "A and B must be 8- or 16-bit integers");
-    if (em_tensor_ndim(a) < 2 || em_tensor_ndim(b) < 2) return onnx_unsupported(c, "1-D operands");
     em_tensor *A = minus_zp(c, a, onnx_in(c, 2), 1, "a_zero_point");
     if (!A) return em_last_status();
     em_tensor *Bm = minus_zp(c, b, onnx_in(c, 3), 0, "b_zero_point");
