@@ -86,6 +86,19 @@ static em_status run_recurrent(onnx_ctx *c, int cell)
     if (dt != EM_F32 && dt != EM_F64 && dt != EM_F16 && dt != EM_BF16)
         return em_set_error(EM_ERR_DTYPE, "X must be a float tensor");
 
+    /* half-precision inputs are computed in f32 and rounded once at the end */
+    em_dtype odt = dt;
+    if (dt == EM_F16 || dt == EM_BF16) {
+        dt = EM_F32;
+        X = em_cast(X, dt), W = em_cast(W, dt), R = em_cast(R, dt);
+        if (B) B = em_cast(B, dt);
+        if (H0) H0 = em_cast(H0, dt);
+        if (C0) C0 = em_cast(C0, dt);
+        if (P) P = em_cast(P, dt);
+        if (!X || !W || !R || (onnx_in(c, 3) && !B) || (onnx_in(c, 5) && !H0) || (cell == CELL_LSTM && ((onnx_in(c, 6) && !C0) || (onnx_in(c, 7) && !P))))
+            return em_last_status();
+    }
+
     int64_t layout = onnx_attr_int(c, "layout", 0);
     if (layout != 0 && layout != 1) return em_set_error(EM_ERR_INVALID, "layout %lld must be 0 or 1", (long long)layout);
     const char *dir = onnx_attr_string(c, "direction", "forward");
@@ -224,6 +237,10 @@ static em_status run_recurrent(onnx_ctx *c, int cell)
         Y = em_permute(Y, (int[]){2, 0, 1, 3}, 4);
         Yh = em_transpose(Yh, 0, 1);
         if (Yc) Yc = em_transpose(Yc, 0, 1);
+    }
+    if (odt != dt) {
+        Y = em_cast(Y, odt), Yh = em_cast(Yh, odt);
+        if (Yc) Yc = em_cast(Yc, odt);
     }
     if ((st = onnx_out(c, 0, Y, 0))) return st;
     if ((st = onnx_out(c, 1, Yh, 0))) return st;
