@@ -129,6 +129,7 @@ extern const onnx_op onnx_ops_elementwise[];
 extern const onnx_op onnx_ops_shape[];
 extern const onnx_op onnx_ops_nn[];
 extern const onnx_op onnx_ops_vision[];
+extern const onnx_op onnx_ops_rnn[];
 /** The entry for @p op_type (default domain) at @p opset, or NULL. */
 const onnx_op *onnx_find_op(const char *op_type, int opset);
 

@@ -501,7 +501,7 @@ static int map_get(name_map *m, const char *s, int next, bool *added)
 
 /* ---- operator lookup ------------------------------------------------------------- */
 
-static const onnx_op *const op_tables[] = {onnx_ops_core, onnx_ops_elementwise, onnx_ops_shape, onnx_ops_nn, onnx_ops_vision};
+static const onnx_op *const op_tables[] = {onnx_ops_core, onnx_ops_elementwise, onnx_ops_shape, onnx_ops_nn, onnx_ops_vision, onnx_ops_rnn};
 
 /* The entry with the newest `since` <= opset; *oldest: the oldest since seen for the name (0: none). */
 static const onnx_op *find_op(const char *op_type, int opset, int *oldest)
