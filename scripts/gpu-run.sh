@@ -25,6 +25,9 @@
 #   gpttrain     `ember train --model gpt` (the anchor run; GPT_ITERS, GPT_PRECISION)
 #                then `ember generate` on cuda:0 and the CPU (not in the default list)
 #   attention    the attention kernels' harness and torch's SDPA (not in the default list)
+#   onnx         issue #19: ember run on cuda:0 vs the host's CPU workers, and
+#                the ONNX node tests on cuda:0 (run_onnx below says what to put
+#                in gpu-onnx/)
 #   serve        issue #18: scripts/serve-bench.sh (offline vs server throughput for
 #                cuda:0, cpu+cuda:0 and cpu instances, a soak run; not in the default list)
 #   sanitizer    test_consistency under compute-sanitizer memcheck (out-of-bounds
@@ -389,6 +392,39 @@ run_sanitizer() {
   grep -E "ERROR SUMMARY|Invalid|out of bounds" "$OUT/sanitizer.log" | head -20 >>"$SUMMARY"
 }
 
+# issue #19: ONNX import on the GPU. $ONNX_DIR (default $ROOT/gpu-onnx) holds
+# the models tests/onnx_torch_export.py writes (mlp.onnx, cnn.onnx, x1.npy,
+# x64.npy; made on the build machine: the GPU host has no Debian torch) and
+# optionally node-tests.tgz (a folder nodetests/ as scripts/onnx_node_tests.py
+# writes it, tarred): `ember run` timings on cuda:0 and the CPU workers of
+# this host, alternating, and the node-test runner on cuda:0.
+run_onnx() {
+  local d="${ONNX_DIR:-$ROOT/gpu-onnx}" rc=0 r m b dev
+  [ -f "$d/mlp.onnx" ] || { say "step onnx: $d/mlp.onnx missing"; FAILED=1; return; }
+  {
+    for r in 1 2 3; do
+      for m in mlp cnn; do
+        for b in 1 64; do
+          for dev in cuda:0 cpu; do
+            [ $((r % 2)) = 0 ] && dev=$([ "$dev" = cpu ] && echo cuda:0 || echo cpu)
+            echo "round $r $m batch $b $dev: $(timeout "$(tlimit 60)" "$BUILD/ember" run "$d/$m.onnx" --input "x=$d/x$b.npy" \
+              --repeat 200 --print-limit 0 --device "$dev" 2>&1 | grep -E '^time per run|error|ember run: .*:' | tail -1)"
+          done
+        done
+      done
+    done
+  } >"$OUT/onnx.log" 2>&1
+  if [ -f "$d/node-tests.tgz" ]; then
+    mkdir -p "$WORK/nt" && tar xzf "$d/node-tests.tgz" -C "$WORK/nt"
+    timeout "$(tlimit 300)" "$BUILD/tests/onnx_node_runner" --device cuda:0 \
+      --exceptions "$ROOT/tests/onnx_tolerance_exceptions.txt" --results "$OUT/onnx-node-results-cuda.txt" \
+      "$WORK/nt/nodetests" >"$OUT/onnx-node-cuda.log" 2>&1 || rc=$?
+    tail -1 "$OUT/onnx-node-cuda.log" >>"$SUMMARY"
+  fi
+  status onnx "$rc"
+  sed -n 's/^\(round .*\)$/\1/p' "$OUT/onnx.log" >>"$SUMMARY"
+}
+
 for s in $STEPS; do
   if [ "$(left)" -le 15 ]; then
     say "step $s: not run (time budget spent)"
@@ -409,6 +445,7 @@ for s in $STEPS; do
     cnnprofile) run_cnnprofile ;;
     train) run_train ;;
     serve) run_serve ;;
+    onnx) run_onnx ;;
     sanitizer) run_sanitizer ;;
     *) say "gpu-run: unknown step '$s'" ;;
   esac
