@@ -70,6 +70,7 @@ bool onnx_type_to_dtype(int t, em_dtype *out)
     case ONNX_FLOAT16: d = EM_F16; break;
     case ONNX_BFLOAT16: d = EM_BF16; break;
     case ONNX_INT32: case ONNX_INT8: case ONNX_INT16: case ONNX_UINT16: d = EM_I32; break;
+    case ONNX_INT4: case ONNX_UINT4: case ONNX_INT2: case ONNX_UINT2: d = EM_I32; break;
     case ONNX_INT64: case ONNX_UINT32: d = EM_I64; break;
     case ONNX_UINT8: d = EM_U8; break;
     case ONNX_BOOL: d = EM_BOOL; break;
@@ -105,6 +106,27 @@ static size_t raw_elem_size(int t)
     case ONNX_INT8: case ONNX_UINT8: case ONNX_BOOL: return 1;
     default: return 0;
     }
+}
+
+/* Bits per element of the sub-byte types, packed low bits first in raw_data
+ * and int32_data (one byte per int32_data entry); 0 for the others. */
+static int packed_bits(int t)
+{
+    switch (t) {
+    case ONNX_INT4: case ONNX_UINT4: return 4;
+    case ONNX_INT2: case ONNX_UINT2: return 2;
+    default: return 0;
+    }
+}
+
+/* Element i of a packed sub-byte tensor whose byte holding it is @p byte,
+ * sign-extended for INT4 / INT2. */
+static int32_t packed_elem(int t, uint8_t byte, uint64_t i)
+{
+    int bits = packed_bits(t), per = 8 / bits;
+    int32_t v = (byte >> ((int)(i % (uint64_t)per) * bits)) & ((1 << bits) - 1);
+    if ((t == ONNX_INT4 || t == ONNX_INT2) && v >= 1 << (bits - 1)) v -= 1 << bits;
+    return v;
 }
 
 /* ---- files ------------------------------------------------------------------------- */
@@ -347,7 +369,8 @@ em_tensor *onnx_tensor_from_proto(const Onnx__TensorProto *tp, const char *base_
         numel *= (uint64_t)shape[i];
     }
     size_t es = raw_elem_size(t);
-    size_t need = (size_t)numel * es;
+    int pb = packed_bits(t);
+    size_t need = pb ? ((size_t)numel * (size_t)pb + 7) / 8 : (size_t)numel * es;
     const uint8_t *raw = NULL;
     uint8_t *ext = NULL;
     if (tp->has_data_location && tp->data_location == ONNX__TENSOR_PROTO__DATA_LOCATION__EXTERNAL) {
@@ -371,7 +394,7 @@ em_tensor *onnx_tensor_from_proto(const Onnx__TensorProto *tp, const char *base_
         case ONNX_UINT32: case ONNX_UINT64: have = tp->n_uint64_data; break;
         default: have = tp->n_int32_data; break;
         }
-        if (have != numel) {
+        if (pb ? have != need : have != numel) {
             em_set_error(EM_ERR_FORMAT, "tensor '%s': %zu values for %llu elements of shape", tn, have, (unsigned long long)numel);
             return NULL;
         }
@@ -385,7 +408,11 @@ em_tensor *onnx_tensor_from_proto(const Onnx__TensorProto *tp, const char *base_
     }
     for (uint64_t i = 0; i < numel; i++) {
         uint8_t *d = buf + i * esz;
-        if (raw) {
+        if (pb) {
+            uint64_t k = i * (uint64_t)pb / 8;
+            int32_t v = packed_elem(t, raw ? raw[k] : (uint8_t)tp->int32_data[k], i);
+            memcpy(d, &v, 4);
+        } else if (raw) {
             const uint8_t *s = raw + i * es;
             switch (t) {
             case ONNX_INT8: { int32_t v = (int8_t)s[0]; memcpy(d, &v, 4); break; }
@@ -1272,6 +1299,10 @@ em_tensor *onnx_wrap_int(em_tensor *t, int type)
     case ONNX_INT16: span = 65536, lo = -32768; break;
     case ONNX_UINT16: span = 65536, lo = 0; break;
     case ONNX_UINT32: span = 4294967296.0, lo = 0; break;
+    case ONNX_INT4: span = 16, lo = -8; break;
+    case ONNX_UINT4: span = 16, lo = 0; break;
+    case ONNX_INT2: span = 4, lo = -2; break;
+    case ONNX_UINT2: span = 4, lo = 0; break;
     default: return t;
     }
     /* ((x - lo) mod span) + lo with a floor modulo: the two's-complement wrap */

@@ -21,16 +21,21 @@
 /* ---- type helpers ---- */
 
 static bool is_float_type(int t) { return t == ONNX_FLOAT || t == ONNX_DOUBLE || t == ONNX_FLOAT16 || t == ONNX_BFLOAT16; }
-static bool is_unsigned_type(int t) { return t == ONNX_UINT8 || t == ONNX_UINT16 || t == ONNX_UINT32 || t == ONNX_UINT64; }
+static bool is_unsigned_type(int t)
+{
+    return t == ONNX_UINT8 || t == ONNX_UINT16 || t == ONNX_UINT32 || t == ONNX_UINT64 || t == ONNX_UINT4 || t == ONNX_UINT2;
+}
 static bool is_signed_int_type(int t)
 {
-    return t == ONNX_INT8 || t == ONNX_INT16 || t == ONNX_INT32 || t == ONNX_INT64;
+    return t == ONNX_INT8 || t == ONNX_INT16 || t == ONNX_INT32 || t == ONNX_INT64 || t == ONNX_INT4 || t == ONNX_INT2;
 }
 static bool is_int_type(int t) { return is_unsigned_type(t) || is_signed_int_type(t); }
 
 static int int_bits(int t)
 {
     switch (t) {
+    case ONNX_INT2: case ONNX_UINT2: return 2;
+    case ONNX_INT4: case ONNX_UINT4: return 4;
     case ONNX_INT8: case ONNX_UINT8: return 8;
     case ONNX_INT16: case ONNX_UINT16: return 16;
     case ONNX_INT32: case ONNX_UINT32: return 32;
@@ -389,6 +394,18 @@ static em_status op_bitwise_xor(onnx_ctx *c) { return bitwise(c, BW_XOR); }
 
 /* ---- Cast ---- */
 
+/* Range of the 4 / 2-bit integer types. */
+static bool sub_byte_range(int t, double *lo, double *hi)
+{
+    switch (t) {
+    case ONNX_INT4: *lo = -8, *hi = 7; return true;
+    case ONNX_UINT4: *lo = 0, *hi = 15; return true;
+    case ONNX_INT2: *lo = -2, *hi = 1; return true;
+    case ONNX_UINT2: *lo = 0, *hi = 3; return true;
+    default: return false;
+    }
+}
+
 /* x (ONNX type from) converted to ONNX type to: float -> int truncates
  * toward zero, then wraps into the type as a C cast of an in-range value;
  * anything -> bool is x != 0. */
@@ -399,6 +416,14 @@ static em_tensor *cast_to(em_tensor *x, int from, int to)
     if (to == ONNX_BOOL) return em_tensor_dtype(x) == EM_BOOL ? em_cast(x, EM_BOOL) : em_ne_scalar(x, 0);
     if (is_float_type(to) || to == ONNX_INT64) return em_cast(x, dt);
     if (from == to) return em_cast(x, dt);
+    double lo, hi;
+    if (is_float_type(from) && sub_byte_range(to, &lo, &hi)) {
+        /* float -> 4 / 2-bit: truncated toward zero; out of range (NaN,
+         * inf included) is undefined in the spec, 0 as the reference */
+        em_tensor *tr = em_trunc(x);
+        em_tensor *ok = em_logical_and(em_ge_scalar(tr, lo), em_le_scalar(tr, hi));
+        return em_cast(em_where(ok, tr, em_zeros_like(tr)), dt);
+    }
     /* a narrower integer type: through i64, then the wrap */
     em_tensor *i = em_cast(x, EM_I64);
     return arith_out(i, to);
@@ -905,7 +930,7 @@ static bool q_range(int t, double *lo, double *hi)
     case ONNX_INT8: *lo = -128, *hi = 127; return true;
     case ONNX_UINT16: *lo = 0, *hi = 65535; return true;
     case ONNX_INT16: *lo = -32768, *hi = 32767; return true;
-    default: return false;
+    default: return sub_byte_range(t, lo, hi);
     }
 }
 
