@@ -66,6 +66,7 @@ bool onnx_type_to_dtype(int t, em_dtype *out)
     em_dtype d;
     switch (t) {
     case ONNX_FLOAT: d = EM_F32; break;
+    case ONNX_FLOAT8E4M3FN: case ONNX_FLOAT8E4M3FNUZ: case ONNX_FLOAT8E5M2: case ONNX_FLOAT8E5M2FNUZ: d = EM_F32; break;
     case ONNX_DOUBLE: d = EM_F64; break;
     case ONNX_FLOAT16: d = EM_F16; break;
     case ONNX_BFLOAT16: d = EM_BF16; break;
@@ -104,6 +105,7 @@ static size_t raw_elem_size(int t)
     case ONNX_DOUBLE: case ONNX_INT64: case ONNX_UINT64: return 8;
     case ONNX_FLOAT16: case ONNX_BFLOAT16: case ONNX_INT16: case ONNX_UINT16: return 2;
     case ONNX_INT8: case ONNX_UINT8: case ONNX_BOOL: return 1;
+    case ONNX_FLOAT8E4M3FN: case ONNX_FLOAT8E4M3FNUZ: case ONNX_FLOAT8E5M2: case ONNX_FLOAT8E5M2FNUZ: return 1;
     default: return 0;
     }
 }
@@ -128,6 +130,35 @@ static int32_t packed_elem(int t, uint8_t byte, uint64_t i)
     if ((t == ONNX_INT4 || t == ONNX_INT2) && v >= 1 << (bits - 1)) v -= 1 << bits;
     return v;
 }
+
+/* The float8 value of bit pattern b (float8 types are held as EM_F32, exact):
+ * E4M3FN has NaN at S.1111.111 and no inf; the FNUZ types their one NaN at
+ * 0x80, no inf and no -0, exponent bias one more; E5M2 is IEEE-like. */
+static float float8_value(int t, uint8_t b)
+{
+    const uint32_t nan_bits = 0x7fc00000u, inf_bits = 0x7f800000u;
+    float nan, inf;
+    memcpy(&nan, &nan_bits, 4);
+    memcpy(&inf, &inf_bits, 4);
+    bool e5 = t == ONNX_FLOAT8E5M2 || t == ONNX_FLOAT8E5M2FNUZ;
+    bool uz = t == ONNX_FLOAT8E4M3FNUZ || t == ONNX_FLOAT8E5M2FNUZ;
+    int mb = e5 ? 2 : 3, bias = (e5 ? 15 : 7) + uz, emax = e5 ? 31 : 15;
+    int e = (b & 0x7f) >> mb, m = b & ((1 << mb) - 1);
+    float sg = b & 0x80 ? -1.0f : 1.0f;
+    if (uz && b == 0x80) return nan;
+    if (!uz && e == emax) {
+        if (!e5 && m == (1 << mb) - 1) return nan;
+        if (e5) return m ? nan : sg * inf;
+    }
+    /* the value is an integer times 2^k, k in [-17, 0]: exact in float */
+    int k = e == 0 ? 1 - bias - mb : e - bias - mb;
+    float v = (float)(e == 0 ? m : (1 << mb) + m);
+    for (; k < 0; k++) v *= 0.5f;
+    for (; k > 0; k--) v *= 2.0f;
+    return sg * v;
+}
+
+static bool is_float8(int t) { return t >= ONNX_FLOAT8E4M3FN && t <= ONNX_FLOAT8E5M2FNUZ; }
 
 /* ---- files ------------------------------------------------------------------------- */
 
@@ -411,6 +442,9 @@ em_tensor *onnx_tensor_from_proto(const Onnx__TensorProto *tp, const char *base_
         if (pb) {
             uint64_t k = i * (uint64_t)pb / 8;
             int32_t v = packed_elem(t, raw ? raw[k] : (uint8_t)tp->int32_data[k], i);
+            memcpy(d, &v, 4);
+        } else if (is_float8(t)) {
+            float v = float8_value(t, raw ? raw[i] : (uint8_t)tp->int32_data[i]);
             memcpy(d, &v, 4);
         } else if (raw) {
             const uint8_t *s = raw + i * es;

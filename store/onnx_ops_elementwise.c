@@ -406,18 +406,59 @@ static bool sub_byte_range(int t, double *lo, double *hi)
     }
 }
 
+static bool is_f8_type(int t)
+{
+    return t == ONNX_FLOAT8E4M3FN || t == ONNX_FLOAT8E4M3FNUZ || t == ONNX_FLOAT8E5M2 || t == ONNX_FLOAT8E5M2FNUZ;
+}
+
+/* x (float, held in its dtype) rounded to the grid of float8 type t (held as
+ * EM_F32, every value exact): in f64, where x is exact, |x| = k * 2^(e - m)
+ * with e = max(floor(log2 |x|), 1 - bias) and k rounded half to even.
+ * Beyond the largest finite value M (after the rounding) and +-inf: +-M
+ * when saturating, else +-inf for E5M2 and NaN for the types without inf.
+ * NaN stays NaN; the FNUZ types have no -0. */
+static em_tensor *f8_round(em_tensor *x, int t, bool saturate)
+{
+    bool e5 = t == ONNX_FLOAT8E5M2 || t == ONNX_FLOAT8E5M2FNUZ;
+    bool uz = t == ONNX_FLOAT8E4M3FNUZ || t == ONNX_FLOAT8E5M2FNUZ;
+    int m = e5 ? 2 : 3, bias = (e5 ? 15 : 7) + uz;
+    double M = e5 ? 57344 : uz ? 240 : 448;
+    em_tensor *x64 = to_f64(x);
+    em_tensor *a = em_abs(x64);
+    em_tensor *s = em_logical_or(em_lt_scalar(x64, 0), em_logical_and(em_eq_scalar(x64, 0), em_lt_scalar(em_reciprocal(x64), 0)));
+    em_tensor *fin = em_logical_and(em_lt_scalar(a, INFINITY), em_eq(a, a));
+    em_tensor *af = em_where(fin, a, em_zeros_like(a)); /* finite stand-in */
+    em_tensor *e = em_floor(em_log2(af));
+    e = em_where(em_gt(em_exp2(e), af), em_sub_scalar(e, 1), e);
+    e = em_where(em_le(em_exp2(em_add_scalar(e, 1)), af), em_add_scalar(e, 1), e);
+    e = em_maximum_scalar(e, 1 - bias); /* also log2(0) = -inf */
+    em_tensor *q = em_exp2(em_sub_scalar(e, m));
+    em_tensor *r = em_mul(em_round(em_div(af, q)), q);
+    em_tensor *over = em_logical_or(em_gt_scalar(r, M), em_eq_scalar(a, INFINITY));
+    double ov = saturate ? M : e5 && !uz ? INFINITY : NAN;
+    r = em_where(over, em_scalar(ov, EM_F64), r);
+    if (uz) s = em_logical_and(s, em_gt_scalar(r, 0));
+    r = em_where(s, em_neg(r), r);
+    r = em_where(em_ne(x64, x64), x64, r);
+    return em_cast(r, EM_F32);
+}
+
 /* x (ONNX type from) converted to ONNX type to: float -> int truncates
  * toward zero, then wraps into the type as a C cast of an in-range value;
  * anything -> bool is x != 0. */
-static em_tensor *cast_to(em_tensor *x, int from, int to)
+static em_tensor *cast_to(em_tensor *x, int from, int to, bool saturate)
 {
     em_dtype dt;
     if (!onnx_type_to_dtype(to, &dt)) return NULL;
     if (to == ONNX_BOOL) return em_tensor_dtype(x) == EM_BOOL ? em_cast(x, EM_BOOL) : em_ne_scalar(x, 0);
+    if (is_f8_type(to) && from != to) {
+        if (!is_float_type(from) && !is_f8_type(from)) x = em_cast(x, EM_F64); /* integers: exact in f64 */
+        return f8_round(x, to, saturate);
+    }
     if (is_float_type(to) || to == ONNX_INT64) return em_cast(x, dt);
     if (from == to) return em_cast(x, dt);
     double lo, hi;
-    if (is_float_type(from) && sub_byte_range(to, &lo, &hi)) {
+    if ((is_float_type(from) || is_f8_type(from)) && sub_byte_range(to, &lo, &hi)) {
         /* float -> 4 / 2-bit: truncated toward zero; out of range (NaN,
          * inf included) is undefined in the spec, 0 as the reference */
         em_tensor *tr = em_trunc(x);
@@ -436,13 +477,15 @@ static em_status cast_common(onnx_ctx *c, em_tensor *x, int from, int to)
     const char *rm = onnx_attr_string(c, "round_mode", "up");
     if (strcmp(rm, "up") && strcmp(rm, "down") && strcmp(rm, "nearest"))
         return em_set_error(EM_ERR_INVALID, "round_mode must be up, down or nearest, not '%s'", rm);
-    /* saturate and round_mode concern the float8 / e8m0 targets only */
-    return onnx_out(c, 0, cast_to(x, from, to), to);
+    /* saturate (default 1) and round_mode concern the float8 / e8m0 targets only */
+    bool sat = c->opset < 19 || onnx_attr_int(c, "saturate", 1) != 0;
+    return onnx_out(c, 0, cast_to(x, from, to, sat), to);
 }
 
 /* Cast (6, 9, 13, 19, 21, 23, 24, 25, 28): to is an int from opset 6;
- * saturate (19) and round_mode (28) apply to float8 / float8e8m0 targets,
- * which Ember does not hold (refused at load). */
+ * saturate (19) applies to the float8 targets (held as EM_F32, rounded by
+ * f8_round), round_mode (28) to float8e8m0, which Ember does not hold
+ * (refused at load). */
 static em_status op_cast(onnx_ctx *c)
 {
     em_tensor *x = onnx_in_req(c, 0);
@@ -946,8 +989,9 @@ static em_status op_quantize(onnx_ctx *c)
     int64_t od = c->opset >= 21 ? onnx_attr_int(c, "output_dtype", 0) : 0;
     if (od && t && od != t) return em_set_error(EM_ERR_INVALID, "output_dtype %lld differs from the zero point's type %s", (long long)od, tname(t));
     if (!t) t = od ? (int)od : ONNX_UINT8;
-    double lo, hi;
-    if (!q_range(t, &lo, &hi)) return onnx_unsupported(c, "QuantizeLinear to %s (type %d)", tname(t), t);
+    double lo = 0, hi = 0;
+    bool f8 = is_f8_type(t);
+    if (!f8 && !q_range(t, &lo, &hi)) return onnx_unsupported(c, "QuantizeLinear to %s (type %d)", tname(t), t);
     int64_t prec = c->opset >= 23 ? onnx_attr_int(c, "precision", 0) : 0;
     if (prec) {
         em_dtype pd;
@@ -960,6 +1004,12 @@ static em_status op_quantize(onnx_ctx *c)
     }
     em_tensor *s = q_param(c, scale, x, "y_scale");
     if (!s) return em_last_status();
+    if (f8) {
+        /* float8: x / scale rounded to the type's grid; the zero point (which
+         * must be 0 for these types) is not added, as the reference */
+        bool sat = onnx_attr_int(c, "saturate", 1) != 0;
+        return onnx_out(c, 0, f8_round(em_div(x, s), t, sat), t);
+    }
     em_tensor *q = em_cast(em_round(em_div(x, s)), EM_F64);
     if (zp) {
         em_tensor *z = q_param(c, zp, x, "y_zero_point");
@@ -978,7 +1028,9 @@ static em_status op_dequantize(onnx_ctx *c)
     em_tensor *x = onnx_in_req(c, 0), *scale = in_float(c, 1), *zp = onnx_in(c, 2);
     if (!x || !scale) return em_last_status();
     int tx = onnx_in_type(c, 0);
-    if (!is_int_type(tx)) return onnx_unsupported(c, "DequantizeLinear of %s", tname(tx));
+    bool f8 = is_f8_type(tx);
+    if (!is_int_type(tx) && !f8) return onnx_unsupported(c, "DequantizeLinear of %s", tname(tx));
+    if (f8) zp = NULL; /* must be 0 for float8 (the reference does not subtract it) */
     if (zp && onnx_in_type(c, 2) != tx) return em_set_error(EM_ERR_DTYPE, "x_zero_point has type %s, x %s", tname(onnx_in_type(c, 2)), tname(tx));
     int to = onnx_in_type(c, 1);
     int64_t od = c->opset >= 23 ? onnx_attr_int(c, "output_dtype", 0) : 0;
