@@ -150,7 +150,7 @@ static float float8_value(int t, uint8_t b)
         if (!e5 && m == (1 << mb) - 1) return nan;
         if (e5) return m ? nan : sg * inf;
     }
-    /* the value is an integer times 2^k, k in [-17, 0]: exact in float */
+    /* the value is an integer below 16 times 2^k, k in [-17, 13]: exact in float */
     int k = e == 0 ? 1 - bias - mb : e - bias - mb;
     float v = (float)(e == 0 ? m : (1 << mb) + m);
     for (; k < 0; k++) v *= 0.5f;
