@@ -67,6 +67,7 @@ bool onnx_type_to_dtype(int t, em_dtype *out)
     switch (t) {
     case ONNX_FLOAT: d = EM_F32; break;
     case ONNX_FLOAT8E4M3FN: case ONNX_FLOAT8E4M3FNUZ: case ONNX_FLOAT8E5M2: case ONNX_FLOAT8E5M2FNUZ: d = EM_F32; break;
+    case ONNX_FLOAT4E2M1: d = EM_F32; break;
     case ONNX_DOUBLE: d = EM_F64; break;
     case ONNX_FLOAT16: d = EM_F16; break;
     case ONNX_BFLOAT16: d = EM_BF16; break;
@@ -115,7 +116,7 @@ static size_t raw_elem_size(int t)
 static int packed_bits(int t)
 {
     switch (t) {
-    case ONNX_INT4: case ONNX_UINT4: return 4;
+    case ONNX_INT4: case ONNX_UINT4: case ONNX_FLOAT4E2M1: return 4;
     case ONNX_INT2: case ONNX_UINT2: return 2;
     default: return 0;
     }
@@ -442,7 +443,14 @@ em_tensor *onnx_tensor_from_proto(const Onnx__TensorProto *tp, const char *base_
         if (pb) {
             uint64_t k = i * (uint64_t)pb / 8;
             int32_t v = packed_elem(t, raw ? raw[k] : (uint8_t)tp->int32_data[k], i);
-            memcpy(d, &v, 4);
+            if (t == ONNX_FLOAT4E2M1) {
+                /* E2M1: sign, 2 exponent bits (bias 1), 1 mantissa bit; no inf, no NaN */
+                static const float e2m1[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
+                float f = v & 8 ? -e2m1[v & 7] : e2m1[v & 7];
+                memcpy(d, &f, 4);
+            } else {
+                memcpy(d, &v, 4);
+            }
         } else if (is_float8(t)) {
             float v = float8_value(t, raw ? raw[i] : (uint8_t)tp->int32_data[i]);
             memcpy(d, &v, 4);

@@ -406,23 +406,28 @@ static bool sub_byte_range(int t, double *lo, double *hi)
     }
 }
 
+/* The float8 types and FLOAT4E2M1, held as EM_F32 (every value exact). */
 static bool is_f8_type(int t)
 {
-    return t == ONNX_FLOAT8E4M3FN || t == ONNX_FLOAT8E4M3FNUZ || t == ONNX_FLOAT8E5M2 || t == ONNX_FLOAT8E5M2FNUZ;
+    return t == ONNX_FLOAT8E4M3FN || t == ONNX_FLOAT8E4M3FNUZ || t == ONNX_FLOAT8E5M2 || t == ONNX_FLOAT8E5M2FNUZ ||
+           t == ONNX_FLOAT4E2M1;
 }
 
-/* x (float, held in its dtype) rounded to the grid of float8 type t (held as
- * EM_F32, every value exact): in f64, where x is exact, |x| = k * 2^(e - m)
- * with e = max(floor(log2 |x|), 1 - bias) and k rounded half to even.
- * Beyond the largest finite value M (after the rounding) and +-inf: +-M
- * when saturating, else +-inf for E5M2 and NaN for the types without inf.
- * NaN stays NaN; the FNUZ types have no -0. */
+/* x (float, held in its dtype) rounded to the grid of float8 / float4 type
+ * t (held as EM_F32, every value exact): in f64, where x is exact, |x| =
+ * k * 2^(e - m) with e = max(floor(log2 |x|), 1 - bias) and k rounded half
+ * to even. Beyond the largest finite value M (after the rounding) and
+ * +-inf: +-M when saturating (always for E2M1, which has no inf or NaN),
+ * else +-inf for E5M2 and NaN for the types without inf. NaN stays NaN
+ * (E2M1: -0, the reference's); the FNUZ types have no -0. */
 static em_tensor *f8_round(em_tensor *x, int t, bool saturate)
 {
     bool e5 = t == ONNX_FLOAT8E5M2 || t == ONNX_FLOAT8E5M2FNUZ;
     bool uz = t == ONNX_FLOAT8E4M3FNUZ || t == ONNX_FLOAT8E5M2FNUZ;
-    int m = e5 ? 2 : 3, bias = (e5 ? 15 : 7) + uz;
-    double M = e5 ? 57344 : uz ? 240 : 448;
+    bool f4 = t == ONNX_FLOAT4E2M1;
+    int m = f4 ? 1 : e5 ? 2 : 3, bias = f4 ? 1 : (e5 ? 15 : 7) + uz;
+    double M = f4 ? 6 : e5 ? 57344 : uz ? 240 : 448;
+    if (f4) saturate = true;
     em_tensor *x64 = to_f64(x);
     em_tensor *a = em_abs(x64);
     em_tensor *s = em_logical_or(em_lt_scalar(x64, 0), em_logical_and(em_eq_scalar(x64, 0), em_lt_scalar(em_reciprocal(x64), 0)));
@@ -439,7 +444,7 @@ static em_tensor *f8_round(em_tensor *x, int t, bool saturate)
     r = em_where(over, em_scalar(ov, EM_F64), r);
     if (uz) s = em_logical_and(s, em_gt_scalar(r, 0));
     r = em_where(s, em_neg(r), r);
-    r = em_where(em_ne(x64, x64), x64, r);
+    r = em_where(em_ne(x64, x64), f4 ? em_scalar(-0.0, EM_F64) : x64, r);
     return em_cast(r, EM_F32);
 }
 
@@ -1008,7 +1013,14 @@ static em_status op_quantize(onnx_ctx *c)
         /* float8: x / scale rounded to the type's grid; the zero point (which
          * must be 0 for these types) is not added, as the reference */
         bool sat = onnx_attr_int(c, "saturate", 1) != 0;
-        return onnx_out(c, 0, f8_round(em_div(x, s), t, sat), t);
+        em_tensor *q = em_div(x, s);
+        if (zp && t == ONNX_FLOAT4E2M1) {
+            /* FLOAT4E2M1: the zero point is added before the rounding, as the reference */
+            em_tensor *z = q_param(c, zp, x, "y_zero_point");
+            if (!z) return em_last_status();
+            q = em_add(q, em_cast(z, em_tensor_dtype(q)));
+        }
+        return onnx_out(c, 0, f8_round(q, t, sat), t);
     }
     em_tensor *q = em_cast(em_round(em_div(x, s)), EM_F64);
     if (zp) {
