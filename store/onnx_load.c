@@ -67,7 +67,7 @@ bool onnx_type_to_dtype(int t, em_dtype *out)
     switch (t) {
     case ONNX_FLOAT: d = EM_F32; break;
     case ONNX_FLOAT8E4M3FN: case ONNX_FLOAT8E4M3FNUZ: case ONNX_FLOAT8E5M2: case ONNX_FLOAT8E5M2FNUZ: d = EM_F32; break;
-    case ONNX_FLOAT4E2M1: d = EM_F32; break;
+    case ONNX_FLOAT4E2M1: case ONNX_FLOAT8E8M0: d = EM_F32; break;
     case ONNX_DOUBLE: d = EM_F64; break;
     case ONNX_FLOAT16: d = EM_F16; break;
     case ONNX_BFLOAT16: d = EM_BF16; break;
@@ -106,7 +106,7 @@ static size_t raw_elem_size(int t)
     case ONNX_DOUBLE: case ONNX_INT64: case ONNX_UINT64: return 8;
     case ONNX_FLOAT16: case ONNX_BFLOAT16: case ONNX_INT16: case ONNX_UINT16: return 2;
     case ONNX_INT8: case ONNX_UINT8: case ONNX_BOOL: return 1;
-    case ONNX_FLOAT8E4M3FN: case ONNX_FLOAT8E4M3FNUZ: case ONNX_FLOAT8E5M2: case ONNX_FLOAT8E5M2FNUZ: return 1;
+    case ONNX_FLOAT8E4M3FN: case ONNX_FLOAT8E4M3FNUZ: case ONNX_FLOAT8E5M2: case ONNX_FLOAT8E5M2FNUZ: case ONNX_FLOAT8E8M0: return 1;
     default: return 0;
     }
 }
@@ -141,6 +141,13 @@ static float float8_value(int t, uint8_t b)
     float nan, inf;
     memcpy(&nan, &nan_bits, 4);
     memcpy(&inf, &inf_bits, 4);
+    if (t == ONNX_FLOAT8E8M0) {
+        /* 2^(b - 127), NaN at 0xff: the f32 pattern b << 23 (2^-127, a subnormal, for 0) */
+        uint32_t u = b == 0xff ? nan_bits : b ? (uint32_t)b << 23 : 0x00400000u;
+        float f;
+        memcpy(&f, &u, 4);
+        return f;
+    }
     bool e5 = t == ONNX_FLOAT8E5M2 || t == ONNX_FLOAT8E5M2FNUZ;
     bool uz = t == ONNX_FLOAT8E4M3FNUZ || t == ONNX_FLOAT8E5M2FNUZ;
     int mb = e5 ? 2 : 3, bias = (e5 ? 15 : 7) + uz, emax = e5 ? 31 : 15;
@@ -159,7 +166,7 @@ static float float8_value(int t, uint8_t b)
     return sg * v;
 }
 
-static bool is_float8(int t) { return t >= ONNX_FLOAT8E4M3FN && t <= ONNX_FLOAT8E5M2FNUZ; }
+static bool is_float8(int t) { return (t >= ONNX_FLOAT8E4M3FN && t <= ONNX_FLOAT8E5M2FNUZ) || t == ONNX_FLOAT8E8M0; }
 
 /* ---- files ------------------------------------------------------------------------- */
 

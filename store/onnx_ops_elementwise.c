@@ -448,6 +448,38 @@ static em_tensor *f8_round(em_tensor *x, int t, bool saturate)
     return em_cast(r, EM_F32);
 }
 
+/* x (float) as FLOAT8E8M0 (2^k, k in [-127, 127], held as EM_F32), the
+ * f32 exponent field E of |x| (x first rounded to f32, as the reference; 0
+ * for f32 subnormals, whose value is then 2^-127) raised by one when round_mode
+ * is up and x is not 2^(E - 127), or nearest and the f32 fraction is above
+ * 1/2 (or exactly 1/2 with E > 0), the reference's rule; E = 255 is NaN.
+ * Saturating: no raise past 2^127, +-inf gives 2^127 (the spec's table).
+ * The sign is ignored (negative x is undefined in the spec). */
+static em_tensor *e8m0_round(em_tensor *x, bool saturate, const char *rm)
+{
+    em_tensor *a = em_abs(em_cast(em_cast(x, EM_F32), EM_F64));
+    em_tensor *fin = em_lt_scalar(a, INFINITY); /* false for NaN too */
+    em_tensor *af = em_where(fin, a, em_zeros_like(a));
+    em_tensor *normal = em_ge_scalar(af, ldexp(1.0, -126));
+    em_tensor *e = em_floor(em_log2(em_where(normal, af, em_ones_like(af))));
+    e = em_where(em_gt(em_exp2(e), af), em_sub_scalar(e, 1), e);
+    e = em_where(em_le(em_exp2(em_add_scalar(e, 1)), af), em_add_scalar(e, 1), e);
+    em_tensor *field = em_where(normal, em_add_scalar(e, 127), em_zeros_like(e));
+    /* the f32 fraction: |x| / 2^e - 1 for normals, |x| / 2^-126 for the others */
+    em_tensor *frac = em_where(normal, em_sub_scalar(em_div(af, em_exp2(e)), 1), em_mul_scalar(af, ldexp(1.0, 126)));
+    em_tensor *up;
+    if (!strcmp(rm, "up")) up = em_gt_scalar(frac, 0);
+    else if (!strcmp(rm, "nearest"))
+        up = em_logical_or(em_gt_scalar(frac, 0.5), em_logical_and(em_eq_scalar(frac, 0.5), em_gt_scalar(field, 0)));
+    else up = em_lt_scalar(frac, -1); /* down: never */
+    if (saturate) up = em_logical_and(up, em_lt_scalar(field, 254));
+    field = em_where(up, em_add_scalar(field, 1), field);
+    em_tensor *r = em_where(em_ge_scalar(field, 255), em_scalar(NAN, EM_F64), em_exp2(em_sub_scalar(field, 127)));
+    r = em_where(em_eq_scalar(a, INFINITY), em_scalar(saturate ? ldexp(1.0, 127) : NAN, EM_F64), r);
+    r = em_where(em_ne(a, a), a, r);
+    return em_cast(r, EM_F32);
+}
+
 /* x (ONNX type from) converted to ONNX type to: float -> int truncates
  * toward zero, then wraps into the type as a C cast of an in-range value;
  * anything -> bool is x != 0. */
@@ -457,13 +489,13 @@ static em_tensor *cast_to(em_tensor *x, int from, int to, bool saturate)
     if (!onnx_type_to_dtype(to, &dt)) return NULL;
     if (to == ONNX_BOOL) return em_tensor_dtype(x) == EM_BOOL ? em_cast(x, EM_BOOL) : em_ne_scalar(x, 0);
     if (is_f8_type(to) && from != to) {
-        if (!is_float_type(from) && !is_f8_type(from)) x = em_cast(x, EM_F64); /* integers: exact in f64 */
+        if (!is_float_type(from) && !is_f8_type(from) && from != ONNX_FLOAT8E8M0) x = em_cast(x, EM_F64); /* integers: exact in f64 */
         return f8_round(x, to, saturate);
     }
     if (is_float_type(to) || to == ONNX_INT64) return em_cast(x, dt);
     if (from == to) return em_cast(x, dt);
     double lo, hi;
-    if ((is_float_type(from) || is_f8_type(from)) && sub_byte_range(to, &lo, &hi)) {
+    if ((is_float_type(from) || is_f8_type(from) || from == ONNX_FLOAT8E8M0) && sub_byte_range(to, &lo, &hi)) {
         /* float -> 4 / 2-bit: truncated toward zero; out of range (NaN,
          * inf included) is undefined in the spec, 0 as the reference */
         em_tensor *tr = em_trunc(x);
@@ -484,13 +516,18 @@ static em_status cast_common(onnx_ctx *c, em_tensor *x, int from, int to)
         return em_set_error(EM_ERR_INVALID, "round_mode must be up, down or nearest, not '%s'", rm);
     /* saturate (default 1) and round_mode concern the float8 / e8m0 targets only */
     bool sat = c->opset < 19 || onnx_attr_int(c, "saturate", 1) != 0;
+    if (to == ONNX_FLOAT8E8M0 && from != to) {
+        if (!sat)
+            return onnx_unsupported(c, "cast to FLOAT8E8M0 with saturate 0 (the spec's NaN for x below 2^-127 and the reference's rounding disagree)");
+        if (!is_float_type(from) && !is_f8_type(from)) x = em_cast(x, EM_F64);
+        return onnx_out(c, 0, e8m0_round(x, sat, rm), to);
+    }
     return onnx_out(c, 0, cast_to(x, from, to, sat), to);
 }
 
 /* Cast (6, 9, 13, 19, 21, 23, 24, 25, 28): to is an int from opset 6;
  * saturate (19) applies to the float8 targets (held as EM_F32, rounded by
- * f8_round), round_mode (28) to float8e8m0, which Ember does not hold
- * (refused at load). */
+ * f8_round) and FLOAT8E8M0, round_mode (28) to FLOAT8E8M0 (e8m0_round). */
 static em_status op_cast(onnx_ctx *c)
 {
     em_tensor *x = onnx_in_req(c, 0);
