@@ -65,10 +65,13 @@ bool onnx_type_to_dtype(int t, em_dtype *out)
     em_dtype d;
     switch (t) {
     case ONNX_FLOAT: d = EM_F32; break;
+    case ONNX_FLOAT8E4M3FN: case ONNX_FLOAT8E4M3FNUZ: case ONNX_FLOAT8E5M2: case ONNX_FLOAT8E5M2FNUZ: d = EM_F32; break;
+    case ONNX_FLOAT4E2M1: case ONNX_FLOAT8E8M0: d = EM_F32; break;
     case ONNX_DOUBLE: d = EM_F64; break;
     case ONNX_FLOAT16: d = EM_F16; break;
     case ONNX_BFLOAT16: d = EM_BF16; break;
     case ONNX_INT32: case ONNX_INT8: case ONNX_INT16: case ONNX_UINT16: d = EM_I32; break;
+    case ONNX_INT4: case ONNX_UINT4: case ONNX_INT2: case ONNX_UINT2: d = EM_I32; break;
     case ONNX_INT64: case ONNX_UINT32: d = EM_I64; break;
     case ONNX_UINT8: d = EM_U8; break;
     case ONNX_BOOL: d = EM_BOOL; break;
@@ -102,9 +105,67 @@ static size_t raw_elem_size(int t)
     case ONNX_DOUBLE: case ONNX_INT64: case ONNX_UINT64: return 8;
     case ONNX_FLOAT16: case ONNX_BFLOAT16: case ONNX_INT16: case ONNX_UINT16: return 2;
     case ONNX_INT8: case ONNX_UINT8: case ONNX_BOOL: return 1;
+    case ONNX_FLOAT8E4M3FN: case ONNX_FLOAT8E4M3FNUZ: case ONNX_FLOAT8E5M2: case ONNX_FLOAT8E5M2FNUZ: case ONNX_FLOAT8E8M0: return 1;
     default: return 0;
     }
 }
+
+/* Bits per element of the sub-byte types, packed low bits first in raw_data
+ * and int32_data (one byte per int32_data entry); 0 for the others. */
+static int packed_bits(int t)
+{
+    switch (t) {
+    case ONNX_INT4: case ONNX_UINT4: case ONNX_FLOAT4E2M1: return 4;
+    case ONNX_INT2: case ONNX_UINT2: return 2;
+    default: return 0;
+    }
+}
+
+/* Element i of a packed sub-byte tensor whose byte holding it is @p byte,
+ * sign-extended for INT4 / INT2. */
+static int32_t packed_elem(int t, uint8_t byte, uint64_t i)
+{
+    int bits = packed_bits(t), per = 8 / bits;
+    int32_t v = (byte >> ((int)(i % (uint64_t)per) * bits)) & ((1 << bits) - 1);
+    if ((t == ONNX_INT4 || t == ONNX_INT2) && v >= 1 << (bits - 1)) v -= 1 << bits;
+    return v;
+}
+
+/* The float8 value of bit pattern b (float8 types are held as EM_F32, exact):
+ * E4M3FN has NaN at S.1111.111 and no inf; the FNUZ types their one NaN at
+ * 0x80, no inf and no -0, exponent bias one more; E5M2 is IEEE-like. */
+static float float8_value(int t, uint8_t b)
+{
+    const uint32_t nan_bits = 0x7fc00000u, inf_bits = 0x7f800000u;
+    float nan, inf;
+    memcpy(&nan, &nan_bits, 4);
+    memcpy(&inf, &inf_bits, 4);
+    if (t == ONNX_FLOAT8E8M0) {
+        /* 2^(b - 127), NaN at 0xff: the f32 pattern b << 23 (2^-127, a subnormal, for 0) */
+        uint32_t u = b == 0xff ? nan_bits : b ? (uint32_t)b << 23 : 0x00400000u;
+        float f;
+        memcpy(&f, &u, 4);
+        return f;
+    }
+    bool e5 = t == ONNX_FLOAT8E5M2 || t == ONNX_FLOAT8E5M2FNUZ;
+    bool uz = t == ONNX_FLOAT8E4M3FNUZ || t == ONNX_FLOAT8E5M2FNUZ;
+    int mb = e5 ? 2 : 3, bias = (e5 ? 15 : 7) + uz, emax = e5 ? 31 : 15;
+    int e = (b & 0x7f) >> mb, m = b & ((1 << mb) - 1);
+    float sg = b & 0x80 ? -1.0f : 1.0f;
+    if (uz && b == 0x80) return nan;
+    if (!uz && e == emax) {
+        if (!e5 && m == (1 << mb) - 1) return nan;
+        if (e5) return m ? nan : sg * inf;
+    }
+    /* the value is an integer below 16 times 2^k, k in [-17, 13]: exact in float */
+    int k = e == 0 ? 1 - bias - mb : e - bias - mb;
+    float v = (float)(e == 0 ? m : (1 << mb) + m);
+    for (; k < 0; k++) v *= 0.5f;
+    for (; k > 0; k--) v *= 2.0f;
+    return sg * v;
+}
+
+static bool is_float8(int t) { return (t >= ONNX_FLOAT8E4M3FN && t <= ONNX_FLOAT8E5M2FNUZ) || t == ONNX_FLOAT8E8M0; }
 
 /* ---- files ------------------------------------------------------------------------- */
 
@@ -346,7 +407,8 @@ em_tensor *onnx_tensor_from_proto(const Onnx__TensorProto *tp, const char *base_
         numel *= (uint64_t)shape[i];
     }
     size_t es = raw_elem_size(t);
-    size_t need = (size_t)numel * es;
+    int pb = packed_bits(t);
+    size_t need = pb ? ((size_t)numel * (size_t)pb + 7) / 8 : (size_t)numel * es;
     const uint8_t *raw = NULL;
     uint8_t *ext = NULL;
     if (tp->has_data_location && tp->data_location == ONNX__TENSOR_PROTO__DATA_LOCATION__EXTERNAL) {
@@ -370,7 +432,7 @@ em_tensor *onnx_tensor_from_proto(const Onnx__TensorProto *tp, const char *base_
         case ONNX_UINT32: case ONNX_UINT64: have = tp->n_uint64_data; break;
         default: have = tp->n_int32_data; break;
         }
-        if (have != numel) {
+        if (pb ? have != need : have != numel) {
             em_set_error(EM_ERR_FORMAT, "tensor '%s': %zu values for %llu elements of shape", tn, have, (unsigned long long)numel);
             return NULL;
         }
@@ -384,7 +446,21 @@ em_tensor *onnx_tensor_from_proto(const Onnx__TensorProto *tp, const char *base_
     }
     for (uint64_t i = 0; i < numel; i++) {
         uint8_t *d = buf + i * esz;
-        if (raw) {
+        if (pb) {
+            uint64_t k = i * (uint64_t)pb / 8;
+            int32_t v = packed_elem(t, raw ? raw[k] : (uint8_t)tp->int32_data[k], i);
+            if (t == ONNX_FLOAT4E2M1) {
+                /* E2M1: sign, 2 exponent bits (bias 1), 1 mantissa bit; no inf, no NaN */
+                static const float e2m1[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
+                float f = v & 8 ? -e2m1[v & 7] : e2m1[v & 7];
+                memcpy(d, &f, 4);
+            } else {
+                memcpy(d, &v, 4);
+            }
+        } else if (is_float8(t)) {
+            float v = float8_value(t, raw ? raw[i] : (uint8_t)tp->int32_data[i]);
+            memcpy(d, &v, 4);
+        } else if (raw) {
             const uint8_t *s = raw + i * es;
             switch (t) {
             case ONNX_INT8: { int32_t v = (int8_t)s[0]; memcpy(d, &v, 4); break; }
@@ -1275,6 +1351,10 @@ em_tensor *onnx_wrap_int(em_tensor *t, int type)
     case ONNX_INT16: span = 65536, lo = -32768; break;
     case ONNX_UINT16: span = 65536, lo = 0; break;
     case ONNX_UINT32: span = 4294967296.0, lo = 0; break;
+    case ONNX_INT4: span = 16, lo = -8; break;
+    case ONNX_UINT4: span = 16, lo = 0; break;
+    case ONNX_INT2: span = 4, lo = -2; break;
+    case ONNX_UINT2: span = 4, lo = 0; break;
     default: return t;
     }
     /* ((x - lo) mod span) + lo with a floor modulo: the two's-complement wrap */

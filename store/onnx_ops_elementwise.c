@@ -21,16 +21,21 @@
 /* ---- type helpers ---- */
 
 static bool is_float_type(int t) { return t == ONNX_FLOAT || t == ONNX_DOUBLE || t == ONNX_FLOAT16 || t == ONNX_BFLOAT16; }
-static bool is_unsigned_type(int t) { return t == ONNX_UINT8 || t == ONNX_UINT16 || t == ONNX_UINT32 || t == ONNX_UINT64; }
+static bool is_unsigned_type(int t)
+{
+    return t == ONNX_UINT8 || t == ONNX_UINT16 || t == ONNX_UINT32 || t == ONNX_UINT64 || t == ONNX_UINT4 || t == ONNX_UINT2;
+}
 static bool is_signed_int_type(int t)
 {
-    return t == ONNX_INT8 || t == ONNX_INT16 || t == ONNX_INT32 || t == ONNX_INT64;
+    return t == ONNX_INT8 || t == ONNX_INT16 || t == ONNX_INT32 || t == ONNX_INT64 || t == ONNX_INT4 || t == ONNX_INT2;
 }
 static bool is_int_type(int t) { return is_unsigned_type(t) || is_signed_int_type(t); }
 
 static int int_bits(int t)
 {
     switch (t) {
+    case ONNX_INT2: case ONNX_UINT2: return 2;
+    case ONNX_INT4: case ONNX_UINT4: return 4;
     case ONNX_INT8: case ONNX_UINT8: return 8;
     case ONNX_INT16: case ONNX_UINT16: return 16;
     case ONNX_INT32: case ONNX_UINT32: return 32;
@@ -389,16 +394,114 @@ static em_status op_bitwise_xor(onnx_ctx *c) { return bitwise(c, BW_XOR); }
 
 /* ---- Cast ---- */
 
+/* Range of the 4 / 2-bit integer types. */
+static bool sub_byte_range(int t, double *lo, double *hi)
+{
+    switch (t) {
+    case ONNX_INT4: *lo = -8, *hi = 7; return true;
+    case ONNX_UINT4: *lo = 0, *hi = 15; return true;
+    case ONNX_INT2: *lo = -2, *hi = 1; return true;
+    case ONNX_UINT2: *lo = 0, *hi = 3; return true;
+    default: return false;
+    }
+}
+
+/* The float8 types and FLOAT4E2M1, held as EM_F32 (every value exact). */
+static bool is_f8_type(int t)
+{
+    return t == ONNX_FLOAT8E4M3FN || t == ONNX_FLOAT8E4M3FNUZ || t == ONNX_FLOAT8E5M2 || t == ONNX_FLOAT8E5M2FNUZ ||
+           t == ONNX_FLOAT4E2M1;
+}
+
+/* x (float, held in its dtype) rounded to the grid of float8 / float4 type
+ * t (held as EM_F32, every value exact): in f64, where x is exact, |x| =
+ * k * 2^(e - m) with e = max(floor(log2 |x|), 1 - bias) and k rounded half
+ * to even. Beyond the largest finite value M (after the rounding) and
+ * +-inf: +-M when saturating (always for E2M1, which has no inf or NaN),
+ * else +-inf for E5M2 and NaN for the types without inf. NaN stays NaN
+ * (E2M1: -0, the reference's); the FNUZ types have no -0. */
+static em_tensor *f8_round(em_tensor *x, int t, bool saturate)
+{
+    bool e5 = t == ONNX_FLOAT8E5M2 || t == ONNX_FLOAT8E5M2FNUZ;
+    bool uz = t == ONNX_FLOAT8E4M3FNUZ || t == ONNX_FLOAT8E5M2FNUZ;
+    bool f4 = t == ONNX_FLOAT4E2M1;
+    int m = f4 ? 1 : e5 ? 2 : 3, bias = f4 ? 1 : (e5 ? 15 : 7) + uz;
+    double M = f4 ? 6 : e5 ? 57344 : uz ? 240 : 448;
+    if (f4) saturate = true;
+    em_tensor *x64 = to_f64(x);
+    em_tensor *a = em_abs(x64);
+    em_tensor *s = em_logical_or(em_lt_scalar(x64, 0), em_logical_and(em_eq_scalar(x64, 0), em_lt_scalar(em_reciprocal(x64), 0)));
+    em_tensor *fin = em_logical_and(em_lt_scalar(a, INFINITY), em_eq(a, a));
+    em_tensor *af = em_where(fin, a, em_zeros_like(a)); /* finite stand-in */
+    em_tensor *e = em_floor(em_log2(af));
+    e = em_where(em_gt(em_exp2(e), af), em_sub_scalar(e, 1), e);
+    e = em_where(em_le(em_exp2(em_add_scalar(e, 1)), af), em_add_scalar(e, 1), e);
+    e = em_maximum_scalar(e, 1 - bias); /* also log2(0) = -inf */
+    em_tensor *q = em_exp2(em_sub_scalar(e, m));
+    em_tensor *r = em_mul(em_round(em_div(af, q)), q);
+    em_tensor *over = em_logical_or(em_gt_scalar(r, M), em_eq_scalar(a, INFINITY));
+    double ov = saturate ? M : e5 && !uz ? INFINITY : NAN;
+    r = em_where(over, em_scalar(ov, EM_F64), r);
+    if (uz) s = em_logical_and(s, em_gt_scalar(r, 0));
+    r = em_where(s, em_neg(r), r);
+    r = em_where(em_ne(x64, x64), f4 ? em_scalar(-0.0, EM_F64) : x64, r);
+    return em_cast(r, EM_F32);
+}
+
+/* x (float) as FLOAT8E8M0 (2^k, k in [-127, 127], held as EM_F32), the
+ * f32 exponent field E of |x| (x first rounded to f32, as the reference; 0
+ * for f32 subnormals, whose value is then 2^-127) raised by one when round_mode
+ * is up and x is not 2^(E - 127), or nearest and the f32 fraction is above
+ * 1/2 (or exactly 1/2 with E > 0), the reference's rule; E = 255 is NaN.
+ * Saturating: no raise past 2^127, +-inf gives 2^127 (the spec's table).
+ * The sign is ignored (negative x is undefined in the spec). */
+static em_tensor *e8m0_round(em_tensor *x, bool saturate, const char *rm)
+{
+    em_tensor *a = em_abs(em_cast(em_cast(x, EM_F32), EM_F64));
+    em_tensor *fin = em_lt_scalar(a, INFINITY); /* false for NaN too */
+    em_tensor *af = em_where(fin, a, em_zeros_like(a));
+    em_tensor *normal = em_ge_scalar(af, ldexp(1.0, -126));
+    em_tensor *e = em_floor(em_log2(em_where(normal, af, em_ones_like(af))));
+    e = em_where(em_gt(em_exp2(e), af), em_sub_scalar(e, 1), e);
+    e = em_where(em_le(em_exp2(em_add_scalar(e, 1)), af), em_add_scalar(e, 1), e);
+    em_tensor *field = em_where(normal, em_add_scalar(e, 127), em_zeros_like(e));
+    /* the f32 fraction: |x| / 2^e - 1 for normals, |x| / 2^-126 for the others */
+    em_tensor *frac = em_where(normal, em_sub_scalar(em_div(af, em_exp2(e)), 1), em_mul_scalar(af, ldexp(1.0, 126)));
+    em_tensor *up;
+    if (!strcmp(rm, "up")) up = em_gt_scalar(frac, 0);
+    else if (!strcmp(rm, "nearest"))
+        up = em_logical_or(em_gt_scalar(frac, 0.5), em_logical_and(em_eq_scalar(frac, 0.5), em_gt_scalar(field, 0)));
+    else up = em_lt_scalar(frac, -1); /* down: never */
+    if (saturate) up = em_logical_and(up, em_lt_scalar(field, 254));
+    field = em_where(up, em_add_scalar(field, 1), field);
+    em_tensor *r = em_where(em_ge_scalar(field, 255), em_scalar(NAN, EM_F64), em_exp2(em_sub_scalar(field, 127)));
+    r = em_where(em_eq_scalar(a, INFINITY), em_scalar(saturate ? ldexp(1.0, 127) : NAN, EM_F64), r);
+    r = em_where(em_ne(a, a), a, r);
+    return em_cast(r, EM_F32);
+}
+
 /* x (ONNX type from) converted to ONNX type to: float -> int truncates
  * toward zero, then wraps into the type as a C cast of an in-range value;
  * anything -> bool is x != 0. */
-static em_tensor *cast_to(em_tensor *x, int from, int to)
+static em_tensor *cast_to(em_tensor *x, int from, int to, bool saturate)
 {
     em_dtype dt;
     if (!onnx_type_to_dtype(to, &dt)) return NULL;
     if (to == ONNX_BOOL) return em_tensor_dtype(x) == EM_BOOL ? em_cast(x, EM_BOOL) : em_ne_scalar(x, 0);
+    if (is_f8_type(to) && from != to) {
+        if (!is_float_type(from) && !is_f8_type(from) && from != ONNX_FLOAT8E8M0) x = em_cast(x, EM_F64); /* integers: exact in f64 */
+        return f8_round(x, to, saturate);
+    }
     if (is_float_type(to) || to == ONNX_INT64) return em_cast(x, dt);
     if (from == to) return em_cast(x, dt);
+    double lo, hi;
+    if ((is_float_type(from) || is_f8_type(from) || from == ONNX_FLOAT8E8M0) && sub_byte_range(to, &lo, &hi)) {
+        /* float -> 4 / 2-bit: truncated toward zero; out of range (NaN,
+         * inf included) is undefined in the spec, 0 as the reference */
+        em_tensor *tr = em_trunc(x);
+        em_tensor *ok = em_logical_and(em_ge_scalar(tr, lo), em_le_scalar(tr, hi));
+        return em_cast(em_where(ok, tr, em_zeros_like(tr)), dt);
+    }
     /* a narrower integer type: through i64, then the wrap */
     em_tensor *i = em_cast(x, EM_I64);
     return arith_out(i, to);
@@ -411,13 +514,20 @@ static em_status cast_common(onnx_ctx *c, em_tensor *x, int from, int to)
     const char *rm = onnx_attr_string(c, "round_mode", "up");
     if (strcmp(rm, "up") && strcmp(rm, "down") && strcmp(rm, "nearest"))
         return em_set_error(EM_ERR_INVALID, "round_mode must be up, down or nearest, not '%s'", rm);
-    /* saturate and round_mode concern the float8 / e8m0 targets only */
-    return onnx_out(c, 0, cast_to(x, from, to), to);
+    /* saturate (default 1) and round_mode concern the float8 / e8m0 targets only */
+    bool sat = c->opset < 19 || onnx_attr_int(c, "saturate", 1) != 0;
+    if (to == ONNX_FLOAT8E8M0 && from != to) {
+        if (!sat)
+            return onnx_unsupported(c, "cast to FLOAT8E8M0 with saturate 0 (the spec's NaN for x below 2^-127 and the reference's rounding disagree)");
+        if (!is_float_type(from) && !is_f8_type(from)) x = em_cast(x, EM_F64);
+        return onnx_out(c, 0, e8m0_round(x, sat, rm), to);
+    }
+    return onnx_out(c, 0, cast_to(x, from, to, sat), to);
 }
 
 /* Cast (6, 9, 13, 19, 21, 23, 24, 25, 28): to is an int from opset 6;
- * saturate (19) and round_mode (28) apply to float8 / float8e8m0 targets,
- * which Ember does not hold (refused at load). */
+ * saturate (19) applies to the float8 targets (held as EM_F32, rounded by
+ * f8_round) and FLOAT8E8M0, round_mode (28) to FLOAT8E8M0 (e8m0_round). */
 static em_status op_cast(onnx_ctx *c)
 {
     em_tensor *x = onnx_in_req(c, 0);
@@ -905,7 +1015,7 @@ static bool q_range(int t, double *lo, double *hi)
     case ONNX_INT8: *lo = -128, *hi = 127; return true;
     case ONNX_UINT16: *lo = 0, *hi = 65535; return true;
     case ONNX_INT16: *lo = -32768, *hi = 32767; return true;
-    default: return false;
+    default: return sub_byte_range(t, lo, hi);
     }
 }
 
@@ -921,8 +1031,9 @@ static em_status op_quantize(onnx_ctx *c)
     int64_t od = c->opset >= 21 ? onnx_attr_int(c, "output_dtype", 0) : 0;
     if (od && t && od != t) return em_set_error(EM_ERR_INVALID, "output_dtype %lld differs from the zero point's type %s", (long long)od, tname(t));
     if (!t) t = od ? (int)od : ONNX_UINT8;
-    double lo, hi;
-    if (!q_range(t, &lo, &hi)) return onnx_unsupported(c, "QuantizeLinear to %s (type %d)", tname(t), t);
+    double lo = 0, hi = 0;
+    bool f8 = is_f8_type(t);
+    if (!f8 && !q_range(t, &lo, &hi)) return onnx_unsupported(c, "QuantizeLinear to %s (type %d)", tname(t), t);
     int64_t prec = c->opset >= 23 ? onnx_attr_int(c, "precision", 0) : 0;
     if (prec) {
         em_dtype pd;
@@ -935,6 +1046,19 @@ static em_status op_quantize(onnx_ctx *c)
     }
     em_tensor *s = q_param(c, scale, x, "y_scale");
     if (!s) return em_last_status();
+    if (f8) {
+        /* float8: x / scale rounded to the type's grid; the zero point (which
+         * must be 0 for these types) is not added, as the reference */
+        bool sat = onnx_attr_int(c, "saturate", 1) != 0;
+        em_tensor *q = em_div(x, s);
+        if (zp && t == ONNX_FLOAT4E2M1) {
+            /* FLOAT4E2M1: the zero point is added before the rounding, as the reference */
+            em_tensor *z = q_param(c, zp, x, "y_zero_point");
+            if (!z) return em_last_status();
+            q = em_add(q, em_cast(z, em_tensor_dtype(q)));
+        }
+        return onnx_out(c, 0, f8_round(q, t, sat), t);
+    }
     em_tensor *q = em_cast(em_round(em_div(x, s)), EM_F64);
     if (zp) {
         em_tensor *z = q_param(c, zp, x, "y_zero_point");
@@ -953,7 +1077,9 @@ static em_status op_dequantize(onnx_ctx *c)
     em_tensor *x = onnx_in_req(c, 0), *scale = in_float(c, 1), *zp = onnx_in(c, 2);
     if (!x || !scale) return em_last_status();
     int tx = onnx_in_type(c, 0);
-    if (!is_int_type(tx)) return onnx_unsupported(c, "DequantizeLinear of %s", tname(tx));
+    bool f8 = is_f8_type(tx);
+    if (!is_int_type(tx) && !f8) return onnx_unsupported(c, "DequantizeLinear of %s", tname(tx));
+    if (f8) zp = NULL; /* must be 0 for float8 (the reference does not subtract it) */
     if (zp && onnx_in_type(c, 2) != tx) return em_set_error(EM_ERR_DTYPE, "x_zero_point has type %s, x %s", tname(onnx_in_type(c, 2)), tname(tx));
     int to = onnx_in_type(c, 1);
     int64_t od = c->opset >= 23 ? onnx_attr_int(c, "output_dtype", 0) : 0;
