@@ -120,6 +120,10 @@ int onnx_type_of_dtype(em_dtype dt);
  *  tensor.h); external data is read under @p base_dir. */
 em_tensor *onnx_tensor_from_proto(const Onnx__TensorProto *tp, const char *base_dir, int *type);
 
+/** The value range of integer ONNX type @p type (INT2 to INT64, UINT2 to
+ *  UINT32, BOOL) into *lo, *hi; false (nothing written) for other types. */
+bool onnx_int_range(int type, double *lo, double *hi);
+
 /** Wraps integer values of widened types back into their range
  *  (INT8 / INT16 / UINT16 in EM_I32, UINT32 in EM_I64), as a C cast does:
  *  a new tensor in the current scope; other types: @p t itself. */

@@ -1343,6 +1343,29 @@ em_status onnx_axis(onnx_ctx *c, int64_t axis, int rank, int *out)
     return EM_OK;
 }
 
+bool onnx_int_range(int type, double *lo, double *hi)
+{
+    double l, h;
+    switch (type) {
+    case ONNX_BOOL: l = 0, h = 1; break;
+    case ONNX_UINT2: l = 0, h = 3; break;
+    case ONNX_INT2: l = -2, h = 1; break;
+    case ONNX_UINT4: l = 0, h = 15; break;
+    case ONNX_INT4: l = -8, h = 7; break;
+    case ONNX_UINT8: l = 0, h = 255; break;
+    case ONNX_INT8: l = -128, h = 127; break;
+    case ONNX_UINT16: l = 0, h = 65535; break;
+    case ONNX_INT16: l = -32768, h = 32767; break;
+    case ONNX_INT32: l = -2147483648.0, h = 2147483647.0; break;
+    case ONNX_UINT32: l = 0, h = 4294967295.0; break;
+    case ONNX_INT64: l = -9223372036854775808.0, h = 9223372036854775807.0; break;
+    default: return false;
+    }
+    *lo = l;
+    *hi = h;
+    return true;
+}
+
 em_tensor *onnx_wrap_int(em_tensor *t, int type)
 {
     double span, lo;

@@ -27,19 +27,10 @@ static em_tensor *to_dtype(em_tensor *t, em_dtype dt, int type)
     return em_dtype_is_float(dt) ? t : onnx_wrap_int(t, type);
 }
 
-/* Smallest / largest value of an ONNX integer type. */
+/* Smallest / largest value of an ONNX integer type (int64's for others). */
 static void int_range(int type, double *lo, double *hi)
 {
-    switch (type) {
-    case ONNX_INT8: *lo = -128, *hi = 127; break;
-    case ONNX_UINT8: *lo = 0, *hi = 255; break;
-    case ONNX_INT16: *lo = -32768, *hi = 32767; break;
-    case ONNX_UINT16: *lo = 0, *hi = 65535; break;
-    case ONNX_INT32: *lo = -2147483648.0, *hi = 2147483647.0; break;
-    case ONNX_UINT32: *lo = 0, *hi = 4294967295.0; break;
-    case ONNX_BOOL: *lo = 0, *hi = 1; break;
-    default: *lo = -9223372036854775808.0, *hi = 9223372036854775807.0; break;
-    }
+    if (!onnx_int_range(type, lo, hi)) *lo = -9223372036854775808.0, *hi = 9223372036854775807.0;
 }
 
 /* ---- Reduce* --------------------------------------------------------------------------- */

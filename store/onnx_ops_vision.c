@@ -922,15 +922,9 @@ static em_status resize_run(onnx_ctx *c, em_tensor *x, const double *scales_in, 
     if (y == x) y = em_reshape(x, em_tensor_shape(x), r);
     if (integer && g->mode != 0 && y) {
         double lo, hi;
-        switch (onnx_in_type(c, 0)) {
-        case ONNX_UINT8: lo = 0; hi = 255; break;
-        case ONNX_INT8: lo = -128; hi = 127; break;
-        case ONNX_UINT16: lo = 0; hi = 65535; break;
-        case ONNX_INT16: lo = -32768; hi = 32767; break;
-        case ONNX_INT32: lo = -2147483648.0; hi = 2147483647.0; break;
-        case ONNX_UINT32: lo = 0; hi = 4294967295.0; break;
-        default: lo = -9223372036854775808.0; hi = 9223372036854774784.0; break;
-        }
+        /* int64's top is the largest double below 2^63 (a cast of 2^63 overflows) */
+        if (!onnx_int_range(onnx_in_type(c, 0), &lo, &hi) || onnx_in_type(c, 0) == ONNX_INT64)
+            lo = -9223372036854775808.0, hi = 9223372036854774784.0;
         y = em_cast(em_clamp(em_round(y), lo, hi), dt);
     }
     return onnx_out(c, 0, y, 0);

@@ -19,11 +19,15 @@
  * Attributes are checked when the node first runs.
  *
  * Element types: FLOAT, DOUBLE, FLOAT16, BFLOAT16, INT32, INT64, UINT8 and
- * BOOL map to the Ember dtype of the same name. INT8, INT16 and UINT16 are
- * held as EM_I32 and UINT32 as EM_I64 (every value is exact; em_onnx_run
- * hands such outputs back in the wider dtype, and em_onnx_output_type gives
- * the declared ONNX type). STRING, UINT64, complex and the 8/4/2-bit types
- * are EM_ERR_UNSUPPORTED.
+ * BOOL map to the Ember dtype of the same name. INT8, INT16, UINT16 and the
+ * packed INT4, UINT4, INT2, UINT2 are held as EM_I32 and UINT32 as EM_I64;
+ * the 8-bit floats (FLOAT8E4M3FN, FLOAT8E4M3FNUZ, FLOAT8E5M2, FLOAT8E5M2FNUZ,
+ * FLOAT8E8M0) and FLOAT4E2M1 as EM_F32. Every value is exact in the wider
+ * dtype, and operators keep results in the declared type's range or grid
+ * (integer wrap-around, Cast's rounding and saturation); em_onnx_run hands
+ * such outputs back in the wider dtype, and em_onnx_output_type gives the
+ * declared ONNX type. STRING, UINT64, complex and the 6-bit floats are
+ * EM_ERR_UNSUPPORTED.
  *
  * Parameters: every floating-point initializer becomes a parameter of the
  * module em_onnx_module returns (requires_grad; its key is the initializer's
