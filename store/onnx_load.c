@@ -27,7 +27,8 @@
 
 /* A loaded graph: the main graph or a subgraph (a GRAPH attribute of a node). */
 struct onnx_graph {
-    char *where;                   /* for messages: the model's name, or the path to the subgraph */
+    char *where;                   /* for load messages: the model's name, or the path to the subgraph */
+    const char *attr;              /* a subgraph: the attribute holding it (run messages); main graph: NULL */
     /* values: every name of the graph gets an id */
     int nvalues;
     const char **vname;            /* borrowed from proto */
@@ -882,6 +883,7 @@ static em_status build_graph(build_scope *s, const Onnx__GraphProto *gp)
                 goto out;
             }
             n->sub[a] = sg;
+            sg->attr = at->name ? at->name : "";
             char nname[160];
             if (np->name && *np->name) snprintf(nname, sizeof nname, "'%s'", np->name);
             else snprintf(nname, sizeof nname, "#%d (unnamed)", k);
@@ -1163,7 +1165,9 @@ static void node_error(const onnx_graph *g, const onnx_node *n)
     snprintf(msg, sizeof msg, "%s", em_last_status() != EM_OK ? em_last_error() : "failed without a message");
     if (n->p->name && *n->p->name) snprintf(label, sizeof label, "'%s'", n->p->name);
     else snprintf(label, sizeof label, "#%d (unnamed)", (int)(n - g->nodes));
-    em_set_error(st, "%s: node %s (%s, opset %d): %s", g->where, label, n->p->op_type, n->opset, msg);
+    /* a subgraph's failure is wrapped by the node owning it: its graph is named relatively */
+    if (g->attr) em_set_error(st, "graph '%s': node %s (%s): %s", g->attr, label, n->p->op_type, msg);
+    else em_set_error(st, "%s: node %s (%s, opset %d): %s", g->where, label, n->p->op_type, n->opset, msg);
 }
 
 /* Runs the nodes of @p g over its values @p v (initializers, inputs and
