@@ -11,7 +11,8 @@
  * attribute value, input combination or dtype Ember does not implement, as
  * opposed to a wrong model.
  *
- * Tables: onnx_ops_core (store/onnx_ops.c) and one per group of operators;
+ * Tables: onnx_ops_core (store/onnx_ops.c) and one per group of operators
+ * (onnx_ops_control, store/onnx_ops_control.c: If, Loop, Scan);
  * onnx_find_op searches them in order.
  */
 #ifndef EMBER_STORE_ONNX_INTERNAL_H
@@ -43,6 +44,8 @@ typedef struct onnx_value {
 } onnx_value;
 
 typedef struct onnx_ctx onnx_ctx;
+/** A loaded graph (the main graph or a subgraph); opaque outside the loader. */
+typedef struct onnx_graph onnx_graph;
 typedef em_status (*onnx_op_fn)(onnx_ctx *c);
 
 typedef struct onnx_op {
@@ -58,6 +61,8 @@ typedef struct onnx_node {
     int opset;                 /**< the model's version of the node's domain */
     int nin, nout;
     int *in, *out;             /**< value ids; -1 = omitted optional input/output */
+    int nimpl, *impl;          /**< values of this graph its subgraphs read (kept alive until it has run) */
+    onnx_graph **sub;          /**< per attribute of p: the loaded graph of a GRAPH attribute, else NULL; NULL: none */
 } onnx_node;
 
 /** What an operator function sees. */
@@ -69,6 +74,8 @@ struct onnx_ctx {
     const onnx_value *in;      /**< in[i].t is NULL for an omitted input */
     int nout;
     onnx_value *out;           /**< set through onnx_out */
+    const onnx_graph *graph;   /**< the graph the node belongs to */
+    onnx_value *values;        /**< that graph's values in this run (read by subgraphs; loader only) */
 };
 
 /* ---- inputs ---- */
@@ -105,6 +112,18 @@ em_tensor *onnx_attr_tensor(onnx_ctx *c, const char *name, int *type);
  *  error. Output slots past the node's outputs are ignored. */
 em_status onnx_out(onnx_ctx *c, int i, em_tensor *t, int type);
 
+/* ---- subgraphs (GRAPH attributes: If, Loop, Scan) ---- */
+/** Runs the node's subgraph in attribute @p attr_name once: @p nin input
+ *  values (borrowed; exactly the subgraph's input count) give the
+ *  subgraph's inputs in order; names the subgraph does not define are the
+ *  enclosing graphs' values. Its first @p nout outputs are set in @p out as
+ *  tensors in the current (the op's) scope with their ONNX types. Errors
+ *  name the failing node inside the subgraph. */
+em_status onnx_run_subgraph(onnx_ctx *c, const char *attr_name, int nin, const onnx_value *in, int nout, onnx_value *out);
+/** Input and output counts of the subgraph in attribute @p attr_name
+ *  (error when the node has no such GRAPH attribute). */
+em_status onnx_subgraph_arity(onnx_ctx *c, const char *attr_name, int *nin, int *nout);
+
 /* ---- errors and small helpers ---- */
 /** EM_ERR_UNSUPPORTED with the message. */
 em_status onnx_unsupported(onnx_ctx *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -136,6 +155,7 @@ extern const onnx_op onnx_ops_shape[];
 extern const onnx_op onnx_ops_nn[];
 extern const onnx_op onnx_ops_vision[];
 extern const onnx_op onnx_ops_rnn[];
+extern const onnx_op onnx_ops_control[];
 /** The entry for @p op_type (default domain) at @p opset, or NULL. */
 const onnx_op *onnx_find_op(const char *op_type, int opset);
 

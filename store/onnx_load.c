@@ -25,16 +25,15 @@
 #define ONNX_MIN_OPSET 7
 #define ONNX_MAX_OPSET 28
 
-struct em_onnx_model {
-    char *name;
-    char *base_dir;                /* external data folder; NULL: none allowed */
-    Onnx__ModelProto *proto;
-    int opset;
+/* A loaded graph: the main graph or a subgraph (a GRAPH attribute of a node). */
+struct onnx_graph {
+    char *where;                   /* for load messages: the model's name, or the path to the subgraph */
+    const char *attr;              /* a subgraph: the attribute holding it (run messages); main graph: NULL */
     /* values: every name of the graph gets an id */
     int nvalues;
     const char **vname;            /* borrowed from proto */
     onnx_value *init;              /* per value: initializer tensor (owned) or {NULL} */
-    int *last_use;                 /* per value: last node reading it; INT_MAX for graph outputs */
+    int *last_use;                 /* per value: last node reading it (inside its subgraphs too); INT_MAX for graph outputs */
     int ninputs, *input_id;
     const Onnx__ValueInfoProto **input_vi;
     int noutputs, *output_id;
@@ -42,6 +41,17 @@ struct em_onnx_model {
     int nnodes;
     onnx_node *nodes;              /* in execution (topological) order */
     int ninit, *init_id;           /* initializer value ids in file order */
+    /* names of enclosing graphs this subgraph reads: value cap_outer[j] of the
+     * enclosing graph is value cap_local[j] here (main graph: none) */
+    int ncap, *cap_outer, *cap_local;
+};
+
+struct em_onnx_model {
+    char *name;
+    char *base_dir;                /* external data folder; NULL: none allowed */
+    Onnx__ModelProto *proto;
+    int opset;
+    onnx_graph g;                  /* the main graph */
     em_module *module;
 };
 
@@ -577,7 +587,8 @@ static int map_get(name_map *m, const char *s, int next, bool *added)
 
 /* ---- operator lookup ------------------------------------------------------------- */
 
-static const onnx_op *const op_tables[] = {onnx_ops_core, onnx_ops_elementwise, onnx_ops_shape, onnx_ops_nn, onnx_ops_vision, onnx_ops_rnn};
+static const onnx_op *const op_tables[] = {onnx_ops_core, onnx_ops_elementwise, onnx_ops_shape, onnx_ops_nn, onnx_ops_vision,
+                                             onnx_ops_rnn, onnx_ops_control};
 
 /* The entry with the newest `since` <= opset; *oldest: the oldest since seen for the name (0: none). */
 static const onnx_op *find_op(const char *op_type, int opset, int *oldest)
@@ -604,9 +615,9 @@ const onnx_op *onnx_find_op(const char *op_type, int opset)
 static em_tensor *onnx_module_forward(em_module *mod, const em_tensor *x)
 {
     em_onnx_model *m = em_module_impl(mod);
-    if (m->ninputs != 1 || m->noutputs < 1) {
+    if (m->g.ninputs != 1 || m->g.noutputs < 1) {
         em_set_error(EM_ERR_INVALID, "%s: em_module_forward needs a model of one input (this one has %d inputs, %d outputs); use em_onnx_run",
-                     m->name, m->ninputs, m->noutputs);
+                     m->name, m->g.ninputs, m->g.noutputs);
         return NULL;
     }
     em_tensor *in = (em_tensor *)x, *out = NULL;
@@ -660,77 +671,167 @@ static em_status register_init(em_module *root, const char *key, em_tensor *t)
 
 /* ---- load ------------------------------------------------------------------------- */
 
+static void graph_clear(onnx_graph *g)
+{
+    if (g->init)
+        for (int i = 0; i < g->nvalues; i++) em_tensor_release(g->init[i].t);
+    if (g->nodes)
+        for (int i = 0; i < g->nnodes; i++) {
+            onnx_node *n = &g->nodes[i];
+            free(n->in);
+            free(n->out);
+            free(n->impl);
+            if (n->sub)
+                for (size_t a = 0; a < n->p->n_attribute; a++)
+                    if (n->sub[a]) {
+                        graph_clear(n->sub[a]);
+                        free(n->sub[a]);
+                    }
+            free(n->sub);
+        }
+    free(g->nodes);
+    free(g->init);
+    free(g->vname);
+    free(g->last_use);
+    free(g->input_id);
+    free(g->input_vi);
+    free(g->output_id);
+    free(g->output_vi);
+    free(g->init_id);
+    free(g->cap_outer);
+    free(g->cap_local);
+    free(g->where);
+    memset(g, 0, sizeof *g);
+}
+
 void em_onnx_free(em_onnx_model *m)
 {
     if (!m) return;
-    if (m->init)
-        for (int i = 0; i < m->nvalues; i++) em_tensor_release(m->init[i].t);
-    for (int i = 0; i < m->nnodes; i++) {
-        free(m->nodes[i].in);
-        free(m->nodes[i].out);
-    }
+    graph_clear(&m->g);
     em_module_free(m->module);
-    free(m->nodes);
-    free(m->init);
-    free(m->vname);
-    free(m->last_use);
-    free(m->input_id);
-    free(m->input_vi);
-    free(m->output_id);
-    free(m->output_vi);
-    free(m->init_id);
     if (m->proto) onnx__model_proto__free_unpacked(m->proto, NULL);
     free(m->name);
     free(m->base_dir);
     free(m);
 }
 
-static em_status build_graph(em_onnx_model *m)
+/* Upper bound of the names a graph can hold: its own, and those its
+ * subgraphs (at any depth) may read from it. Saturates past INT_MAX. */
+static size_t graph_names(const Onnx__GraphProto *gp)
 {
-    const Onnx__GraphProto *g = m->proto->graph;
-    const char *mn = m->name;
-    if (!g) return em_set_error(EM_ERR_FORMAT, "%s: the model has no graph", mn);
-    if (m->proto->n_functions)
-        return em_set_error(EM_ERR_UNSUPPORTED, "%s: model-local functions (%zu, first '%s') are not supported", mn,
-                            m->proto->n_functions, m->proto->functions[0]->name ? m->proto->functions[0]->name : "");
-    if (g->n_sparse_initializer) return em_set_error(EM_ERR_UNSUPPORTED, "%s: sparse initializers are not supported", mn);
-    size_t cap = g->n_initializer + g->n_input + g->n_output + 1;
-    for (size_t i = 0; i < g->n_node; i++) cap += g->node[i]->n_input + g->node[i]->n_output;
-    if (cap > (size_t)INT_MAX / 4) return em_set_error(EM_ERR_FORMAT, "%s: graph too large", mn);
+    size_t n = gp->n_initializer + gp->n_input + gp->n_output + 1;
+    for (size_t i = 0; i < gp->n_node && n <= (size_t)INT_MAX; i++) {
+        const Onnx__NodeProto *np = gp->node[i];
+        n += np->n_input + np->n_output;
+        for (size_t a = 0; a < np->n_attribute && n <= (size_t)INT_MAX; a++) {
+            if (np->attribute[a]->g) n += graph_names(np->attribute[a]->g);
+            for (size_t j = 0; j < np->attribute[a]->n_graphs && n <= (size_t)INT_MAX; j++)
+                n += graph_names(np->attribute[a]->graphs[j]);
+        }
+    }
+    return n;
+}
+
+/* The graph being built, and the enclosing ones (lexical scopes). */
+typedef struct build_scope {
+    struct build_scope *parent;
+    em_onnx_model *m;
+    onnx_graph *g;
     name_map map;
-    if (!map_init(&map, cap)) return em_set_error(EM_ERR_NOMEM, "out of memory");
-    m->vname = calloc(cap, sizeof *m->vname);
-    m->init = calloc(cap, sizeof *m->init);
-    m->last_use = calloc(cap, sizeof *m->last_use);
-    m->init_id = calloc(g->n_initializer + 1, sizeof *m->init_id);
-    m->input_id = calloc(g->n_input + 1, sizeof *m->input_id);
-    m->input_vi = calloc(g->n_input + 1, sizeof *m->input_vi);
-    m->output_id = calloc(g->n_output + 1, sizeof *m->output_id);
-    m->output_vi = calloc(g->n_output + 1, sizeof *m->output_vi);
-    m->nodes = calloc(g->n_node + 1, sizeof *m->nodes);
-    bool *defined = calloc(cap, 1);
-    int *producer = calloc(cap, sizeof *producer);
+    bool *defined;
+    int *producer;
+} build_scope;
+
+/* Id of @p nm in @p s, adding it when new. */
+static int scope_value(build_scope *s, const char *nm)
+{
+    bool added;
+    int id = map_get(&s->map, nm, s->g->nvalues, &added);
+    if (added) s->g->vname[s->g->nvalues++] = nm;
+    return id;
+}
+
+/* Id of the value named @p nm as seen from @p s: defined there, or defined
+ * in an enclosing graph (then captured into s, and into every graph
+ * between). -1 when no graph in scope defines it. */
+static int scope_resolve(build_scope *s, const char *nm)
+{
+    int id = map_get(&s->map, nm, -1, NULL);
+    if (id >= 0 && s->defined[id]) return id;
+    if (!s->parent) return -1;
+    int pid = scope_resolve(s->parent, nm);
+    if (pid < 0) return -1;
+    if (id < 0) id = scope_value(s, nm);
+    s->defined[id] = true;
+    s->producer[id] = -1;
+    s->g->cap_outer[s->g->ncap] = pid;
+    s->g->cap_local[s->g->ncap++] = id;
+    return id;
+}
+
+/* Refuses a value type of a graph input or output Ember cannot hold. The
+ * main graph's inputs must declare a tensor type of an element type Ember
+ * holds; a subgraph's inputs and outputs may leave their type out. */
+static em_status check_value_type(const char *where, const char *what, const Onnx__ValueInfoProto *vi, bool main_input,
+                                  bool in_sub)
+{
+    if (!vi->type || (in_sub && vi->type->value_case == ONNX__TYPE_PROTO__VALUE__NOT_SET)) {
+        if (!main_input) return EM_OK;
+    }
+    if (!vi->type || vi->type->value_case != ONNX__TYPE_PROTO__VALUE_TENSOR_TYPE)
+        return em_set_error(EM_ERR_UNSUPPORTED, "%s: %s '%s' is not a tensor (sequences, maps and optionals are not supported)",
+                            where, what, vi->name);
+    const Onnx__TypeProto__Tensor *tt = vi->type->tensor_type;
+    if ((main_input || tt->has_elem_type) && !onnx_type_to_dtype(tt->elem_type, NULL))
+        return em_set_error(EM_ERR_UNSUPPORTED, "%s: %s '%s' has element type %s, which Ember does not hold", where, what,
+                            vi->name, em_onnx_type_name(tt->elem_type));
+    return EM_OK;
+}
+
+/* Builds @p s->g from @p gp: the main graph (s->parent NULL) or a subgraph
+ * whose names not defined inside resolve to the enclosing graphs'. */
+static em_status build_graph(build_scope *s, const Onnx__GraphProto *gp)
+{
+    em_onnx_model *m = s->m;
+    onnx_graph *G = s->g;
+    const char *mn = G->where;
+    bool is_main = !s->parent;
+    if (gp->n_sparse_initializer) return em_set_error(EM_ERR_UNSUPPORTED, "%s: sparse initializers are not supported", mn);
+    size_t cap = graph_names(gp);
+    if (cap > (size_t)INT_MAX / 4) return em_set_error(EM_ERR_FORMAT, "%s: graph too large", mn);
+    if (!map_init(&s->map, cap)) {
+        map_free(&s->map);
+        return em_set_error(EM_ERR_NOMEM, "out of memory");
+    }
+    G->vname = calloc(cap, sizeof *G->vname);
+    G->init = calloc(cap, sizeof *G->init);
+    G->last_use = calloc(cap, sizeof *G->last_use);
+    G->init_id = calloc(gp->n_initializer + 1, sizeof *G->init_id);
+    G->input_id = calloc(gp->n_input + 1, sizeof *G->input_id);
+    G->input_vi = calloc(gp->n_input + 1, sizeof *G->input_vi);
+    G->output_id = calloc(gp->n_output + 1, sizeof *G->output_id);
+    G->output_vi = calloc(gp->n_output + 1, sizeof *G->output_vi);
+    G->cap_outer = calloc(cap, sizeof *G->cap_outer);
+    G->cap_local = calloc(cap, sizeof *G->cap_local);
+    G->nodes = calloc(gp->n_node + 1, sizeof *G->nodes);
+    s->defined = calloc(cap, 1);
+    s->producer = calloc(cap, sizeof *s->producer);
+    bool *defined = s->defined;
+    int *producer = s->producer;
     em_status st = EM_OK;
-    if (!m->vname || !m->init || !m->last_use || !m->init_id || !m->input_id || !m->input_vi || !m->output_id ||
-        !m->output_vi || !m->nodes || !defined || !producer) {
+    if (!G->vname || !G->init || !G->last_use || !G->init_id || !G->input_id || !G->input_vi || !G->output_id ||
+        !G->output_vi || !G->nodes || !G->cap_outer || !G->cap_local || !defined || !producer) {
         st = em_set_error(EM_ERR_NOMEM, "out of memory");
         goto out;
     }
-#define VALUE_ID(nm, id_out)                                                   \
-    do {                                                                       \
-        bool added_;                                                           \
-        (id_out) = map_get(&map, (nm), m->nvalues, &added_);                   \
-        if (added_) m->vname[m->nvalues++] = (nm);                             \
-    } while (0)
     /* initializers */
-    for (size_t i = 0; i < g->n_initializer; i++) {
-        const Onnx__TensorProto *tp = g->initializer[i];
+    for (size_t i = 0; i < gp->n_initializer; i++) {
+        const Onnx__TensorProto *tp = gp->initializer[i];
         if (!tp->name || !*tp->name) {
             st = em_set_error(EM_ERR_FORMAT, "%s: initializer %zu has no name", mn, i);
             goto out;
         }
-        int id;
-        VALUE_ID(tp->name, id);
+        int id = scope_value(s, tp->name);
         if (defined[id]) {
             st = em_set_error(EM_ERR_FORMAT, "%s: initializer '%s' is defined twice", mn, tp->name);
             goto out;
@@ -743,48 +844,38 @@ static em_status build_graph(em_onnx_model *m)
             st = em_set_error(em_last_status() ? em_last_status() : EM_ERR_FORMAT, "%s: initializer: %s", mn, msg);
             goto out;
         }
-        m->init[id].t = t;
-        m->init[id].type = type;
+        G->init[id].t = t;
+        G->init[id].type = type;
         defined[id] = true;
         producer[id] = -1;
-        m->init_id[m->ninit++] = id;
+        G->init_id[G->ninit++] = id;
     }
     /* graph inputs (those that are initializers too are defaults, not inputs) */
-    for (size_t i = 0; i < g->n_input; i++) {
-        const Onnx__ValueInfoProto *vi = g->input[i];
+    for (size_t i = 0; i < gp->n_input; i++) {
+        const Onnx__ValueInfoProto *vi = gp->input[i];
         if (!vi->name || !*vi->name) {
             st = em_set_error(EM_ERR_FORMAT, "%s: graph input %zu has no name", mn, i);
             goto out;
         }
-        int id;
-        VALUE_ID(vi->name, id);
-        if (defined[id] && m->init[id].t) continue;
+        int id = scope_value(s, vi->name);
+        if (defined[id] && G->init[id].t) continue;
         if (defined[id]) {
             st = em_set_error(EM_ERR_FORMAT, "%s: graph input '%s' is declared twice", mn, vi->name);
             goto out;
         }
-        if (!vi->type || vi->type->value_case != ONNX__TYPE_PROTO__VALUE_TENSOR_TYPE) {
-            st = em_set_error(EM_ERR_UNSUPPORTED, "%s: graph input '%s' is not a tensor (sequences, maps and optionals are not supported)",
-                              mn, vi->name);
-            goto out;
-        }
-        int et = vi->type->tensor_type->elem_type;
-        if (!onnx_type_to_dtype(et, NULL)) {
-            st = em_set_error(EM_ERR_UNSUPPORTED, "%s: graph input '%s' has element type %s, which Ember does not hold", mn,
-                              vi->name, em_onnx_type_name(et));
-            goto out;
-        }
+        if ((st = check_value_type(mn, "graph input", vi, is_main, !is_main)) != EM_OK) goto out;
         defined[id] = true;
         producer[id] = -1;
-        m->input_vi[m->ninputs] = vi;
-        m->input_id[m->ninputs++] = id;
+        G->input_vi[G->ninputs] = vi;
+        G->input_id[G->ninputs++] = id;
     }
     /* nodes: ids of their inputs and outputs */
-    int nn = (int)g->n_node;
+    int nn = (int)gp->n_node;
     for (int k = 0; k < nn; k++) {
-        const Onnx__NodeProto *np = g->node[k];
-        onnx_node *n = &m->nodes[k];
+        const Onnx__NodeProto *np = gp->node[k];
+        onnx_node *n = &G->nodes[k];
         n->p = np;
+        G->nnodes = k + 1; /* freed from here on */
         char nname[160];
         if (np->name && *np->name) snprintf(nname, sizeof nname, "'%s'", np->name);
         else snprintf(nname, sizeof nname, "#%d (unnamed)", k);
@@ -817,15 +908,14 @@ static em_status build_graph(em_onnx_model *m)
         }
         for (int i = 0; i < n->nin; i++) {
             if (!np->input[i] || !*np->input[i]) n->in[i] = -1;
-            else VALUE_ID(np->input[i], n->in[i]);
+            else n->in[i] = scope_value(s, np->input[i]);
         }
         for (int i = 0; i < n->nout; i++) {
             if (!np->output[i] || !*np->output[i]) {
                 n->out[i] = -1;
                 continue;
             }
-            int id;
-            VALUE_ID(np->output[i], id);
+            int id = scope_value(s, np->output[i]);
             if (defined[id]) {
                 st = em_set_error(EM_ERR_FORMAT, "%s: node %s (%s): output '%s' is already defined (graphs are SSA)", mn, nname,
                                   opt, np->output[i]);
@@ -835,55 +925,94 @@ static em_status build_graph(em_onnx_model *m)
             producer[id] = k;
             n->out[i] = id;
         }
-        m->nodes[k].opset = m->opset;
     }
-    m->nnodes = nn;
-    /* every input must be defined */
+    /* every input must be defined, here or (in a subgraph) in an enclosing graph */
     for (int k = 0; k < nn; k++)
-        for (int i = 0; i < m->nodes[k].nin; i++) {
-            int id = m->nodes[k].in[i];
-            if (id >= 0 && !defined[id]) {
-                st = em_set_error(EM_ERR_FORMAT, "%s: node #%d '%s' (%s): input '%s' is not produced by any node, input or initializer",
-                                  mn, k, m->nodes[k].p->name ? m->nodes[k].p->name : "", m->nodes[k].p->op_type, m->vname[id]);
+        for (int i = 0; i < G->nodes[k].nin; i++) {
+            int id = G->nodes[k].in[i];
+            if (id >= 0 && !defined[id] && scope_resolve(s, G->vname[id]) < 0) {
+                st = em_set_error(EM_ERR_FORMAT, "%s: node #%d '%s' (%s): input '%s' is not produced by any node, input or initializer%s",
+                                  mn, k, G->nodes[k].p->name ? G->nodes[k].p->name : "", G->nodes[k].p->op_type, G->vname[id],
+                                  is_main ? "" : " of this graph or an enclosing one");
                 goto out;
             }
         }
+    /* subgraphs (GRAPH attributes); the outer values they read become the node's implicit inputs */
+    for (int k = 0; k < nn; k++) {
+        onnx_node *n = &G->nodes[k];
+        const Onnx__NodeProto *np = n->p;
+        for (size_t a = 0; a < np->n_attribute; a++) {
+            const Onnx__AttributeProto *at = np->attribute[a];
+            if (at->n_graphs) {
+                st = em_set_error(EM_ERR_UNSUPPORTED, "%s: node #%d '%s' (%s): GRAPHS attribute '%s' is not supported", mn, k,
+                                  np->name ? np->name : "", np->op_type, at->name ? at->name : "");
+                goto out;
+            }
+            if (!at->g) continue;
+            if (!n->sub && !(n->sub = calloc(np->n_attribute, sizeof *n->sub))) {
+                st = em_set_error(EM_ERR_NOMEM, "out of memory");
+                goto out;
+            }
+            onnx_graph *sg = calloc(1, sizeof *sg);
+            if (!sg) {
+                st = em_set_error(EM_ERR_NOMEM, "out of memory");
+                goto out;
+            }
+            n->sub[a] = sg;
+            sg->attr = at->name ? at->name : "";
+            char nname[160];
+            if (np->name && *np->name) snprintf(nname, sizeof nname, "'%s'", np->name);
+            else snprintf(nname, sizeof nname, "#%d (unnamed)", k);
+            if (asprintf(&sg->where, "%s: node %s (%s): graph '%s'", mn, nname, np->op_type, at->name ? at->name : "") < 0) {
+                sg->where = NULL;
+                st = em_set_error(EM_ERR_NOMEM, "out of memory");
+                goto out;
+            }
+            build_scope cs = {s, m, sg, {0, NULL, NULL}, NULL, NULL};
+            st = build_graph(&cs, at->g);
+            if (st != EM_OK) goto out;
+            if (sg->ncap) {
+                int *ni = realloc(n->impl, sizeof(int) * (size_t)(n->nimpl + sg->ncap));
+                if (!ni) {
+                    st = em_set_error(EM_ERR_NOMEM, "out of memory");
+                    goto out;
+                }
+                n->impl = ni;
+                for (int j = 0; j < sg->ncap; j++) n->impl[n->nimpl++] = sg->cap_outer[j];
+            }
+        }
+    }
     /* topological order (Kahn); ONNX requires sorted graphs, but a cycle must be an error */
     {
-        int *indeg = calloc((size_t)nn + 1, sizeof(int));
         int *order = calloc((size_t)nn + 1, sizeof(int));
         bool *done = calloc(cap, 1);
-        if (!indeg || !order || !done) {
-            free(indeg);
+        bool *placed = calloc((size_t)nn + 1, 1);
+        if (!order || !done || !placed) {
             free(order);
             free(done);
+            free(placed);
             st = em_set_error(EM_ERR_NOMEM, "out of memory");
             goto out;
         }
-        for (int v = 0; v < m->nvalues; v++) done[v] = defined[v] && producer[v] < 0;
+        for (int v = 0; v < G->nvalues; v++) done[v] = defined[v] && producer[v] < 0;
         int no = 0;
         bool progress = true;
         /* repeated passes keep file order among ready nodes; O(n) for sorted graphs */
-        bool *placed = calloc((size_t)nn + 1, 1);
-        if (!placed) {
-            free(indeg);
-            free(order);
-            free(done);
-            st = em_set_error(EM_ERR_NOMEM, "out of memory");
-            goto out;
-        }
         while (no < nn && progress) {
             progress = false;
             for (int k = 0; k < nn; k++) {
                 if (placed[k]) continue;
+                const onnx_node *n = &G->nodes[k];
                 bool ready = true;
-                for (int i = 0; i < m->nodes[k].nin && ready; i++)
-                    if (m->nodes[k].in[i] >= 0 && !done[m->nodes[k].in[i]]) ready = false;
+                for (int i = 0; i < n->nin && ready; i++)
+                    if (n->in[i] >= 0 && !done[n->in[i]]) ready = false;
+                for (int i = 0; i < n->nimpl && ready; i++)
+                    if (!done[n->impl[i]]) ready = false;
                 if (!ready) continue;
                 placed[k] = true;
                 order[no++] = k;
-                for (int i = 0; i < m->nodes[k].nout; i++)
-                    if (m->nodes[k].out[i] >= 0) done[m->nodes[k].out[i]] = true;
+                for (int i = 0; i < n->nout; i++)
+                    if (n->out[i] >= 0) done[n->out[i]] = true;
                 progress = true;
             }
         }
@@ -891,8 +1020,7 @@ static em_status build_graph(em_onnx_model *m)
             int k = 0;
             while (placed[k]) k++;
             st = em_set_error(EM_ERR_FORMAT, "%s: the graph has a cycle (node #%d '%s' (%s) depends on its own output)", mn,
-                              k, m->nodes[k].p->name ? m->nodes[k].p->name : "", m->nodes[k].p->op_type);
-            free(indeg);
+                              k, G->nodes[k].p->name ? G->nodes[k].p->name : "", G->nodes[k].p->op_type);
             free(order);
             free(done);
             free(placed);
@@ -902,49 +1030,60 @@ static em_status build_graph(em_onnx_model *m)
         if (!sorted) {
             st = em_set_error(EM_ERR_NOMEM, "out of memory");
         } else {
-            for (int k = 0; k < nn; k++) sorted[k] = m->nodes[order[k]];
-            free(m->nodes);
-            m->nodes = sorted;
+            for (int k = 0; k < nn; k++) sorted[k] = G->nodes[order[k]];
+            free(G->nodes);
+            G->nodes = sorted;
         }
-        free(indeg);
         free(order);
         free(done);
         free(placed);
         if (st != EM_OK) goto out;
     }
-    /* outputs */
-    for (size_t i = 0; i < g->n_output; i++) {
-        const Onnx__ValueInfoProto *vi = g->output[i];
-        int id = vi->name ? map_get(&map, vi->name, -1, NULL) : -1;
+    /* outputs (a subgraph's output may be a value of an enclosing graph) */
+    for (size_t i = 0; i < gp->n_output; i++) {
+        const Onnx__ValueInfoProto *vi = gp->output[i];
+        int id = vi->name ? map_get(&s->map, vi->name, -1, NULL) : -1;
+        if ((id < 0 || !defined[id]) && vi->name && *vi->name) id = scope_resolve(s, vi->name);
         if (id < 0 || !defined[id]) {
             st = em_set_error(EM_ERR_FORMAT, "%s: graph output '%s' is not produced by the graph", mn, vi->name ? vi->name : "");
             goto out;
         }
-        if (vi->type && vi->type->value_case != ONNX__TYPE_PROTO__VALUE_TENSOR_TYPE) {
-            st = em_set_error(EM_ERR_UNSUPPORTED, "%s: graph output '%s' is not a tensor (sequences, maps and optionals are not supported)",
-                              mn, vi->name);
-            goto out;
-        }
-        if (vi->type && vi->type->tensor_type->has_elem_type && !onnx_type_to_dtype(vi->type->tensor_type->elem_type, NULL)) {
-            st = em_set_error(EM_ERR_UNSUPPORTED, "%s: graph output '%s' has element type %s, which Ember does not hold", mn,
-                              vi->name, em_onnx_type_name(vi->type->tensor_type->elem_type));
-            goto out;
-        }
-        m->output_vi[m->noutputs] = vi;
-        m->output_id[m->noutputs++] = id;
+        if (vi->type && (st = check_value_type(mn, "graph output", vi, false, !is_main)) != EM_OK) goto out;
+        G->output_vi[G->noutputs] = vi;
+        G->output_id[G->noutputs++] = id;
     }
-    /* last uses: release intermediates as soon as possible */
-    for (int v = 0; v < m->nvalues; v++) m->last_use[v] = -1;
-    for (int k = 0; k < nn; k++)
-        for (int i = 0; i < m->nodes[k].nin; i++)
-            if (m->nodes[k].in[i] >= 0) m->last_use[m->nodes[k].in[i]] = k;
-    for (int i = 0; i < m->noutputs; i++) m->last_use[m->output_id[i]] = INT_MAX;
-#undef VALUE_ID
+    /* last uses: release intermediates as soon as possible (a node's
+     * subgraphs' reads of this graph's values count as its uses) */
+    for (int v = 0; v < G->nvalues; v++) G->last_use[v] = -1;
+    for (int k = 0; k < nn; k++) {
+        const onnx_node *n = &G->nodes[k];
+        for (int i = 0; i < n->nin; i++)
+            if (n->in[i] >= 0) G->last_use[n->in[i]] = k;
+        for (int i = 0; i < n->nimpl; i++) G->last_use[n->impl[i]] = k;
+    }
+    for (int i = 0; i < G->noutputs; i++) G->last_use[G->output_id[i]] = INT_MAX;
 out:
-    free(defined);
-    free(producer);
-    map_free(&map);
+    free(s->defined);
+    free(s->producer);
+    s->defined = NULL;
+    s->producer = NULL;
+    map_free(&s->map);
     return st;
+}
+
+/* The main graph. */
+static em_status build_main(em_onnx_model *m)
+{
+    const Onnx__GraphProto *g = m->proto->graph;
+    const char *mn = m->name;
+    if (!g) return em_set_error(EM_ERR_FORMAT, "%s: the model has no graph", mn);
+    if (m->proto->n_functions)
+        return em_set_error(EM_ERR_UNSUPPORTED, "%s: model-local functions (%zu, first '%s') are not supported", mn,
+                            m->proto->n_functions, m->proto->functions[0]->name ? m->proto->functions[0]->name : "");
+    m->g.where = strdup(mn);
+    if (!m->g.where) return em_set_error(EM_ERR_NOMEM, "out of memory");
+    build_scope s = {NULL, m, &m->g, {0, NULL, NULL}, NULL, NULL};
+    return build_graph(&s, g);
 }
 
 static em_onnx_model *load_bytes(const uint8_t *data, size_t n, const char *base_dir, const char *name)
@@ -998,7 +1137,7 @@ static em_onnx_model *load_bytes(const uint8_t *data, size_t n, const char *base
         return NULL;
     }
     m->opset = opset;
-    if (build_graph(m) != EM_OK) {
+    if (build_main(m) != EM_OK) {
         em_onnx_free(m);
         return NULL;
     }
@@ -1007,7 +1146,7 @@ static em_onnx_model *load_bytes(const uint8_t *data, size_t n, const char *base
         em_onnx_free(m);
         return NULL;
     }
-    for (int i = 0; i < m->ninit; i++) register_init(m->module, m->vname[m->init_id[i]], m->init[m->init_id[i]].t);
+    for (int i = 0; i < m->g.ninit; i++) register_init(m->module, m->g.vname[m->g.init_id[i]], m->g.init[m->g.init_id[i]].t);
     return m;
 }
 
@@ -1040,36 +1179,36 @@ em_onnx_model *em_onnx_load(const char *path, const char **err)
 
 /* ---- accessors ---------------------------------------------------------------------- */
 
-int em_onnx_num_inputs(const em_onnx_model *m) { return m ? m->ninputs : 0; }
-int em_onnx_num_outputs(const em_onnx_model *m) { return m ? m->noutputs : 0; }
+int em_onnx_num_inputs(const em_onnx_model *m) { return m ? m->g.ninputs : 0; }
+int em_onnx_num_outputs(const em_onnx_model *m) { return m ? m->g.noutputs : 0; }
 int em_onnx_opset(const em_onnx_model *m) { return m ? m->opset : 0; }
 em_module *em_onnx_module(em_onnx_model *m) { return m ? m->module : NULL; }
-int em_onnx_num_initializers(const em_onnx_model *m) { return m ? m->ninit : 0; }
+int em_onnx_num_initializers(const em_onnx_model *m) { return m ? m->g.ninit : 0; }
 
 const char *em_onnx_input_name(const em_onnx_model *m, int i)
 {
-    return m && i >= 0 && i < m->ninputs ? m->vname[m->input_id[i]] : NULL;
+    return m && i >= 0 && i < m->g.ninputs ? m->g.vname[m->g.input_id[i]] : NULL;
 }
 
 const char *em_onnx_output_name(const em_onnx_model *m, int i)
 {
-    return m && i >= 0 && i < m->noutputs ? m->vname[m->output_id[i]] : NULL;
+    return m && i >= 0 && i < m->g.noutputs ? m->g.vname[m->g.output_id[i]] : NULL;
 }
 
 const char *em_onnx_initializer_name(const em_onnx_model *m, int i)
 {
-    return m && i >= 0 && i < m->ninit ? m->vname[m->init_id[i]] : NULL;
+    return m && i >= 0 && i < m->g.ninit ? m->g.vname[m->g.init_id[i]] : NULL;
 }
 
 em_tensor *em_onnx_initializer(const em_onnx_model *m, int i)
 {
-    return m && i >= 0 && i < m->ninit ? m->init[m->init_id[i]].t : NULL;
+    return m && i >= 0 && i < m->g.ninit ? m->g.init[m->g.init_id[i]].t : NULL;
 }
 
 int em_onnx_input_shape(const em_onnx_model *m, int i, int64_t *shape)
 {
-    if (!m || i < 0 || i >= m->ninputs) return -1;
-    const Onnx__TypeProto__Tensor *tt = m->input_vi[i]->type->tensor_type;
+    if (!m || i < 0 || i >= m->g.ninputs) return -1;
+    const Onnx__TypeProto__Tensor *tt = m->g.input_vi[i]->type->tensor_type;
     if (!tt->shape) return -1;
     int r = (int)tt->shape->n_dim;
     for (int d = 0; d < r && d < EM_MAX_DIMS; d++) {
@@ -1082,50 +1221,102 @@ int em_onnx_input_shape(const em_onnx_model *m, int i, int64_t *shape)
 em_dtype em_onnx_input_dtype(const em_onnx_model *m, int i)
 {
     em_dtype dt = EM_F32;
-    if (m && i >= 0 && i < m->ninputs) onnx_type_to_dtype(m->input_vi[i]->type->tensor_type->elem_type, &dt);
+    if (m && i >= 0 && i < m->g.ninputs) onnx_type_to_dtype(m->g.input_vi[i]->type->tensor_type->elem_type, &dt);
     return dt;
 }
 
 int em_onnx_output_type(const em_onnx_model *m, int i)
 {
-    if (!m || i < 0 || i >= m->noutputs) return 0;
-    const Onnx__TypeProto *tp = m->output_vi[i]->type;
+    if (!m || i < 0 || i >= m->g.noutputs) return 0;
+    const Onnx__TypeProto *tp = m->g.output_vi[i]->type;
     return tp && tp->tensor_type && tp->tensor_type->has_elem_type ? tp->tensor_type->elem_type : 0;
 }
 
 /* ---- run ------------------------------------------------------------------------------ */
 
-static void node_error(const em_onnx_model *m, const onnx_node *n)
+static void node_error(const onnx_graph *g, const onnx_node *n)
 {
     char msg[768], label[160];
     em_status st = em_last_status() != EM_OK ? em_last_status() : EM_ERR_RUNTIME;
     snprintf(msg, sizeof msg, "%s", em_last_status() != EM_OK ? em_last_error() : "failed without a message");
     if (n->p->name && *n->p->name) snprintf(label, sizeof label, "'%s'", n->p->name);
-    else snprintf(label, sizeof label, "#%d (unnamed)", (int)(n - m->nodes));
-    em_set_error(st, "%s: node %s (%s, opset %d): %s", m->name, label, n->p->op_type, n->opset, msg);
+    else snprintf(label, sizeof label, "#%d (unnamed)", (int)(n - g->nodes));
+    /* a subgraph's failure is wrapped by the node owning it: its graph is named relatively */
+    if (g->attr) em_set_error(st, "graph '%s': node %s (%s): %s", g->attr, label, n->p->op_type, msg);
+    else em_set_error(st, "%s: node %s (%s, opset %d): %s", g->where, label, n->p->op_type, n->opset, msg);
+}
+
+/* Runs the nodes of @p g over its values @p v (initializers, inputs and
+ * captured outer values set); values are released after their last use. */
+static em_status exec_graph(em_onnx_model *m, const onnx_graph *g, onnx_value *v)
+{
+    for (int k = 0; k < g->nnodes; k++) {
+        const onnx_node *n = &g->nodes[k];
+        onnx_value inv[64], outv[64];
+        if (n->nin > 64 || n->nout > 64) {
+            em_set_error(EM_ERR_UNSUPPORTED, "more than 64 inputs or outputs");
+            node_error(g, n);
+            return em_last_status();
+        }
+        for (int i = 0; i < n->nin; i++) inv[i] = n->in[i] >= 0 ? v[n->in[i]] : (onnx_value){NULL, 0};
+        memset(outv, 0, sizeof(onnx_value) * (size_t)(n->nout + 1));
+        onnx_ctx c = {m, n, n->opset, n->nin, inv, n->nout, outv, g, v};
+        em_clear_error();
+        em_scope_begin();
+        em_status st = n->op->fn(&c);
+        if (st == EM_OK)
+            for (int i = 0; i < n->nout; i++) {
+                if (n->out[i] < 0) continue;
+                if (!outv[i].t) {
+                    st = em_set_error(EM_ERR_RUNTIME, "output %d ('%s') was not computed", i, g->vname[n->out[i]]);
+                    break;
+                }
+            }
+        for (int i = 0; i < n->nout; i++)
+            if (outv[i].t) em_tensor_retain(outv[i].t);
+        em_scope_end();
+        if (st != EM_OK) {
+            for (int i = 0; i < n->nout; i++) em_tensor_release(outv[i].t);
+            node_error(g, n);
+            return em_last_status();
+        }
+        for (int i = 0; i < n->nout; i++) {
+            if (n->out[i] < 0) em_tensor_release(outv[i].t);
+            else v[n->out[i]] = outv[i];
+        }
+        for (int i = 0; i < n->nin + n->nimpl; i++) {
+            int id = i < n->nin ? n->in[i] : n->impl[i - n->nin];
+            if (id >= 0 && g->last_use[id] == k && v[id].t) {
+                em_tensor_release(v[id].t);
+                v[id].t = NULL;
+            }
+        }
+    }
+    return EM_OK;
 }
 
 em_status em_onnx_run(em_onnx_model *m, em_tensor *const inputs[], int nin, em_tensor *outputs[], int nout)
 {
     if (!m) return em_set_error(EM_ERR_INVALID, "em_onnx_run: model is NULL");
-    if (nin != m->ninputs)
-        return em_set_error(EM_ERR_INVALID, "%s: %d inputs given, the model has %d", m->name, nin, m->ninputs);
-    if (nout < 0 || nout > m->noutputs)
-        return em_set_error(EM_ERR_INVALID, "%s: %d outputs asked for, the model has %d", m->name, nout, m->noutputs);
+    const onnx_graph *g = &m->g;
+    if (nin != g->ninputs)
+        return em_set_error(EM_ERR_INVALID, "%s: %d inputs given, the model has %d", m->name, nin, g->ninputs);
+    if (nout < 0 || nout > g->noutputs)
+        return em_set_error(EM_ERR_INVALID, "%s: %d outputs asked for, the model has %d", m->name, nout, g->noutputs);
     if (nout && !outputs) return em_set_error(EM_ERR_INVALID, "em_onnx_run: outputs is NULL");
-    onnx_value *v = calloc((size_t)m->nvalues + 1, sizeof *v);
+    onnx_value *v = calloc((size_t)g->nvalues + 1, sizeof *v);
     if (!v) return em_set_error(EM_ERR_NOMEM, "out of memory");
     em_status st = EM_OK;
-    for (int i = 0; i < m->nvalues; i++)
-        if (m->init[i].t) v[i] = (onnx_value){em_tensor_retain(m->init[i].t), m->init[i].type};
+    for (int i = 0; i < g->nvalues; i++)
+        if (g->init[i].t) v[i] = (onnx_value){em_tensor_retain(g->init[i].t), g->init[i].type};
     for (int i = 0; i < nin; i++) {
-        int id = m->input_id[i];
-        const char *nm = m->vname[id];
-        int et = m->input_vi[i]->type->tensor_type->elem_type;
+        int id = g->input_id[i];
+        const char *nm = g->vname[id];
+        int et = g->input_vi[i]->type->tensor_type->elem_type;
         em_dtype want;
         onnx_type_to_dtype(et, &want);
         if (!inputs || !inputs[i]) {
-            if (m->last_use[id] < 0) continue;
+            if (g->last_use[id] < 0) continue;
             st = em_set_error(EM_ERR_INVALID, "%s: input '%s' is NULL", m->name, nm);
             goto out;
         }
@@ -1153,53 +1344,86 @@ em_status em_onnx_run(em_onnx_model *m, em_tensor *const inputs[], int nin, em_t
         em_tensor_release(v[id].t); /* an input overriding an initializer's default */
         v[id] = (onnx_value){em_tensor_retain(inputs[i]), et};
     }
-    for (int k = 0; k < m->nnodes; k++) {
-        const onnx_node *n = &m->nodes[k];
-        onnx_value inv[64], outv[64];
-        if (n->nin > 64 || n->nout > 64) {
-            em_set_error(EM_ERR_UNSUPPORTED, "more than 64 inputs or outputs");
-            node_error(m, n);
-            st = em_last_status();
-            goto out;
-        }
-        for (int i = 0; i < n->nin; i++) inv[i] = n->in[i] >= 0 ? v[n->in[i]] : (onnx_value){NULL, 0};
-        memset(outv, 0, sizeof(onnx_value) * (size_t)(n->nout + 1));
-        onnx_ctx c = {m, n, n->opset, n->nin, inv, n->nout, outv};
-        em_clear_error();
-        em_scope_begin();
-        st = n->op->fn(&c);
-        if (st == EM_OK)
-            for (int i = 0; i < n->nout; i++) {
-                if (n->out[i] < 0) continue;
-                if (!outv[i].t) {
-                    st = em_set_error(EM_ERR_RUNTIME, "output %d ('%s') was not computed", i, m->vname[n->out[i]]);
-                    break;
-                }
-            }
-        for (int i = 0; i < n->nout; i++)
-            if (outv[i].t) em_tensor_retain(outv[i].t);
-        em_scope_end();
-        if (st != EM_OK) {
-            for (int i = 0; i < n->nout; i++) em_tensor_release(outv[i].t);
-            node_error(m, n);
-            st = em_last_status();
-            goto out;
-        }
-        for (int i = 0; i < n->nout; i++) {
-            if (n->out[i] < 0) em_tensor_release(outv[i].t);
-            else v[n->out[i]] = outv[i];
-        }
-        for (int i = 0; i < n->nin; i++) {
-            int id = n->in[i];
-            if (id >= 0 && m->last_use[id] == k && v[id].t) {
-                em_tensor_release(v[id].t);
-                v[id].t = NULL;
-            }
-        }
-    }
-    for (int i = 0; i < nout; i++) outputs[i] = em_tensor_retain(v[m->output_id[i]].t);
+    st = exec_graph(m, g, v);
+    if (st == EM_OK)
+        for (int i = 0; i < nout; i++) outputs[i] = em_tensor_retain(v[g->output_id[i]].t);
 out:
-    for (int i = 0; i < m->nvalues; i++) em_tensor_release(v[i].t);
+    for (int i = 0; i < g->nvalues; i++) em_tensor_release(v[i].t);
+    free(v);
+    return st;
+}
+
+/* ---- subgraphs ------------------------------------------------------------------------ */
+
+static const onnx_graph *subgraph_of(onnx_ctx *c, const char *attr_name)
+{
+    const Onnx__NodeProto *p = c->node->p;
+    if (c->node->sub)
+        for (size_t a = 0; a < p->n_attribute; a++)
+            if (c->node->sub[a] && p->attribute[a]->name && !strcmp(p->attribute[a]->name, attr_name)) return c->node->sub[a];
+    em_set_error(EM_ERR_FORMAT, "graph attribute '%s' is missing", attr_name);
+    return NULL;
+}
+
+em_status onnx_subgraph_arity(onnx_ctx *c, const char *attr_name, int *nin, int *nout)
+{
+    const onnx_graph *sg = subgraph_of(c, attr_name);
+    if (!sg) return em_last_status();
+    if (nin) *nin = sg->ninputs;
+    if (nout) *nout = sg->noutputs;
+    return EM_OK;
+}
+
+em_status onnx_run_subgraph(onnx_ctx *c, const char *attr_name, int nin, const onnx_value *in, int nout, onnx_value *out)
+{
+    for (int i = 0; i < nout; i++) out[i] = (onnx_value){NULL, 0};
+    const onnx_graph *sg = subgraph_of(c, attr_name);
+    if (!sg) return em_last_status();
+    if (nin != sg->ninputs)
+        return em_set_error(EM_ERR_FORMAT, "graph '%s' has %d inputs, %d given", attr_name, sg->ninputs, nin);
+    if (nout > sg->noutputs)
+        return em_set_error(EM_ERR_FORMAT, "graph '%s' has %d outputs, %d asked for", attr_name, sg->noutputs, nout);
+    onnx_value *v = calloc((size_t)sg->nvalues + 1, sizeof *v);
+    if (!v) return em_set_error(EM_ERR_NOMEM, "out of memory");
+    em_status st = EM_OK;
+    for (int i = 0; i < sg->nvalues; i++)
+        if (sg->init[i].t) v[i] = (onnx_value){em_tensor_retain(sg->init[i].t), sg->init[i].type};
+    for (int j = 0; j < sg->ncap; j++) {
+        const onnx_value *ov = &c->values[sg->cap_outer[j]];
+        if (!ov->t) {
+            st = em_set_error(EM_ERR_RUNTIME, "graph '%s': outer value '%s' is not available", attr_name,
+                              sg->vname[sg->cap_local[j]]);
+            goto out;
+        }
+        v[sg->cap_local[j]] = (onnx_value){em_tensor_retain(ov->t), ov->type};
+    }
+    for (int i = 0; i < nin; i++) {
+        int id = sg->input_id[i];
+        if (!in[i].t) {
+            st = em_set_error(EM_ERR_INVALID, "graph '%s': input '%s' is not given", attr_name, sg->vname[id]);
+            goto out;
+        }
+        em_tensor_release(v[id].t);
+        v[id] = (onnx_value){em_tensor_retain(in[i].t), in[i].type};
+    }
+    st = exec_graph(c->model, sg, v);
+    if (st == EM_OK)
+        for (int i = 0; i < nout; i++) {
+            const onnx_value *ov = &v[sg->output_id[i]];
+            if (!ov->t) {
+                st = em_set_error(EM_ERR_RUNTIME, "graph '%s': output '%s' was not computed", attr_name,
+                                  sg->vname[sg->output_id[i]]);
+                break;
+            }
+            /* a view: a new reference owned by the current (the op's) scope */
+            out[i] = (onnx_value){em_reshape(ov->t, em_tensor_shape(ov->t), em_tensor_ndim(ov->t)), ov->type};
+            if (!out[i].t) {
+                st = em_last_status();
+                break;
+            }
+        }
+out:
+    for (int i = 0; i < sg->nvalues; i++) em_tensor_release(v[i].t);
     free(v);
     return st;
 }
