@@ -66,7 +66,7 @@ def main():
         f.write("\n## Every test that does not pass\n\n| test | status | reason |\n| --- | --- | --- |\n")
         for s, name, msg in rows:
             if s != "PASS":
-                msg = re.sub(r"/\S*/onnx-node-tests/", "", msg).replace("|", "/")
+                msg = re.sub(r"/\S*/(test_[^/\s]+)/", r"\1/", msg).replace("|", "/")
                 f.write(f"| {name} | {s} | {msg[:300]} |\n")
     print(f"{out}: {p} of {total} pass")
 
