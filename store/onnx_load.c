@@ -1333,9 +1333,7 @@ em_status em_onnx_run(em_onnx_model *m, em_tensor *const inputs[], int nin, em_t
                 if (shape[d] >= 0 && shape[d] != em_tensor_dim(inputs[i], d)) ok = false;
             if (!ok) {
                 char a[128], b[128];
-                for (int d = 0; d < r && d < EM_MAX_DIMS; d++)
-                    if (shape[d] < 0) shape[d] = 0;
-                st = em_set_error(EM_ERR_SHAPE, "%s: input '%s' has shape %s, the model declares %s (0 = any)", m->name, nm,
+                st = em_set_error(EM_ERR_SHAPE, "%s: input '%s' has shape %s, the model declares %s (-1 = any)", m->name, nm,
                                   em_shape_str(em_tensor_shape(inputs[i]), em_tensor_ndim(inputs[i]), a, sizeof a),
                                   em_shape_str(shape, r < EM_MAX_DIMS ? r : EM_MAX_DIMS, b, sizeof b));
                 goto out;

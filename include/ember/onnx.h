@@ -1,13 +1,15 @@
 /* Ember ONNX import: run an ONNX model's graph as Ember ops on any device.
  *
+ *     em_init(NULL);                                  // the runtime first
  *     const char *err = NULL;
  *     em_onnx_model *m = em_onnx_load("model.onnx", &err);
- *     if (!m) { fprintf(stderr, "%s\n", err); return 1; }
+ *     if (!m) { fprintf(stderr, "%s\n", err); return 1; }   // err: until the next error
  *     em_tensor *x = em_from_host(pixels, (int64_t[]){1, 1, 28, 28}, 4, EM_F32);
  *     em_tensor *y = NULL;
  *     em_no_grad_begin();
- *     em_status st = em_onnx_run(m, &x, 1, &y, 1);   // y: logits [1, 10]
+ *     em_status st = em_onnx_run(m, &x, 1, &y, 1);   // y: logits [1, 10], caller-owned
  *     em_no_grad_end();
+ *     em_tensor_release(y); em_tensor_release(x); em_onnx_free(m);
  *
  * What is read: ModelProto of IR versions 3 and later, operator sets 7 to 28
  * of the default domain ("" / "ai.onnx"), tensors inline or as external data
