@@ -169,6 +169,8 @@ const char *em_shape_str(const int64_t *shape, int ndim, char *buf, size_t n)
     return buf;
 }
 
+#define EM_MAX_NUMEL ((int64_t)1 << 48) /* elements of any tensor or view */
+
 static em_status check_shape(const int64_t *shape, int ndim, const char *what)
 {
     if (ndim < 0 || ndim > EM_MAX_DIMS)
@@ -179,6 +181,18 @@ static em_status check_shape(const int64_t *shape, int ndim, const char *what)
             char b[160];
             return em__set_error(EM_ERR_SHAPE, "%s: negative size in shape %s", what, em_shape_str(shape, ndim, b, sizeof b));
         }
+    /* the element count must not overflow (views included: an expanded view
+     * of 2^64 elements would wrap numel and every size computed from it) */
+    int64_t n = 1;
+    bool zero = false;
+    for (int i = 0; i < ndim; i++) zero = zero || shape[i] == 0;
+    for (int i = 0; i < ndim && !zero; i++) {
+        if (n > EM_MAX_NUMEL / shape[i]) {
+            char b[160];
+            return em__set_error(EM_ERR_SHAPE, "%s: shape %s has more than 2^48 elements", what, em_shape_str(shape, ndim, b, sizeof b));
+        }
+        n *= shape[i];
+    }
     return EM_OK;
 }
 

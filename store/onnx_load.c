@@ -9,6 +9,8 @@
 #include "store/onnx_internal.h"
 
 #include <errno.h>
+#include <fcntl.h>
+#include <unistd.h>
 #include <limits.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -179,16 +181,46 @@ static bool is_float8(int t) { return (t >= ONNX_FLOAT8E4M3FN && t <= ONNX_FLOAT
 
 /* ---- files ------------------------------------------------------------------------- */
 
+/* Opens @p path for reading only when it is a regular file: O_NONBLOCK so
+ * that a FIFO or device cannot block the open, O_NOFOLLOW when @p no_follow
+ * (external data: a symlink could point out of the model's folder). NULL +
+ * error otherwise. */
+static FILE *open_regular(const char *path, bool no_follow)
+{
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC | (no_follow ? O_NOFOLLOW : 0));
+    if (fd < 0) {
+        if (no_follow && errno == ELOOP)
+            em_set_error(EM_ERR_FORMAT, "%s: a symbolic link (external data must be a regular file inside the model's folder)", path);
+        else
+            em_set_error(EM_ERR_IO, "%s: %s", path, strerror(errno));
+        return NULL;
+    }
+    struct stat sb;
+    if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {
+        close(fd);
+        em_set_error(EM_ERR_IO, "%s: not a regular file", path);
+        return NULL;
+    }
+    int fl = fcntl(fd, F_GETFL);
+    if (fl >= 0) fcntl(fd, F_SETFL, fl & ~O_NONBLOCK);
+    FILE *f = fdopen(fd, "rb");
+    if (!f) {
+        close(fd);
+        em_set_error(EM_ERR_IO, "%s: %s", path, strerror(errno));
+    }
+    return f;
+}
+
 static em_status read_file(const char *path, size_t max, uint8_t **data, size_t *n)
 {
     *data = NULL;
     *n = 0;
-    FILE *f = fopen(path, "rb");
-    if (!f) return em_set_error(EM_ERR_IO, "%s: %s", path, strerror(errno));
+    FILE *f = open_regular(path, false);
+    if (!f) return em_last_status();
     struct stat sb;
-    if (fstat(fileno(f), &sb) != 0 || !S_ISREG(sb.st_mode)) {
+    if (fstat(fileno(f), &sb) != 0) {
         fclose(f);
-        return em_set_error(EM_ERR_IO, "%s: not a regular file", path);
+        return em_set_error(EM_ERR_IO, "%s: %s", path, strerror(errno));
     }
     if ((uint64_t)sb.st_size > max) {
         fclose(f);
@@ -351,14 +383,26 @@ static em_status read_external(const Onnx__TensorProto *tp, const char *base_dir
                             (unsigned long long)length, need);
     char *path = NULL;
     if (asprintf(&path, "%s/%s", base_dir, loc) < 0) return em_set_error(EM_ERR_NOMEM, "out of memory");
-    FILE *f = fopen(path, "rb");
+    /* a symlinked folder on the way must not lead out of the model's folder */
+    char *rbase = realpath(base_dir, NULL), *rpath = realpath(path, NULL);
+    bool inside = rbase && rpath && !strncmp(rpath, rbase, strlen(rbase)) && rpath[strlen(rbase)] == '/';
+    free(rbase);
+    free(rpath);
+    if (!inside && access(path, F_OK) == 0) {
+        em_status st = em_set_error(EM_ERR_FORMAT, "tensor '%s': external data %s resolves outside the model's folder", tn, path);
+        free(path);
+        return st;
+    }
+    FILE *f = open_regular(path, true);
     if (!f) {
-        em_status st = em_set_error(EM_ERR_IO, "tensor '%s': external data %s: %s", tn, path, strerror(errno));
+        char msg[512];
+        snprintf(msg, sizeof msg, "%s", em_last_error());
+        em_status st = em_set_error(em_last_status(), "tensor '%s': external data %s", tn, msg);
         free(path);
         return st;
     }
     struct stat sb;
-    if (fstat(fileno(f), &sb) != 0 || !S_ISREG(sb.st_mode) || (uint64_t)sb.st_size < offset ||
+    if (fstat(fileno(f), &sb) != 0 || (uint64_t)sb.st_size < offset ||
         (uint64_t)sb.st_size - offset < need) {
         fclose(f);
         em_status st = em_set_error(EM_ERR_FORMAT, "tensor '%s': external data %s is shorter than offset %llu + %zu bytes", tn,

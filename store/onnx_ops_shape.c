@@ -706,8 +706,11 @@ static em_status op_tile(onnx_ctx *c)
         em_tensor *u = em_unsqueeze(y, d);
         int64_t e[EM_MAX_DIMS];
         for (int i = 0, j = 0; i <= r; i++) e[i] = i == d ? rep[d] : s[j++];
+        if (s[d] && rep[d] > ((int64_t)1 << 48) / s[d])
+            return em_set_error(EM_ERR_SHAPE, "repeats[%d] = %lld times dim %lld is too large", d, (long long)rep[d], (long long)s[d]);
         s[d] *= rep[d];
         y = em_reshape(em_contiguous(em_expand(u, e, r + 1)), s, r);
+        if (!y) return em_last_status();
     }
     return onnx_out(c, 0, y == x ? em_contiguous(x) : y, 0);
 }
