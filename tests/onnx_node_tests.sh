@@ -6,10 +6,13 @@
 # The per-test results go to BUILD_DIR/onnx-node-results.txt
 # (scripts/onnx-conformance-doc.sh turns them into docs/onnx-conformance.md).
 # Exit 77 (skipped) when PyPI cannot be reached.
-# Usage: onnx_node_tests.sh path/to/onnx_node_runner BUILD_DIR   ($PYTHON: default python3)
+# Usage: onnx_node_tests.sh path/to/onnx_node_runner BUILD_DIR [DEVICE]
+#        (DEVICE: cpu by default; $PYTHON: default python3). Two runs at once
+#        (ctest -j) share the venv and the cases under a lock.
 set -euo pipefail
 RUNNER="$1"
 BUILD="$2"
+DEV="${3:-cpu}"
 HERE="$(cd "$(dirname "$0")" && pwd)"
 PY="${PYTHON:-python3}"
 ONNX_VERSION=1.23.0
@@ -19,6 +22,8 @@ CASES="$BUILD/onnx-node-tests"
 T="$(mktemp -d)"
 trap 'rm -rf "$T"' EXIT
 
+exec 9> "$BUILD/.onnx-node-tests.lock"
+flock 9
 if [ ! -f "$STAMP" ] || ! "$VENV/bin/python" -c 'import onnx, numpy' 2> /dev/null; then
   "$PY" -m venv --clear "$VENV" || { echo "FAIL: '$PY -m venv' failed (Debian: apt-get install python3-venv)" >&2; exit 1; }
   if ! timeout 600 "$VENV/bin/pip" install -q --disable-pip-version-check --retries 2 --timeout 30 "onnx==$ONNX_VERSION" numpy > "$T/pip.log" 2>&1; then
@@ -45,8 +50,11 @@ if [ ! -f "$CASES/.ember-onnx-$ONNX_VERSION" ]; then
   "$VENV/bin/python" "$HERE/../scripts/onnx_node_tests.py" "$CASES"
   touch "$CASES/.ember-onnx-$ONNX_VERSION"
 fi
+flock -u 9
 MIN="$(tr -dc '0-9' < "$HERE/onnx_node_pass_count")"
-"$RUNNER" --device cpu --min-pass "$MIN" --exceptions "$HERE/onnx_tolerance_exceptions.txt" --results "$BUILD/onnx-node-results.txt" "$CASES" > "$T/out.txt" || rc=$?
+RES="$BUILD/onnx-node-results.txt"
+[ "$DEV" = cpu ] || RES="$BUILD/onnx-node-results-${DEV%%:*}.txt"
+"$RUNNER" --device "$DEV" --min-pass "$MIN" --exceptions "$HERE/onnx_tolerance_exceptions.txt" --results "$RES" "$CASES" > "$T/out.txt" || rc=$?
 grep -v '^PASS ' "$T/out.txt" | sed -n '1,400p' || true
 tail -n 1 "$T/out.txt"
 exit "${rc:-0}"
