@@ -293,22 +293,38 @@ static em_status stash_dtype(onnx_ctx *c, em_dtype *out)
     return EM_OK;
 }
 
+/* What LayerNormalization and RMSNormalization share: X (float) and Scale
+ * (inputs 0 and 1), X's dtype, the stash_type compute dtype, the dims
+ * axis.. (attribute axis, default -1) and epsilon (default 1e-5). */
+static em_status norm_setup(onnx_ctx *c, em_tensor **x, em_tensor **w, em_dtype *dt, em_dtype *cdt, int *dims, int *nd,
+                            double *eps)
+{
+    *x = onnx_in_req(c, 0);
+    *w = onnx_in_req(c, 1);
+    if (!*x || !*w) return em_last_status();
+    *dt = em_tensor_dtype(*x);
+    *cdt = EM_F32;
+    if (!em_dtype_is_float(*dt)) return em_set_error(EM_ERR_DTYPE, "X must be a float tensor");
+    if (stash_dtype(c, cdt) != EM_OK) return em_last_status();
+    int r = em_tensor_ndim(*x), a;
+    if (onnx_axis(c, onnx_attr_int(c, "axis", -1), r, &a) != EM_OK) return em_last_status();
+    *eps = onnx_attr_float(c, "epsilon", 1e-5);
+    *nd = 0;
+    for (int d = a; d < r; d++) dims[(*nd)++] = d;
+    return EM_OK;
+}
+
 /* LayerNormalization (17): normalised over dims axis.. (default -1) with
  * the mean and the biased variance computed in stash_type; Y = norm *
  * Scale + B (B optional); optional outputs Mean and InvStdDev of shape
  * X's with the normalised dims 1. */
 static em_status op_layer_norm(onnx_ctx *c)
 {
-    em_tensor *x = onnx_in_req(c, 0), *w = onnx_in_req(c, 1), *b = onnx_in(c, 2);
-    if (!x || !w) return em_last_status();
-    em_dtype dt = em_tensor_dtype(x), cdt = EM_F32;
-    if (!em_dtype_is_float(dt)) return em_set_error(EM_ERR_DTYPE, "X must be a float tensor");
-    if (stash_dtype(c, &cdt) != EM_OK) return em_last_status();
-    int r = em_tensor_ndim(x), a;
-    if (onnx_axis(c, onnx_attr_int(c, "axis", -1), r, &a) != EM_OK) return em_last_status();
-    double eps = onnx_attr_float(c, "epsilon", 1e-5);
-    int dims[EM_MAX_DIMS], nd = 0;
-    for (int d = a; d < r; d++) dims[nd++] = d;
+    em_tensor *x, *w, *b = onnx_in(c, 2);
+    em_dtype dt, cdt;
+    int dims[EM_MAX_DIMS], nd;
+    double eps;
+    if (norm_setup(c, &x, &w, &dt, &cdt, dims, &nd, &eps) != EM_OK) return em_last_status();
     em_tensor *xs = em_cast(x, cdt);
     em_tensor *mean = em_mean(xs, dims, nd, true);
     em_tensor *diff = em_sub(xs, mean);
@@ -328,16 +344,11 @@ static em_status op_layer_norm(onnx_ctx *c)
  * epsilon) * scale, computed in stash_type. */
 static em_status op_rms_norm(onnx_ctx *c)
 {
-    em_tensor *x = onnx_in_req(c, 0), *w = onnx_in_req(c, 1);
-    if (!x || !w) return em_last_status();
-    em_dtype dt = em_tensor_dtype(x), cdt = EM_F32;
-    if (!em_dtype_is_float(dt)) return em_set_error(EM_ERR_DTYPE, "X must be a float tensor");
-    if (stash_dtype(c, &cdt) != EM_OK) return em_last_status();
-    int r = em_tensor_ndim(x), a;
-    if (onnx_axis(c, onnx_attr_int(c, "axis", -1), r, &a) != EM_OK) return em_last_status();
-    double eps = onnx_attr_float(c, "epsilon", 1e-5);
-    int dims[EM_MAX_DIMS], nd = 0;
-    for (int d = a; d < r; d++) dims[nd++] = d;
+    em_tensor *x, *w;
+    em_dtype dt, cdt;
+    int dims[EM_MAX_DIMS], nd;
+    double eps;
+    if (norm_setup(c, &x, &w, &dt, &cdt, dims, &nd, &eps) != EM_OK) return em_last_status();
     em_tensor *xs = em_cast(x, cdt);
     em_tensor *ms = em_mean(em_square(xs), dims, nd, true);
     em_tensor *y = em_mul(xs, em_reciprocal(em_sqrt(em_add_scalar(ms, eps))));
