@@ -213,5 +213,6 @@ void em_cuda_conv(void *buffers[], void *cl_arg);
 void em_cuda_pool(void *buffers[], void *cl_arg);
 void em_cuda_norm(void *buffers[], void *cl_arg);
 void em_cuda_attention(void *buffers[], void *cl_arg);
+void em_cuda_step(void *buffers[], void *cl_arg); /* step.cu: a captured step (CUDA graphs) */
 
 #endif

@@ -60,6 +60,7 @@ bool em__opencl_compiled(void) { return true; }
 #define EM_OCL_HALF_pool false
 #define EM_OCL_HALF_norm false
 #define EM_OCL_HALF_attention false
+#define EM_OCL_HALF_step false /* its recorded tasks were widened when recorded */
 #define EM_OCL_HALF_collective false
 #define EM_OCL_HALF_NONE false
 const bool em__opencl_half[EM_OP_COUNT] = {

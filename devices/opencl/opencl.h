@@ -160,6 +160,7 @@ void em_ocl_conv(void *buffers[], void *cl_arg);
 void em_ocl_pool(void *buffers[], void *cl_arg);
 void em_ocl_norm(void *buffers[], void *cl_arg);
 void em_ocl_attention(void *buffers[], void *cl_arg);
+void em_ocl_step(void *buffers[], void *cl_arg); /* step.c: a captured step */
 
 /* Enqueues a same-dtype/any-dtype strided copy in -> out (used by COPY and by
  * SCATTER's first step). Lock must NOT be held. */
