@@ -131,7 +131,7 @@ bool capture(const em_step_args *a, Segment &g, void *buffers[])
 
 } // namespace
 
-extern "C" void em_cuda_step(void *buffers[], void *cl_arg)
+void em_cuda_step(void *buffers[], void *cl_arg)
 {
     const em_step_args *a = (const em_step_args *)cl_arg;
     const em_step_plan *p = a->plan;
