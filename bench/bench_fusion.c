@@ -5,9 +5,10 @@
  *      [rows, cols] (default [256, 1024]), written as user code does it:
  *      x = op(x), the previous x released. The ops cycle through mul_scalar,
  *      add of a broadcast bias row [1, cols], gelu, sub_scalar, tanh,
- *      mul_scalar, sigmoid, add_scalar. One timing is K chains from the
- *      same input (their results held until the em_sync that ends the
- *      timing, so nothing is skipped as dead) divided by K; R rounds
+ *      mul_scalar, sigmoid, add_scalar. One timing is the mean of K chains
+ *      from the same input, each followed by em_sync (its result still
+ *      referenced, so it is computed and written; chains are not batched
+ *      together); R rounds
  *      alternate the two sides (eager first in even rounds, fused first in
  *      odd ones). Printed per side: the median and the range (min..max) of
  *      the R rounds in us per chain, us per op (the chain's median / N), the
@@ -59,9 +60,11 @@ static counts count_since(const em_stats *a, const em_stats *b, int per)
                     (double)(b->ops_fused - a->ops_fused) / per};
 }
 
-/* Seconds per chain of @p n ops, over @p reps chains from x0 (results held
- * until the em_sync that ends the timing); *cnt: the stats per chain. */
-static double time_chain(const em_tensor *x0, const em_tensor *bias, int n, int reps, em_tensor **held, counts *cnt)
+/* Seconds per chain of @p n ops: the mean of @p reps chains from x0, each
+ * one followed by em_sync (so chains are not batched together: each is the
+ * user's x = op(x) loop, then a wait for its result); *cnt: the stats per
+ * chain. */
+static double time_chain(const em_tensor *x0, const em_tensor *bias, int n, int reps, counts *cnt)
 {
     CK(em_sync() == EM_OK);
     const em_stats s0 = em_get_stats();
@@ -74,12 +77,11 @@ static double time_chain(const em_tensor *x0, const em_tensor *bias, int n, int 
             if (x) em_tensor_release(x);
             x = y;
         }
-        held[r] = x;
+        CK(em_sync() == EM_OK); /* x is still referenced: its values are written */
+        em_tensor_release(x);
     }
-    CK(em_sync() == EM_OK);
     const double t = now() - t0;
     const em_stats s1 = em_get_stats();
-    for (int r = 0; r < reps; r++) em_tensor_release(held[r]);
     *cnt = count_since(&s0, &s1, reps);
     return t / reps;
 }
@@ -91,10 +93,8 @@ static void chains(int64_t rows, int64_t cols, int rounds, int reps)
     em_tensor *x0 = em_rand_normal((int64_t[]){rows, cols}, 2, EM_F32, 0, 1);
     em_tensor *bias = em_rand_normal((int64_t[]){1, cols}, 2, EM_F32, 0, 1);
     CK(x0 && bias && em_sync() == EM_OK);
-    em_tensor **held = calloc((size_t)reps, sizeof *held);
-    CK(held);
-    printf("chain of N element-wise ops on f32 [%lld, %lld] (x = op(x), the old x released), %d rounds of %d chains, "
-           "sides alternating\n",
+    printf("chain of N element-wise ops on f32 [%lld, %lld] (x = op(x), the old x released; em_sync after each chain), "
+           "%d rounds of %d chains, sides alternating\n",
            (long long)rows, (long long)cols, rounds, reps);
     printf("%4s %-6s %12s %22s %10s %8s %9s %12s %11s\n", "N", "side", "us/chain", "range (min..max)", "us/op", "ratio",
            "tasks/ch", "fused_tasks", "ops_fused");
@@ -105,13 +105,13 @@ static void chains(int64_t rows, int64_t cols, int rounds, int reps)
         /* warm-up of both sides (kernels built, buffers allocated) */
         for (int side = 0; side < 2; side++) {
             em_set_fusion(side == 1);
-            time_chain(x0, bias, n, reps, held, &c[side]);
+            time_chain(x0, bias, n, reps, &c[side]);
         }
         for (int r = 0; r < rounds; r++)
             for (int j = 0; j < 2; j++) {
                 const int side = (r % 2) ? 1 - j : j;
                 em_set_fusion(side == 1);
-                t[side][r] = time_chain(x0, bias, n, reps, held, &c[side]);
+                t[side][r] = time_chain(x0, bias, n, reps, &c[side]);
             }
         double med[2], lo[2], hi[2];
         for (int side = 0; side < 2; side++) med[side] = bench_median(t[side], rounds, &lo[side], &hi[side]);
@@ -121,7 +121,6 @@ static void chains(int64_t rows, int64_t cols, int rounds, int reps)
                    c[side].ops_fused);
         printf("%4d %-6s %12s %22s %10s %8.2f\n", n, "ratio", "", "", "", med[0] / med[1]);
     }
-    free(held);
     em_tensor_release(x0);
     em_tensor_release(bias);
 }
