@@ -47,6 +47,8 @@ enum {
      * autocast to float16" / "to float32"). */
     F_AC_LOW = 1u << 11,    /* autocast runs it in the low dtype (matmul, conv) */
     F_AC_F32 = 1u << 12,    /* autocast runs it in f32 (softmax, exp/log, pow, sums, norms) */
+    F_OWN_ARGS = 1u << 13,  /* FUSED: operands in em_op.var (the last n_var_w written, W), kernel
+                             * arguments (starting with an em_kargs) in em_op.args */
 };
 
 /** A StarPU kernel function: buffers (inputs, then outputs), cl_arg an em_kargs. */
@@ -68,6 +70,7 @@ void em_cpu_conv(void *buffers[], void *cl_arg);
 void em_cpu_pool(void *buffers[], void *cl_arg);
 void em_cpu_norm(void *buffers[], void *cl_arg);
 void em_cpu_attention(void *buffers[], void *cl_arg);
+void em_cpu_fused(void *buffers[], void *cl_arg); /* the contract: em_fused_prog (devices/kargs.h) */
 
 /** What a kernel may know of an op kind: its name (messages), its flags, its
  *  number of inputs and its CPU kernel (host fallbacks). Built from

@@ -104,4 +104,59 @@ enum {
     EM_OPTIM_F_MAXIMIZE = 1 << 6,
 };
 
+
+/* ---- fused element-wise programs (fusion/fusion.c; kind FUSED) -------------
+ *
+ * The kernel contract of a FUSED task: a chain of element-wise ops of
+ * tasks/ops.def (EW1 / EWS / EWP unary kinds and EW2 binary kinds that are
+ * not F_CMP), all of one shape and one float dtype, run as one kernel
+ * (DESIGN.md §6). Registers hold one element each: registers 0..n_leaf-1
+ * are the leaves (the task's inputs), register n_leaf + i the result of
+ * instruction i. Instruction i computes its kind's float_expr of ops.def
+ * with x = r[a] (unary) or a = r[a], b = r[b] (binary) and the scalars
+ * sa, sb (its p.s.a / p.s.b, converted to T), exactly as the kind's own
+ * kernel does, in T = float (EM_F32) or double (EM_F64).
+ *
+ * Buffers: leaves 0..n_leaf-1 (R; strided, broadcast dims have stride 0),
+ * then outputs n_leaf..n_leaf+n_out-1 (W; contiguous from offset 0, numel
+ * elements each). Output j holds register out_reg[j].
+ *
+ * cl_arg is an em_fused_args: its em_kargs header (kind = EM_OP_FUSED,
+ * n_in = 0, n_out = 1, out[0] = the shape, for dispatch, messages and the
+ * performance model's footprint), then the program. The program alone is
+ * small enough (about 2 KiB) to be a CUDA kernel parameter. */
+#define EM_FUSED_MAX_LEAVES 12
+#define EM_FUSED_MAX_OUT 8
+#define EM_FUSED_MAX_INSTR 32
+#define EM_FUSED_MAX_REGS (EM_FUSED_MAX_LEAVES + EM_FUSED_MAX_INSTR)
+
+typedef struct em_fused_instr {
+    int32_t kind; /* an EW1 / EWS / EWP / EW2 kind (enum em_op_kind), not F_CMP */
+    int32_t a, b; /* operand registers (b unused by unary kinds) */
+    int32_t pad_;
+    double sa, sb; /* the op's p.s.a, p.s.b */
+} em_fused_instr;
+
+typedef struct em_fused_leaf {
+    int64_t offset;                       /* in elements, from the buffer's start */
+    int64_t strides[EM_KARGS_MAX_DIMS];   /* in elements, over shape[] (0 = broadcast) */
+} em_fused_leaf;
+
+typedef struct em_fused_prog {
+    int32_t dtype; /* EM_F32 or EM_F64: every operand, and the compute type */
+    int32_t ndim;  /* 1..EM_KARGS_MAX_DIMS */
+    int32_t n_leaf, n_instr, n_out;
+    int32_t pad_;
+    int64_t numel;                      /* product of shape[], > 0 */
+    int64_t shape[EM_KARGS_MAX_DIMS];   /* the shape of every operand (row-major) */
+    em_fused_leaf leaf[EM_FUSED_MAX_LEAVES];
+    em_fused_instr ins[EM_FUSED_MAX_INSTR];
+    int32_t out_reg[EM_FUSED_MAX_OUT];
+} em_fused_prog;
+
+typedef struct em_fused_args {
+    em_kargs k;
+    em_fused_prog prog;
+} em_fused_args;
+
 #endif

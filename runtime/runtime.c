@@ -447,7 +447,9 @@ bool em_is_initialized(void) { return g_initialized; }
 em_status em_sync(void)
 {
     if (!g_initialized) return em__set_error(EM_ERR_STATE, "em_sync: runtime not initialized");
+    em_status fst = em__fusion_flush ? em__fusion_flush() : EM_OK;
     int r = starpu_task_wait_for_all();
+    if (fst != EM_OK) return fst;
     if (r != 0) return em__set_error(EM_ERR_RUNTIME, "starpu_task_wait_for_all failed (%d)", r);
     return em__sticky_take("em_sync");
 }
@@ -455,6 +457,8 @@ em_status em_sync(void)
 void em_shutdown(void)
 {
     if (!g_initialized) return;
+    if (em__fusion_flush && em__fusion_flush() != EM_OK)
+        em_log_msg(EM_LOG_WARN, "em_shutdown: submitting the held element-wise ops failed: %s", em_last_error());
     starpu_task_wait_for_all();
     em__trace_shutdown();
     em__pool_drain();
@@ -535,7 +539,11 @@ void em_print_devices(FILE *f)
     }
 }
 
+em_status (*em__fusion_flush)(void);
+int64_t em__ops_fused, em__fused_tasks;
+
 em_stats em_get_stats(void)
 {
-    return (em_stats){em__live_tensors, em__live_storages, em__handles, em__pooled, em__tasks};
+    if (g_initialized && em__fusion_flush) em__fusion_flush(); /* held ops hold tensors; a failure stays the last error */
+    return (em_stats){em__live_tensors, em__live_storages, em__handles, em__pooled, em__tasks, em__ops_fused, em__fused_tasks};
 }

@@ -77,7 +77,15 @@ struct em_tensor {
     struct em_node *node; /* producer (owned reference), NULL for leaves */
     /* scopes */
     int scope_level; /* 0 = caller-owned, else depth of the owning scope */
+    int held;        /* references of internal holders (em__tensor_hold): never the scope's */
 };
+
+/** An internal reference (the fusion stream's) that is not the caller's:
+ *  counted in refcount and in held, so a caller's em_tensor_release of a
+ *  scoped tensor still takes it out of its scope. em__tensor_unhold drops it
+ *  (the tensor is freed when it was the last reference). */
+em_tensor *em__tensor_hold(em_tensor *t);
+void em__tensor_unhold(em_tensor *t);
 
 /** New tensor with fresh (pooled) storage and contiguous strides, NOT in any
  *  scope (the caller owns it; em__publish hands it to the current scope).
@@ -114,6 +122,7 @@ void em__pool_drain(void);
 
 /* Stats. */
 extern int64_t em__live_tensors, em__live_storages, em__handles, em__pooled, em__tasks;
+extern int64_t em__ops_fused, em__fused_tasks; /* fusion/fusion.c counts them */
 
 /* Scopes. */
 void em__scope_add(em_tensor *t);
@@ -155,6 +164,13 @@ em_tensor *em__publish(em_tensor *t);
  *  then shutting down); em_shutdown calls every shutdown in descending order
  *  before starpu_shutdown (so a shutdown must cope with a failed or missing
  *  init). */
+/** The fusion stream's flush (fusion/fusion.c sets it; NULL without it):
+ *  submits the element-wise ops it holds. The runtime calls it before every
+ *  host read, wait and count of what was submitted (em_to_host, em_sync,
+ *  em_get_stats, em_shutdown), so a host never sees a held op's output
+ *  unwritten. Returns that submission's error. */
+extern em_status (*em__fusion_flush)(void);
+
 typedef struct em_runtime_hooks {
     const char *name; /* the layer, for messages */
     int order;        /* tasks/: 10 */

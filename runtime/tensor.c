@@ -257,10 +257,24 @@ em_tensor *em_tensor_retain(em_tensor *t)
     return t;
 }
 
+em_tensor *em__tensor_hold(em_tensor *t)
+{
+    __atomic_add_fetch(&t->held, 1, __ATOMIC_RELAXED);
+    __atomic_add_fetch(&t->refcount, 1, __ATOMIC_RELAXED);
+    return t;
+}
+
+void em__tensor_unhold(em_tensor *t)
+{
+    __atomic_sub_fetch(&t->held, 1, __ATOMIC_RELAXED);
+    em_tensor_release(t);
+}
+
 void em_tensor_release(em_tensor *t)
 {
     if (!t) return;
-    if (t->refcount == 1 && t->scope_level > 0) em__scope_remove(t);
+    /* the caller's last reference (holders' aside) of a scoped tensor: out of its scope */
+    if (t->refcount - __atomic_load_n(&t->held, __ATOMIC_RELAXED) == 1 && t->scope_level > 0) em__scope_remove(t);
     if (__atomic_sub_fetch(&t->refcount, 1, __ATOMIC_ACQ_REL) > 0) return;
     if (t->node && g_node_release) g_node_release(t->node);
     em__storage_release(t->storage);
@@ -379,6 +393,10 @@ static em_status to_host(const em_tensor *t, void *dst, size_t nbytes, const cha
     if (nbytes < need)
         return em__set_error(EM_ERR_INVALID, "%s: buffer of %zu bytes is too small for %zu bytes", fn, nbytes, need);
     if (need == 0) return em__sticky_take(fn);
+    if (em__fusion_flush) { /* the producer may still be held in the fusion stream */
+        em_status st = em__fusion_flush();
+        if (st != EM_OK) return st;
+    }
     starpu_data_handle_t h = t->storage->handle;
     if (starpu_data_acquire(h, STARPU_R) != 0)
         return em__set_error(EM_ERR_RUNTIME, "%s: could not acquire the data handle", fn);

@@ -34,6 +34,7 @@ em_optab_entry em__optab[EM_OP_COUNT] = {
 };
 
 em_status (*em__autodiff_record)(const em_op *op);
+em_status (*em__fusion_offer)(em_op *op, bool *taken);
 em_status (*em__autodiff_check)(void);
 
 /* Weak defaults: a build without a device backend has no kernels for it. */
@@ -66,6 +67,11 @@ static uint32_t footprint(struct starpu_task *task)
         h = starpu_hash_crc32c_be_n(&k->in[i].dtype, sizeof k->in[i].dtype, h);
     }
     for (int i = 0; i < k->n_out; i++) h = starpu_hash_crc32c_be_n(k->out[i].shape, sizeof(int64_t) * (size_t)k->out[i].ndim, h);
+    if (k->kind == EM_OP_FUSED) { /* the program's kinds: one chain is not another */
+        const em_fused_prog *p = &((const em_fused_args *)k)->prog;
+        for (int i = 0; i < p->n_instr && i < EM_FUSED_MAX_INSTR; i++) h = starpu_hash_crc32c_be_n(&p->ins[i].kind, sizeof p->ins[i].kind, h);
+        h = starpu_hash_crc32c_be_n(&p->n_out, sizeof p->n_out, h);
+    }
     return h;
 }
 
@@ -353,7 +359,7 @@ static inline enum starpu_data_access_mode out_mode(const em_op *op, int i, unsi
  * arguments from op->args (F_COLLECTIVE, F_NOWHERE) or em_kargs. */
 static __attribute__((noinline)) em_status task_submit_any(const em_op *op, unsigned fl)
 {
-    const bool own_args = fl & (F_COLLECTIVE | F_NOWHERE);
+    const bool own_args = fl & (F_COLLECTIVE | F_NOWHERE | F_OWN_ARGS);
     struct starpu_task *task = starpu_task_create();
     void *arg = op->args;
     size_t arg_size = op->args_size;
@@ -399,7 +405,7 @@ static __attribute__((noinline)) em_status task_submit_any(const em_op *op, unsi
     }
     for (int i = 0; i < op->n_var; i++, b++) {
         H[b] = op->var[i]->storage->handle;
-        M[b] = (fl & F_COLLECTIVE) ? STARPU_RW : STARPU_R;
+        M[b] = (fl & F_COLLECTIVE) ? STARPU_RW : ((fl & F_OWN_ARGS) && i >= op->n_var - op->n_var_w) ? STARPU_W : STARPU_R;
     }
     if (op->after) {
         H[b] = op->after;
@@ -503,6 +509,14 @@ static em_status submit_widened(em_op *op, unsigned fl)
 em_status em__submit(em_op *op)
 {
     const em_optab_entry *e = &em__optab[op->kind];
+    if (em__fusion_offer && !(op->flags & EM_OPF_NO_FUSE)) {
+        bool taken = false;
+        em_status st = em__fusion_offer(op, &taken);
+        if (st != EM_OK) return st;
+        if (taken) /* held in the fusion stream: recorded now, run at the flush */
+            return (em__autodiff_record && (e->flags & F_DIFF) && !(op->flags & EM_OPF_NO_RECORD)) ? em__autodiff_record(op)
+                                                                                                     : EM_OK;
+    }
     if (__builtin_expect(!(e->flags & (F_VIEW | F_NOWHERE)) && op_has_half(op), 0)) {
         em_placement pl = op->place ? *op->place : em__placement();
         if (!half_where(op->kind, pl)) {

@@ -33,6 +33,7 @@ enum {
     EM_OPF_NO_RECORD = 1u << 0, /* autodiff does not record it (internal copies, fills, tiles) */
     EM_OPF_ONE_TASK = 1u << 1,  /* exactly one task: the table's custom submit (tiling) is skipped */
     EM_OPF_RAW = EM_OPF_NO_RECORD | EM_OPF_ONE_TASK, /* a custom submitter's sub-task */
+    EM_OPF_NO_FUSE = 1u << 2,   /* submitted now, never held by the fusion stream (fusion/'s own flushes) */
 };
 /* em_op.priority: StarPU's default is 0; EM_PRIO_MAX is the scheduler's highest. */
 #define EM_PRIO_MAX 0x7fffffff
@@ -61,6 +62,7 @@ typedef struct em_op {
     /* variadic operands (F_COLLECTIVE: read-write; FENCE: read), any number */
     int n_var;
     em_tensor *const *var;   /* borrowed; the door copies the handles */
+    int n_var_w;             /* F_OWN_ARGS (FUSED): the last n_var_w of var[] are written (W), the rest read */
     /* F_COLLECTIVE: the kernel's arguments instead of em_kargs: malloc'd,
      * owned by the door from the call on (freed with the task, or on failure) */
     void *args;
@@ -121,6 +123,14 @@ extern em_kernel_fn em__dist_cpu_kernels[EM_OP_COUNT];
 extern em_kernel_fn em__dist_cuda_kernels[EM_OP_COUNT];
 /** Builds the kernel arguments of @p op. */
 void em__kargs_from_op(const em_op *op, em_kargs *k);
+
+/** The fusion hook (fusion/fusion.c sets it at load time; DESIGN.md §6): the
+ *  door offers it every op not flagged EM_OPF_NO_FUSE before submitting it.
+ *  It either holds the op in the fusion stream (*taken = true: the door then
+ *  only lets autodiff record it) or first submits what the stream holds
+ *  that the op may depend on (*taken = false: the door goes on). A failure
+ *  of that flush is returned, and is the op's error. */
+extern em_status (*em__fusion_offer)(em_op *op, bool *taken);
 
 /** Autodiff hooks (autodiff/tape.c sets them): the recorder, and the check of
  *  its backward table against the op table (run by em__codelets_init). */

@@ -26,6 +26,7 @@ const em_kernel_info em__kernel_info[EM_OP_COUNT] = {
 #define EM_CPU_HALF_pool false
 #define EM_CPU_HALF_norm false
 #define EM_CPU_HALF_attention false
+#define EM_CPU_HALF_fused false /* f32 / f64 chains only (fusion/fusion.c) */
 #define EM_CPU_HALF_collective false
 #define EM_CPU_HALF_NONE false
 const bool em__cpu_half[EM_OP_COUNT] = {

@@ -233,8 +233,30 @@ typedef struct em_stats {
     int64_t handles;        /**< StarPU handles registered by Ember (incl. pooled)*/
     int64_t pooled;         /**< handles waiting in the reuse pool                */
     int64_t tasks_submitted;/**< StarPU tasks submitted since em_init             */
+    int64_t ops_fused;      /**< element-wise ops run inside fused tasks          */
+    int64_t fused_tasks;    /**< fused tasks submitted (each runs >= 2 ops)        */
 } em_stats;
+/** The counters, since the process started (tasks_submitted: since
+ *  em_init). Submits the element-wise ops the fusion stream holds first,
+ *  so the counts include them. */
 EM_API em_stats em_get_stats(void);
+
+/** Element-wise fusion (DESIGN.md §6). When on (the default; the environment
+ *  variable EMBER_FUSION=0 read by em_init makes off the default), element-wise
+ *  ops of the table (unary, tensor-scalar and binary math ops, not the
+ *  comparisons) whose operands are all float32 or all float64 and of one
+ *  shape are held in a lazy stream and run as one task per chain, with one
+ *  generated program; a chain ends at the next other op, host read
+ *  (em_to_host, em_item), em_sync, em_get_stats, after 32 ops or 12 distinct
+ *  inputs. An intermediate that no tensor references any more when its chain
+ *  runs is never written to memory. Results equal those of the ops run one
+ *  by one (the same expressions in the same precision); errors of a chain's
+ *  task are reported like any op's (the next em_sync or host read).
+ *  em_set_fusion submits what is held, sets the mode (process-wide) and
+ *  returns the previous one. Thread-safe. */
+EM_API bool em_set_fusion(bool on);
+/** Whether element-wise fusion is on (em_set_fusion). */
+EM_API bool em_fusion_enabled(void);
 
 #ifdef __cplusplus
 }
