@@ -47,8 +47,8 @@ enum {
      * autocast to float16" / "to float32"). */
     F_AC_LOW = 1u << 11,    /* autocast runs it in the low dtype (matmul, conv) */
     F_AC_F32 = 1u << 12,    /* autocast runs it in f32 (softmax, exp/log, pow, sums, norms) */
-    F_OWN_ARGS = 1u << 13,  /* FUSED: operands in em_op.var (the last n_var_w written, W), kernel
-                             * arguments (starting with an em_kargs) in em_op.args */
+    F_OWN_ARGS = 1u << 13,  /* FUSED, STEP: operands in em_op.var (the last n_var_w written: W, RW
+                             * with F_INPLACE), kernel arguments (starting with an em_kargs) in em_op.args */
 };
 
 /** A StarPU kernel function: buffers (inputs, then outputs), cl_arg an em_kargs. */
@@ -71,6 +71,7 @@ void em_cpu_pool(void *buffers[], void *cl_arg);
 void em_cpu_norm(void *buffers[], void *cl_arg);
 void em_cpu_attention(void *buffers[], void *cl_arg);
 void em_cpu_fused(void *buffers[], void *cl_arg); /* the contract: em_fused_prog (devices/kargs.h) */
+void em_cpu_step(void *buffers[], void *cl_arg);  /* the contract: em_step_plan (devices/kargs.h) */
 
 /** What a kernel may know of an op kind: its name (messages), its flags, its
  *  number of inputs and its CPU kernel (host fallbacks). Built from
@@ -135,6 +136,16 @@ void em__kernel_verror(const em_kargs *k, em_status st, const char *fmt, va_list
 /** The calling worker starts / ends running the kernel of @p k. */
 void em__kernel_enter(const em_kargs *k);
 void em__kernel_leave(void);
+/* Trial runs (a CUDA graph capture of a step, devices/cuda/step.cu): between
+ * em__kernel_trial_begin and em__kernel_trial_end, kernel errors of the
+ * calling thread are counted instead of reported; _end returns the count. */
+/* Runs recorded task @p o of the step replay @p a (devices/kargs.h, STEP)
+ * with kernel @p fn of the calling backend, on its buffers among the STEP
+ * task's @p buffers (devices/cpu/step.c; the CPU, CUDA and OpenCL step
+ * kernels use it). */
+void em__step_run_op(const em_step_args *a, const em_step_op *o, void *const *buffers, em_kernel_fn fn);
+void em__kernel_trial_begin(void);
+int em__kernel_trial_end(void);
 /** Formats "[2, 3] float32, [3] int64" (or "none") for @p count operands. */
 void em__kernel_operands(char *buf, size_t n, const em_tdesc *d, int count);
 /** Where reports go (set by tasks/ at start-up): st, the StarPU worker that

@@ -159,4 +159,47 @@ typedef struct em_fused_args {
     em_fused_prog prog;
 } em_fused_args;
 
+
+/* ---- captured steps (tasks/capture.c; kind STEP) --------------------------
+ *
+ * The kernel contract of a STEP task: the tasks a captured step recorded
+ * (em_capture_begin / em_capture_end, include/ember/core.h), replayed as ONE
+ * task that runs their kernels in recorded order on the worker that runs it
+ * (DESIGN.md §6). The STEP task's buffers are every distinct storage the
+ * recorded tasks used, read-only ones first (R), then the written ones (RW).
+ * Recorded task i (ops[i]) had nb buffers; its j-th is the STEP task's
+ * buffer bufs[first_buf + j]; its kernel arguments are args (an em_kargs, or
+ * the kind's own ones for F_OWN_ARGS kinds: em_fused_args), except that its
+ * parameters are em_step_args.p[patch] when patch >= 0 (the parameters that
+ * change from one replay to the next: an optimizer's step count and rate, a
+ * random op's Philox offset). A CUDA worker runs each maximal run of
+ * recorded tasks that are safe to capture and not patched as one CUDA graph
+ * (captured at its first replay on that worker, again when a buffer moved),
+ * the others as plain launches. */
+#define EM_STEP_MAX_WORKERS 128 /* the per-worker state slots of a plan (StarPU's worker ids) */
+
+typedef struct em_step_op {
+    int32_t kind;      /* enum em_op_kind of the recorded task */
+    int32_t nb;        /* its number of buffers */
+    int32_t first_buf; /* its buffers: the STEP task's bufs[first_buf .. first_buf + nb) */
+    int32_t patch;     /* -1, or the index of its replacement parameters in em_step_args.p */
+    const void *args;  /* its kernel arguments (em_kargs, or em_fused_args for FUSED) */
+} em_step_op;
+
+typedef struct em_step_plan {
+    int32_t n_ops, n_patch;
+    int32_t n_bufs;                  /* the STEP task's buffers */
+    const em_step_op *ops;
+    const int32_t *bufs;             /* buffer indices of the ops, see em_step_op.first_buf */
+    void *dev[EM_STEP_MAX_WORKERS];  /* per-worker backend state (CUDA graphs), made and freed by the
+                                      * backend (em__cuda_step_release) */
+} em_step_plan;
+
+typedef struct em_step_args {
+    em_kargs k;                  /* kind = EM_OP_STEP, n_in = n_out = 0 (dispatch, messages) */
+    const em_step_plan *plan;    /* owned by the step (em_step_free), shared by its replays */
+    int64_t replay;              /* 1 for the first replay, then 2, 3, ... */
+    const union em_op_params *p; /* n_patch replacement parameters, in the same allocation */
+} em_step_args;
+
 #endif

@@ -49,6 +49,7 @@ typedef struct stream {
     int64_t shape[EM_MAX_DIMS];
     em_placement place;                      /* of the chain (the first op's) */
     int priority;
+    em_capture *capture;                     /* the capture recording the chain (its ops' thread's), or NULL */
     em_op first;                             /* the first op (a chain of one runs as itself) */
     em_tensor *leaf[EM_FUSED_MAX_LEAVES];    /* held (em__tensor_hold) */
     em_tensor *out[EM_FUSED_MAX_INSTR];      /* held: op i's output */
@@ -115,6 +116,7 @@ static em_status flush_locked(void)
         em_op op = g.first;
         op.flags |= EM_OPF_NO_FUSE | EM_OPF_NO_RECORD;
         op.place = &place;
+        op.capture = g.capture ? g.capture : EM_NO_CAPTURE;
         st = em__submit(&op);
         release_all();
         return st;
@@ -163,7 +165,7 @@ static em_status flush_locked(void)
         memcpy(k->out[0].shape, g.shape, sizeof(int64_t) * (size_t)g.ndim);
         em__contiguous_strides(g.shape, g.ndim, k->out[0].strides);
         em_op op = {.kind = EM_OP_FUSED, .flags = EM_OPF_NO_FUSE | EM_OPF_NO_RECORD, .priority = g.priority,
-                    .place = &place, .n_var = g.n_leaf + n_out, .var = var, .n_var_w = n_out, .args = fa,
+                    .place = &place, .capture = g.capture ? g.capture : EM_NO_CAPTURE, .n_var = g.n_leaf + n_out, .var = var, .n_var_w = n_out, .args = fa,
                     .args_size = sizeof *fa};
         st = em__submit(&op); /* owns fa from the call on */
         if (st == EM_OK) {
@@ -179,10 +181,10 @@ static em_status flush_locked(void)
 
 /* Adds @p op to the chain (g.mu held; fusable(op)). Returns false when it
  * cannot join this chain (flush, then it starts the next one). */
-static bool add_locked(em_op *op, em_placement place)
+static bool add_locked(em_op *op, em_placement place, em_capture *capture)
 {
     const em_tensor *o = op->out[0];
-    if (g.n > 0 && (g.n == EM_FUSED_MAX_INSTR || o->dtype != g.dtype || o->ndim != g.ndim ||
+    if (g.n > 0 && (g.n == EM_FUSED_MAX_INSTR || o->dtype != g.dtype || o->ndim != g.ndim || capture != g.capture ||
                     memcmp(o->shape, g.shape, sizeof(int64_t) * (size_t)g.ndim) || !same_placement(place, g.place) ||
                     op->priority != g.priority))
         return false;
@@ -227,6 +229,7 @@ static bool add_locked(em_op *op, em_placement place)
         memcpy(g.shape, o->shape, sizeof(int64_t) * (size_t)o->ndim);
         g.place = place;
         g.priority = op->priority;
+        g.capture = capture;
     }
     for (int k = 0; k < new_leaf; k++) g.leaf[g.n_leaf++] = em__tensor_hold(leaf_add[k]);
     if (g.n == 0) /* the first op's inputs are leaves: the held ones (the caller's may be temporaries) */
@@ -251,9 +254,10 @@ static em_status offer(em_op *op, bool *taken)
     em_status st = EM_OK;
     if (g.on && fusable(op)) {
         const em_placement place = em__placement();
-        if (!add_locked(op, place)) {
+        em_capture *capture = em__capture_current();
+        if (!add_locked(op, place, capture)) {
             st = flush_locked();
-            if (st == EM_OK && !add_locked(op, place)) st = em__set_error(EM_ERR_RUNTIME, "fusion: op %s cannot start a chain", em__optab[op->kind].name);
+            if (st == EM_OK && !add_locked(op, place, capture)) st = em__set_error(EM_ERR_RUNTIME, "fusion: op %s cannot start a chain", em__optab[op->kind].name);
         }
         *taken = st == EM_OK;
     } else {

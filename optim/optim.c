@@ -227,6 +227,69 @@ static bool same_shape(const em_tensor *a, const em_tensor *b)
     return a->ndim == b->ndim && !memcmp(a->shape, b->shape, sizeof(int64_t) * (size_t)a->ndim);
 }
 
+
+/* The kind and parameters of parameter @p ps's update at step @p step
+ * (1-based), from the optimizer's current configuration (a scheduler may
+ * have changed the rate); @p fresh: its state buffers were just made. */
+static enum em_op_kind step_params(const em_optim *o, const pstate *ps, int64_t step, bool fresh, union em_op_params *p)
+{
+    const em_optim_config *c = &o->cfg;
+    enum em_op_kind kind = EM_OP_SGD_STEP;
+    memset(p, 0, sizeof *p);
+    int32_t fl = c->maximize ? EM_OPTIM_F_MAXIMIZE : 0;
+    p->optim.lr = c->lr;
+    p->optim.weight_decay = ps->wd_own ? ps->wd : c->weight_decay;
+    p->optim.eps = c->eps;
+    p->optim.step = step;
+    switch (c->kind) {
+    case EM_OPTIM_SGD:
+        kind = EM_OP_SGD_STEP;
+        p->optim.momentum = c->momentum;
+        p->optim.dampening = c->dampening;
+        if (c->momentum != 0) fl |= EM_OPTIM_F_MOMENTUM | (fresh ? EM_OPTIM_F_INIT_BUF : 0);
+        if (c->nesterov) fl |= EM_OPTIM_F_NESTEROV;
+        break;
+    case EM_OPTIM_ADAM:
+    case EM_OPTIM_ADAMW:
+        kind = EM_OP_ADAM_STEP;
+        p->optim.beta1 = c->beta1;
+        p->optim.beta2 = c->beta2;
+        if (c->amsgrad) fl |= EM_OPTIM_F_AMSGRAD;
+        if (c->kind == EM_OPTIM_ADAMW) fl |= EM_OPTIM_F_DECOUPLED;
+        break;
+    case EM_OPTIM_RMSPROP:
+        kind = EM_OP_RMSPROP_STEP;
+        p->optim.alpha = c->alpha;
+        p->optim.momentum = c->momentum;
+        if (c->momentum > 0) fl |= EM_OPTIM_F_MOMENTUM;
+        if (c->centered) fl |= EM_OPTIM_F_CENTERED;
+        break;
+    case EM_OPTIM_ADAGRAD:
+        kind = EM_OP_ADAGRAD_STEP;
+        /* torch: clr = lr / (1 + (step - 1) * lr_decay), in double */
+        p->optim.lr = c->lr / (1.0 + (double)(step - 1) * c->lr_decay);
+        break;
+    }
+    p->optim.flags = fl;
+    return kind;
+}
+
+/* A captured update's replay (em__capture_patch_last): the parameter's next
+ * step, counted on the optimizer as an eager em_optim_step would. */
+typedef struct replay_ctx {
+    em_optim *o;
+    int i;
+} replay_ctx;
+
+static void replay_patch(void *ctx, union em_op_params *p)
+{
+    replay_ctx rc;
+    memcpy(&rc, ctx, sizeof rc);
+    pstate *ps = &rc.o->ps[rc.i];
+    ps->step++;
+    step_params(rc.o, ps, ps->step, false, p);
+}
+
 em_status em_optim_step(em_optim *o, const em_grads *grads)
 {
     if (!o || !grads) return em__set_error(EM_ERR_INVALID, "em_optim_step: %s is NULL", !o ? "optimizer" : "grads");
@@ -284,7 +347,8 @@ em_status em_optim_step(em_optim *o, const em_grads *grads)
                 fresh = true;
             }
         if (st != EM_OK) break;
-        const em_optim_config *c = &o->cfg;
+        if (fresh) /* a replay would zero the state again: capture after a first, eager step */
+            em__capture_refuse("the optimizer created its state in this step (capture after a warm-up step)");
         int64_t step = ps->step + 1;
         em_op op;
         memset(&op, 0, sizeof op);
@@ -293,45 +357,17 @@ em_status em_optim_step(em_optim *o, const em_grads *grads)
         op.n_out = 1 + o->nslots;
         op.out[0] = ps->param;
         for (int s = 0; s < o->nslots; s++) op.out[1 + s] = ps->st[s];
-        int32_t fl = c->maximize ? EM_OPTIM_F_MAXIMIZE : 0;
-        op.p.optim.lr = c->lr;
-        op.p.optim.weight_decay = ps->wd_own ? ps->wd : c->weight_decay;
-        op.p.optim.eps = c->eps;
-        op.p.optim.step = step;
-        switch (c->kind) {
-        case EM_OPTIM_SGD:
-            op.kind = EM_OP_SGD_STEP;
-            op.p.optim.momentum = c->momentum;
-            op.p.optim.dampening = c->dampening;
-            if (c->momentum != 0) fl |= EM_OPTIM_F_MOMENTUM | (fresh ? EM_OPTIM_F_INIT_BUF : 0);
-            if (c->nesterov) fl |= EM_OPTIM_F_NESTEROV;
-            break;
-        case EM_OPTIM_ADAM:
-        case EM_OPTIM_ADAMW:
-            op.kind = EM_OP_ADAM_STEP;
-            op.p.optim.beta1 = c->beta1;
-            op.p.optim.beta2 = c->beta2;
-            if (c->amsgrad) fl |= EM_OPTIM_F_AMSGRAD;
-            if (c->kind == EM_OPTIM_ADAMW) fl |= EM_OPTIM_F_DECOUPLED;
-            break;
-        case EM_OPTIM_RMSPROP:
-            op.kind = EM_OP_RMSPROP_STEP;
-            op.p.optim.alpha = c->alpha;
-            op.p.optim.momentum = c->momentum;
-            if (c->momentum > 0) fl |= EM_OPTIM_F_MOMENTUM;
-            if (c->centered) fl |= EM_OPTIM_F_CENTERED;
-            break;
-        case EM_OPTIM_ADAGRAD:
-            op.kind = EM_OP_ADAGRAD_STEP;
-            /* torch: clr = lr / (1 + (step - 1) * lr_decay), in double */
-            op.p.optim.lr = c->lr / (1.0 + (double)(step - 1) * c->lr_decay);
-            break;
-        }
-        op.p.optim.flags = fl;
+        op.kind = step_params(o, ps, step, fresh, &op.p);
         op.after = fence;
         op.priority = fence ? -1 : 0;
         st = em__submit(&op);
-        if (st == EM_OK) ps->step = step;
+        if (st == EM_OK) {
+            ps->step = step;
+            if (em__capture_current()) { /* a replay is the next step: its count and the current rate */
+                const replay_ctx rc = {o, i};
+                em__capture_patch_last(replay_patch, &rc, sizeof rc);
+            }
+        }
     }
     em_scope_end();
     em_no_grad_end();

@@ -170,6 +170,9 @@ em_tensor *em__publish(em_tensor *t);
  *  em_get_stats, em_shutdown), so a host never sees a held op's output
  *  unwritten. Returns that submission's error. */
 extern em_status (*em__fusion_flush)(void);
+/** Host reads (em_to_host, em_item) by the calling thread: a captured step
+ *  must not make any (tasks/capture.c). */
+extern _Thread_local int64_t em__host_reads;
 
 typedef struct em_runtime_hooks {
     const char *name; /* the layer, for messages */

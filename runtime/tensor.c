@@ -257,6 +257,8 @@ em_tensor *em_tensor_retain(em_tensor *t)
     return t;
 }
 
+_Thread_local int64_t em__host_reads;
+
 em_tensor *em__tensor_hold(em_tensor *t)
 {
     __atomic_add_fetch(&t->held, 1, __ATOMIC_RELAXED);
@@ -392,6 +394,7 @@ static em_status to_host(const em_tensor *t, void *dst, size_t nbytes, const cha
     size_t need = (size_t)em_tensor_numel(t) * em_dtype_size(t->dtype);
     if (nbytes < need)
         return em__set_error(EM_ERR_INVALID, "%s: buffer of %zu bytes is too small for %zu bytes", fn, nbytes, need);
+    em__host_reads++;
     if (need == 0) return em__sticky_take(fn);
     if (em__fusion_flush) { /* the producer may still be held in the fusion stream */
         em_status st = em__fusion_flush();

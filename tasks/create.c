@@ -110,6 +110,7 @@ void em_rng_set_state(uint64_t seed, uint64_t offset)
 
 void em__rng_reserve(uint64_t n, uint64_t *seed, uint64_t *offset)
 {
+    em__capture_rng(n, 0);
     if (tl_rng_own) {
         *seed = tl_seed;
         *offset = tl_offset;
@@ -121,6 +122,14 @@ void em__rng_reserve(uint64_t n, uint64_t *seed, uint64_t *offset)
         g_offset += n;
         pthread_mutex_unlock(&g_rng_lock);
     }
+}
+
+/* A captured random op's replay (em__capture_patch_last): its n counters. */
+static void rng_patch(void *ctx, union em_op_params *p)
+{
+    uint64_t n;
+    memcpy(&n, ctx, sizeof n);
+    em__rng_reserve(n, &p->rng.seed, &p->rng.offset);
 }
 
 static em_tensor *rand_op(enum em_op_kind kind, const int64_t *shape, int ndim, em_dtype dt, double a, double b, const char *name)
@@ -136,7 +145,13 @@ static em_tensor *rand_op(enum em_op_kind kind, const int64_t *shape, int ndim, 
     em__rng_reserve((uint64_t)(n > 0 ? n : 0), &p.rng.seed, &p.rng.offset);
     p.rng.a = a;
     p.rng.b = b;
-    return fill_op(kind, shape, ndim, dt, &p);
+    em_tensor *t = fill_op(kind, shape, ndim, dt, &p);
+    if (t && n > 0 && em__capture_current()) { /* a replay draws the next n counters, as the eager op would */
+        const uint64_t un = (uint64_t)(n > 0 ? n : 0);
+        em__capture_patch_last(rng_patch, &un, sizeof un);
+        em__capture_rng(0, un);
+    }
+    return t;
 }
 
 em_tensor *em_rand_uniform(const int64_t *shape, int ndim, em_dtype dt, double low, double high)

@@ -405,7 +405,7 @@ static __attribute__((noinline)) em_status task_submit_any(const em_op *op, unsi
     }
     for (int i = 0; i < op->n_var; i++, b++) {
         H[b] = op->var[i]->storage->handle;
-        M[b] = (fl & F_COLLECTIVE) ? STARPU_RW : ((fl & F_OWN_ARGS) && i >= op->n_var - op->n_var_w) ? STARPU_W : STARPU_R;
+        M[b] = (fl & F_COLLECTIVE) ? STARPU_RW : ((fl & F_OWN_ARGS) && i >= op->n_var - op->n_var_w) ? ((fl & F_INPLACE) ? STARPU_RW : STARPU_W) : STARPU_R;
     }
     if (op->after) {
         H[b] = op->after;
@@ -422,6 +422,17 @@ static __attribute__((noinline)) em_status task_submit_any(const em_op *op, unsi
 static em_status task_submit(const em_op *op)
 {
     const unsigned fl = em__optab[op->kind].flags;
+    em_capture *cap = op->capture ? op->capture : em__capture_current();
+    if (__builtin_expect(cap != NULL && cap != EM_NO_CAPTURE, 0)) { /* recorded, then run as usual */
+        em_kargs k;
+        if (!(fl & (F_OWN_ARGS | F_COLLECTIVE | F_NOWHERE))) {
+            if (op->kargs)
+                k = *op->kargs;
+            else
+                em__kargs_from_op(op, &k);
+        }
+        em__capture_record(cap, op, &k);
+    }
     const int nb = op->n_in + op->n_out;
     if (__builtin_expect((fl & (F_COLLECTIVE | F_NOWHERE)) || op->token || op->n_var || op->nodes ||
                              nb + (op->after != NULL) > STARPU_NMAXBUFS, 0))

@@ -40,6 +40,11 @@ enum {
 /* em_op.nodes entry: main memory (StarPU's STARPU_SPECIFIC_NODE_CPU; checked in tasks/funnel.c). */
 #define EM_NODE_CPU (-2)
 
+typedef struct em_capture em_capture; /* a step being captured (tasks/capture.c) */
+/* em_op.capture: the op belongs to no capture (the fusion stream's flush of ops
+ * held outside any) */
+#define EM_NO_CAPTURE ((em_capture *)1)
+
 typedef struct em_op {
     enum em_op_kind kind;
     int n_in, n_out;
@@ -62,7 +67,9 @@ typedef struct em_op {
     /* variadic operands (F_COLLECTIVE: read-write; FENCE: read), any number */
     int n_var;
     em_tensor *const *var;   /* borrowed; the door copies the handles */
-    int n_var_w;             /* F_OWN_ARGS (FUSED): the last n_var_w of var[] are written (W), the rest read */
+    int n_var_w;             /* F_OWN_ARGS (FUSED, STEP): the last n_var_w of var[] are written, the rest read */
+    em_capture *capture;     /* the capture that records its task(s): NULL = the calling thread's (if any),
+                              * EM_NO_CAPTURE = none (fusion/ sets it for the chains it flushes) */
     /* F_COLLECTIVE: the kernel's arguments instead of em_kargs: malloc'd,
      * owned by the door from the call on (freed with the task, or on failure) */
     void *args;
@@ -123,6 +130,30 @@ extern em_kernel_fn em__dist_cpu_kernels[EM_OP_COUNT];
 extern em_kernel_fn em__dist_cuda_kernels[EM_OP_COUNT];
 /** Builds the kernel arguments of @p op. */
 void em__kargs_from_op(const em_op *op, em_kargs *k);
+
+/* ---- step capture (tasks/capture.c; DESIGN.md §6) -------------------------- */
+/** The step the calling thread is capturing (em_capture_begin), or NULL. */
+em_capture *em__capture_current(void);
+/** The door's record of one task of @p op into capture @p c (task_submit, for
+ *  every task while a capture is on): kernel arguments @p k (ordinary kinds;
+ *  F_OWN_ARGS kinds carry op->args). A task that cannot be replayed makes
+ *  the capture fail at em_capture_end, naming it. */
+void em__capture_record(em_capture *c, const em_op *op, const em_kargs *k);
+/** Parameters of a recorded task that change per replay: fn(ctx, p) gets a
+ *  copy of @p ctx_size (<= 64) bytes of @p ctx and the recorded parameters,
+ *  and sets this replay's (on the host, when em_step_replay submits). Applies
+ *  to the last task the calling thread recorded; no-op outside a capture.
+ *  The optimizers (step count, learning rate) and the random ops (Philox
+ *  offset) register one. */
+typedef void (*em_capture_patch_fn)(void *ctx, union em_op_params *p);
+void em__capture_patch_last(em_capture_patch_fn fn, const void *ctx, size_t ctx_size);
+/** Philox counters reserved during the capture, and those a patch advances
+ *  per replay: em_capture_end refuses a step whose random draws no patch
+ *  advances (they would repeat). */
+void em__capture_rng(uint64_t reserved, uint64_t patched);
+/** Makes the calling thread's capture (if any) fail at em_capture_end with
+ *  reason @p why (a front end whose work a replay would get wrong). */
+void em__capture_refuse(const char *why);
 
 /** The fusion hook (fusion/fusion.c sets it at load time; DESIGN.md §6): the
  *  door offers it every op not flagged EM_OPF_NO_FUSE before submitting it.

@@ -26,7 +26,8 @@ const em_kernel_info em__kernel_info[EM_OP_COUNT] = {
 #define EM_CPU_HALF_pool false
 #define EM_CPU_HALF_norm false
 #define EM_CPU_HALF_attention false
-#define EM_CPU_HALF_fused false /* f32 / f64 chains only (fusion/fusion.c) */
+#define EM_CPU_HALF_fused false
+#define EM_CPU_HALF_step false   /* its recorded tasks were widened when recorded */ /* f32 / f64 chains only (fusion/fusion.c) */
 #define EM_CPU_HALF_collective false
 #define EM_CPU_HALF_NONE false
 const bool em__cpu_half[EM_OP_COUNT] = {

@@ -13,6 +13,15 @@ void em__kernel_set_error_sink(em_kernel_error_sink sink) { g_sink = sink; }
 void em__kernel_enter(const em_kargs *k) { tl_kargs = k; }
 void em__kernel_leave(void) { tl_kargs = NULL; }
 
+static _Thread_local int tl_trial = -1; /* errors counted since em__kernel_trial_begin, -1 outside a trial */
+void em__kernel_trial_begin(void) { tl_trial = 0; }
+int em__kernel_trial_end(void)
+{
+    const int n = tl_trial;
+    tl_trial = -1;
+    return n;
+}
+
 void em__kernel_operands(char *buf, size_t n, const em_tdesc *d, int count)
 {
     size_t k = 0;
@@ -35,6 +44,10 @@ void em__kernel_error(const em_kargs *k, em_status st, const char *fmt, ...)
 
 void em__kernel_verror(const em_kargs *k, em_status st, const char *fmt, va_list ap)
 {
+    if (tl_trial >= 0) {
+        tl_trial++;
+        return;
+    }
     if (!k) k = tl_kargs;
     char what[512], ins[400] = "", outs[400] = "";
     vsnprintf(what, sizeof what, fmt, ap);

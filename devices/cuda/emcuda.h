@@ -213,5 +213,9 @@ void em_cuda_conv(void *buffers[], void *cl_arg);
 void em_cuda_pool(void *buffers[], void *cl_arg);
 void em_cuda_norm(void *buffers[], void *cl_arg);
 void em_cuda_attention(void *buffers[], void *cl_arg);
+void em_cuda_step(void *buffers[], void *cl_arg); /* step.cu: a captured step (CUDA graphs) */
+/* FUSED (devices/cuda/fused.cu): an interpreter of the em_fused_prog of an
+ * em_fused_args cl_arg (devices/kargs.h), f32 or f64. */
+void em_cuda_fused(void *buffers[], void *cl_arg);
 
 #endif

@@ -105,6 +105,8 @@ bool em__cuda_compiled(void) { return true; }
 #define EM_CUDA_HALF_pool true /* MAX_POOL2D, AVG_POOL2D, AVG_POOL2D_BWD */
 #define EM_CUDA_HALF_norm false
 #define EM_CUDA_HALF_attention true /* SDPA, SDPA_BWD: load T, compute in f32, store T */
+#define EM_CUDA_HALF_step false /* its recorded tasks were widened when recorded */
+#define EM_CUDA_HALF_fused false /* FUSED: f32 / f64 programs only (fusion/ fuses no 16-bit op) */
 #define EM_CUDA_HALF_collective false
 #define EM_CUDA_HALF_NONE false
 /* a definition (the declaration in devices/devices.h gives it external

@@ -60,6 +60,8 @@ bool em__opencl_compiled(void) { return true; }
 #define EM_OCL_HALF_pool false
 #define EM_OCL_HALF_norm false
 #define EM_OCL_HALF_attention false
+#define EM_OCL_HALF_step false /* its recorded tasks were widened when recorded */
+#define EM_OCL_HALF_fused false /* FUSED: f32 / f64 programs only (fusion/ fuses no 16-bit op) */
 #define EM_OCL_HALF_collective false
 #define EM_OCL_HALF_NONE false
 const bool em__opencl_half[EM_OP_COUNT] = {
@@ -197,17 +199,19 @@ void em_ocl_arg_buf(em_ocl_args *a, void *iface)
 
 void em_ocl_arg_local(em_ocl_args *a, size_t bytes) { em_ocl_arg(a, bytes, NULL); }
 
-bool em_ocl_launch(em_ocl_args *a, cl_uint dims, const size_t *g, const size_t *l, const char *what)
+/* em_ocl_launch, with the kernel's event in *ev when ev is given. */
+static bool launch_ev(em_ocl_args *a, cl_uint dims, const size_t *g, const size_t *l, cl_event *ev, const char *what)
 {
     size_t gs[3] = {0, 0, 0};
     bool empty = false;
+    if (ev) *ev = NULL;
     for (cl_uint i = 0; i < dims; i++) {
         gs[i] = g[i];
         if (l && l[i]) gs[i] = (gs[i] + l[i] - 1) / l[i] * l[i];
         if (gs[i] == 0) empty = true;
     }
     cl_int err = a->err;
-    if (err == CL_SUCCESS && !empty) err = clEnqueueNDRangeKernel(a->c->q, a->k, dims, NULL, gs, l, 0, NULL, NULL);
+    if (err == CL_SUCCESS && !empty) err = clEnqueueNDRangeKernel(a->c->q, a->k, dims, NULL, gs, l, 0, NULL, ev);
     pthread_mutex_unlock(&a->c->d->lock);
     if (err != CL_SUCCESS) {
         em_ocl_error("%s: kernel %s failed (OpenCL error %d at argument %u)", what, g_kernel_names[a->id], (int)err,
@@ -217,26 +221,45 @@ bool em_ocl_launch(em_ocl_args *a, cl_uint dims, const size_t *g, const size_t *
     return true;
 }
 
-bool em_ocl_launch_1d(em_ocl_args *a, int64_t n, const char *what)
+bool em_ocl_launch(em_ocl_args *a, cl_uint dims, const size_t *g, const size_t *l, const char *what)
+{
+    return launch_ev(a, dims, g, l, NULL, what);
+}
+
+static bool launch_1d(em_ocl_args *a, int64_t n, cl_event *ev, const char *what)
 {
     size_t wg = a->c->d->kwg[a->id] ? a->c->d->kwg[a->id] : 64;
     int64_t groups = n > 0 ? (n + (int64_t)wg - 1) / (int64_t)wg : 0;
     if (groups > 65536) groups = 65536; /* grid-stride loops cover the rest */
     size_t g = (size_t)groups * wg;
-    return em_ocl_launch(a, 1, &g, &wg, what);
+    return launch_ev(a, 1, &g, &wg, ev, what);
 }
+
+bool em_ocl_launch_1d(em_ocl_args *a, int64_t n, const char *what) { return launch_1d(a, n, NULL, what); }
+
+bool em_ocl_launch_1d_ev(em_ocl_args *a, int64_t n, cl_event *ev, const char *what) { return launch_1d(a, n, ev, what); }
 
 /* ---- host fallback --------------------------------------------------------------- */
 
 void em_ocl_host_fallback(void *buffers[], const em_kargs *k)
 {
-    enum { NB = EM_KARGS_MAX_IN + EM_KARGS_MAX_OUT };
+    int nb = k->n_in + k->n_out;
+    if (nb > EM_KARGS_MAX_IN + EM_KARGS_MAX_OUT) nb = EM_KARGS_MAX_IN + EM_KARGS_MAX_OUT;
+    em_ocl_host_fallback_n(buffers, nb, k);
+}
+
+void em_ocl_host_fallback_n(void *buffers[], int nb, const em_kargs *k)
+{
+    enum { NB = EM_OCL_FALLBACK_MAX_BUFS > EM_KARGS_MAX_IN + EM_KARGS_MAX_OUT ? EM_OCL_FALLBACK_MAX_BUFS
+                                                                                : EM_KARGS_MAX_IN + EM_KARGS_MAX_OUT };
     if ((unsigned)k->kind >= EM_OP_COUNT || !em__kernel_info[k->kind].cpu) {
         em_ocl_error("host fallback: op %d has no CPU kernel", (int)k->kind);
         return;
     }
-    int nb = k->n_in + k->n_out;
-    if (nb > NB) nb = NB;
+    if (nb < 0 || nb > NB) {
+        em_ocl_error("host fallback (op %s): %d buffers, at most %d", em__kernel_info[k->kind].name, nb, (int)NB);
+        return;
+    }
     cl_command_queue q;
     starpu_opencl_get_current_queue(&q);
     struct starpu_vector_interface vi[NB];
@@ -298,6 +321,9 @@ static char *make_prefix(const em_ocl_dev *d, bool no_fp64)
            EM_OPTIM_F_MOMENTUM, EM_OPTIM_F_INIT_BUF, EM_OPTIM_F_NESTEROV, EM_OPTIM_F_AMSGRAD, EM_OPTIM_F_DECOUPLED,
            EM_OPTIM_F_CENTERED, EM_OPTIM_F_MAXIMIZE);
     APPEND("#define EM_TILE %d\n", d->tile);
+    APPEND("#define EM_FUSED_MAX_LEAVES %d\n#define EM_FUSED_MAX_OUT %d\n#define EM_FUSED_MAX_INSTR %d\n"
+           "#define EM_FUSED_MAX_REGS %d\n",
+           EM_FUSED_MAX_LEAVES, EM_FUSED_MAX_OUT, EM_FUSED_MAX_INSTR, EM_FUSED_MAX_REGS);
     if (no_fp64) APPEND("#define EM_NO_FP64 1\n");
 #undef APPEND
     return p;

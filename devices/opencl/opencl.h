@@ -58,7 +58,8 @@ char *em_ocl_ew_source(bool fp64, char *err, size_t errlen);
     X(max_pool_f64) X(avg_pool_f64) X(avg_pool_bwd_f64)                                           \
     X(bn_fwd_f32) X(bn_bwd_f32) X(bn_running_f32) X(bn_fwd_f64) X(bn_bwd_f64) X(bn_running_f64)    \
     X(ln_fwd_f32) X(ln_bwd_f32) X(ln_bwd_wb_f32) X(ln_fwd_f64) X(ln_bwd_wb_f64) X(ln_bwd_f64) \
-    X(sdpa_fwd_f32) X(sdpa_bwd_dq_f32) X(sdpa_bwd_dkv_f32) X(sdpa_fwd_f64) X(sdpa_bwd_dq_f64) X(sdpa_bwd_dkv_f64)
+    X(sdpa_fwd_f32) X(sdpa_bwd_dq_f32) X(sdpa_bwd_dkv_f32) X(sdpa_fwd_f64) X(sdpa_bwd_dq_f64) X(sdpa_bwd_dkv_f64) \
+    X(fused_f32) X(fused_f64)
 
 enum em_ocl_kernel_id {
 #define X(n) EMK_##n,
@@ -126,9 +127,17 @@ void em_ocl_arg_local(em_ocl_args *a, size_t bytes);
 bool em_ocl_launch(em_ocl_args *a, cl_uint dims, const size_t *g, const size_t *l, const char *what);
 /* 1-D grid-stride launch over n items with the kernel's work-group size. */
 bool em_ocl_launch_1d(em_ocl_args *a, int64_t n, const char *what);
+/* The same, returning the kernel's event in *ev when it was enqueued (the
+ * caller releases it); *ev is NULL when nothing was enqueued (failure, or
+ * n == 0). */
+bool em_ocl_launch_1d_ev(em_ocl_args *a, int64_t n, cl_event *ev, const char *what);
 
 /* Runs the CPU reference kernel of k->kind on mapped copies of the buffers. */
 void em_ocl_host_fallback(void *buffers[], const em_kargs *k);
+/* The same for a kind whose buffers are not k->n_in + k->n_out (FUSED: its
+ * leaves and outputs): nb buffers, at most EM_OCL_FALLBACK_MAX_BUFS. */
+#define EM_OCL_FALLBACK_MAX_BUFS (EM_FUSED_MAX_LEAVES + EM_FUSED_MAX_OUT)
+void em_ocl_host_fallback_n(void *buffers[], int nb, const em_kargs *k);
 
 /* Dimension collapsing for strided iteration (em_collapse_dims of
  * devices/collapse.h, the rule of the CPU's em_iter and CUDA's make_geom): drops
@@ -160,6 +169,10 @@ void em_ocl_conv(void *buffers[], void *cl_arg);
 void em_ocl_pool(void *buffers[], void *cl_arg);
 void em_ocl_norm(void *buffers[], void *cl_arg);
 void em_ocl_attention(void *buffers[], void *cl_arg);
+void em_ocl_step(void *buffers[], void *cl_arg); /* step.c: a captured step */
+/* FUSED (devices/opencl/fused.c): an interpreter of the em_fused_prog of an
+ * em_fused_args cl_arg (devices/kargs.h), f32 or f64. */
+void em_ocl_fused(void *buffers[], void *cl_arg);
 
 /* Enqueues a same-dtype/any-dtype strided copy in -> out (used by COPY and by
  * SCATTER's first step). Lock must NOT be held. */

@@ -258,6 +258,43 @@ EM_API bool em_set_fusion(bool on);
 /** Whether element-wise fusion is on (em_set_fusion). */
 EM_API bool em_fusion_enabled(void);
 
+/** Step capture (DESIGN.md §6): record the tasks of one training (or
+ *  inference) step once, then replay them as ONE task per step, whose kernel
+ *  runs the recorded kernels in order — on a CUDA worker as CUDA graphs — with
+ *  no per-op front-end work, allocation or handle registration.
+ *
+ *  em_capture_begin starts recording what the calling thread submits; the
+ *  step then runs eagerly, as usual, and em_capture_end returns it as an
+ *  em_step (owned by the caller: em_step_free). Every replay reuses the
+ *  recording's tensors: to feed a new batch, copy it into the input tensors
+ *  the step was captured with (em_copy_) before em_step_replay, and read the
+ *  results from the tensors the step wrote (the loss, the parameters). The
+ *  optimizers' step counts and learning rates and the random ops' streams
+ *  (dropout) advance per replay as they would eagerly; the optimizer must
+ *  outlive the step. A change of shape, dtype, device or model needs a new
+ *  capture (the caller's: the step replays what it recorded).
+ *
+ *  em_capture_end fails (NULL, EM_ERR_UNSUPPORTED naming the reason) for a
+ *  step that cannot be replayed: it read a tensor on the host (em_to_host,
+ *  em_item), it holds data-parallel collectives or step fences, an op ran on
+ *  another device, its random draws cannot be advanced (fused attention's
+ *  dropout), it submitted nothing — and when capture is off (the environment
+ *  variable EMBER_CAPTURE=0, em_capture_enabled). The step's eager run has
+ *  happened either way: a caller falls back to running the step eagerly.
+ *  EM_ERR_STATE: not initialized, or already capturing on this thread. */
+typedef struct em_step em_step;
+EM_API em_status em_capture_begin(void);
+EM_API em_step *em_capture_end(void);
+/** Submits one replay of @p step (asynchronous, like any op). EM_ERR_STATE
+ *  while the calling thread captures. */
+EM_API em_status em_step_replay(em_step *step);
+/** The number of tasks @p step recorded (-1 for NULL). */
+EM_API int64_t em_step_task_count(const em_step *step);
+/** Waits for the step's replays, then frees it and releases its tensors. */
+EM_API void em_step_free(em_step *step);
+/** false when EMBER_CAPTURE=0 (em_capture_end then refuses every step). */
+EM_API bool em_capture_enabled(void);
+
 #ifdef __cplusplus
 }
 #endif
