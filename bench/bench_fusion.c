@@ -19,8 +19,9 @@
  *      bench_cuda) at batch B (default 64), eager vs fused the same way: R
  *      rounds of S steps, us per step median and range, tasks per step.
  *      Each side has its own model (same seed), so the two train the same
- *      numbers.
- * Step capture (#17's second part) is not implemented: the output says so.
+ *      numbers. Then the step captured (em_capture_begin / em_capture_end,
+ *      fusion on) and replayed (em_step_replay): R rounds of S replays after
+ *      the eager / fused rounds (not alternated with them), tasks per replay.
  *
  * Usage: bench_fusion [--device cpu|cuda:0|opencl:0] [--shape ROWS COLS]
  *                     [--rounds R] [--reps K] [--batch B] [--steps S]
@@ -139,6 +140,57 @@ static double time_steps(em_module *m, em_optim *opt, const em_tensor *x, const 
     return t / steps;
 }
 
+/* The same step captured (em_capture_begin / em_capture_end, fusion on)
+ * after 10 warm-up steps of its own model (same seed; the optimizer's state
+ * exists before the capture), then replayed: R rounds of S replays (the same
+ * batch: the captured inputs are x and y), us per step median and range,
+ * tasks per replay. Refused captures are printed with their reason. */
+static void captured_rows(int64_t batch, int rounds, int steps, const em_tensor *x, const em_tensor *y, double eager_med,
+                          double fused_med)
+{
+    (void)batch;
+    if (!em_capture_enabled()) {
+        printf("captured: off (EMBER_CAPTURE=0)\n");
+        return;
+    }
+    em_module *m;
+    em_optim *opt;
+    bench_mlp_new(784, 256, 10, &m, &opt);
+    const bool was = em_set_fusion(true);
+    counts c;
+    time_steps(m, opt, x, y, 10, &c);
+    CK(em_capture_begin() == EM_OK);
+    bench_mlp_step(m, opt, x, y, -1);
+    em_step *st = em_capture_end();
+    if (!st) {
+        printf("captured: refused: %s\n", em_last_error());
+    } else {
+        double t[MAX_ROUNDS];
+        for (int i = 0; i < 10; i++) CK(em_step_replay(st) == EM_OK); /* warm-up (CUDA graphs built) */
+        for (int r = 0; r < rounds; r++) {
+            CK(em_sync() == EM_OK);
+            const em_stats s0 = em_get_stats();
+            const double t0 = now();
+            for (int i = 0; i < steps; i++) CK(em_step_replay(st) == EM_OK);
+            CK(em_sync() == EM_OK);
+            t[r] = (now() - t0) / steps;
+            const em_stats s1 = em_get_stats();
+            c = count_since(&s0, &s1, steps);
+        }
+        double lo, hi;
+        const double med = bench_median(t, rounds, &lo, &hi);
+        printf("%-6s %12.1f %10.1f..%-10.1f %10.1f   (%lld tasks recorded, replayed as one)\n", "capt.", med * 1e6, lo * 1e6,
+               hi * 1e6, c.tasks, (long long)em_step_task_count(st));
+        printf("ratio eager / captured: %.2f, fused / captured: %.2f (captured rounds run after the eager and fused ones, "
+               "not alternated with them)\n",
+               eager_med / med, fused_med / med);
+        em_step_free(st);
+    }
+    em_set_fusion(was);
+    em_optim_free(opt);
+    em_module_free(m);
+}
+
 static void mlp_rows(int64_t batch, int rounds, int steps)
 {
     em_module *m[2];
@@ -171,7 +223,7 @@ static void mlp_rows(int64_t batch, int rounds, int steps)
                hi[side] * 1e6, c[side].tasks, c[side].fused_tasks, c[side].ops_fused);
     }
     printf("ratio eager / fused: %.2f\n", med[0] / med[1]);
-    printf("capture: not implemented (#17 step capture)\n");
+    captured_rows(batch, rounds, steps, x, y, med[0], med[1]);
     em_tensor_release(x);
     em_tensor_release(yf);
     em_tensor_release(fl);
