@@ -86,9 +86,13 @@ static void test_kernel_sync(void **state)
 }
 
 /* The Nth kernel fails, in a chain: the message names that op. */
+/* Kernel numbers count tasks: with element-wise fusion on, neg, abs and
+ * mul_scalar would be one FUSED kernel, so the numbered tests below run with
+ * fusion off (test_kernel_fused covers a failing fused chain). */
 static void test_kernel_nth(void **state)
 {
     (void)state;
+    const bool fusion = em_set_fusion(false);
     em_scope_begin();
     em_tensor *x = input23();
     arm("kernel:3");
@@ -109,6 +113,31 @@ static void test_kernel_nth(void **state)
     assert_int_equal(em_item(e, &v), EM_OK);
     assert_true(fabs(v - 42.0) < 1e-5);
     em_scope_end();
+    em_set_fusion(fusion);
+}
+
+/* A failing fused chain (fusion on): the error names the FUSED op and its
+ * shape, the chain's result is not used, the same chain again is right. */
+static void test_kernel_fused(void **state)
+{
+    (void)state;
+    const bool fusion = em_set_fusion(true);
+    em_scope_begin();
+    em_tensor *x = input23();
+    const int64_t fused0 = em_get_stats().fused_tasks;
+    arm("kernel:1");
+    em_tensor *c = em_mul_scalar(em_abs(em_neg(x)), 2.0); /* one FUSED kernel: fails */
+    double v = 0;
+    assert_int_equal(em_item(em_sum(c, NULL, 0, false), &v), EM_ERR_DEVICE);
+    const char *m = em_last_error();
+    print_message("em_item after a failed fused chain: %s\n", m);
+    assert_msg_has(m, "op fused on ");
+    assert_msg_has(m, g_dev_name);
+    assert_true(em_get_stats().fused_tasks > fused0);
+    assert_int_equal(em_item(em_sum(em_mul_scalar(em_abs(em_neg(x)), 2.0), NULL, 0, false), &v), EM_OK);
+    assert_true(fabs(v - 42.0) < 1e-5);
+    em_scope_end();
+    em_set_fusion(fusion);
 }
 
 /* em_to_host and em_item return it too, naming the shapes of the op. */
@@ -146,6 +175,7 @@ static void test_kernel_to_host_item(void **state)
 static void test_kernel_two_failures(void **state)
 {
     (void)state;
+    const bool fusion = em_set_fusion(false); /* kernel numbers count ops one by one */
     em_scope_begin();
     em_tensor *x = input23();
     arm("kernel:1");
@@ -159,6 +189,7 @@ static void test_kernel_two_failures(void **state)
     assert_msg_has(em_last_error(), "op sigmoid on ");
     assert_int_equal(em_sync(), EM_OK);
     em_scope_end();
+    em_set_fusion(fusion);
 }
 
 /* A failing matmul (its own tiling submitter) and a failing optimizer-style
@@ -339,6 +370,7 @@ int main(void)
         cmocka_unit_test(test_spec),
         cmocka_unit_test(test_kernel_sync),
         cmocka_unit_test(test_kernel_nth),
+        cmocka_unit_test(test_kernel_fused),
         cmocka_unit_test(test_kernel_to_host_item),
         cmocka_unit_test(test_kernel_two_failures),
         cmocka_unit_test(test_kernel_matmul),

@@ -88,12 +88,20 @@ static em_tensor *rows_finite(em_tensor *logits)
  * batches leave that check out (four more tasks on every step, the hot path):
  * there top-1 is the argmax's, as PyTorch computes it, and a diverged run is
  * reported by its non-finite loss (the Learner's warning). */
-static void running_add(running *r, em_tensor *loss, em_tensor *logits, em_tensor *y, int64_t bsz, bool top5)
+/* With @p in_place (a captured step's epoch: the replays must add to the
+ * same tensors) existing sums are updated in place (em_copy_) instead of
+ * replaced: one more copy per sum. */
+static void running_add(running *r, em_tensor *loss, em_tensor *logits, em_tensor *y, int64_t bsz, bool top5, bool in_place)
 {
     em_tensor *l = em_mul_scalar(em_cast(em_detach(loss), EM_F32), (double)bsz);
     em_tensor *finite = top5 ? rows_finite(logits) : NULL;
     em_tensor *eq = em_eq(em_argmax(logits, 1, false), y);
     em_tensor *hit = em_sum_all(finite ? em_logical_and(eq, finite) : eq);
+    if (in_place && r->loss_sum && r->correct && !top5) {
+        if (em_copy_(r->loss_sum, em_add(r->loss_sum, l)) == EM_OK) (void)em_copy_(r->correct, em_add(r->correct, hit));
+        r->samples += bsz;
+        return;
+    }
     em_tensor *nl = em_tensor_retain(r->loss_sum ? em_add(r->loss_sum, l) : l);
     em_tensor *nc = em_tensor_retain(r->correct ? em_add(r->correct, hit) : hit);
     em_tensor *n5 = NULL;
@@ -270,6 +278,8 @@ typedef struct share_job {
     int64_t num_classes;
     em_dtype autocast;          /* EM_BF16 / EM_F16: forward and loss in an autocast region; EM_F32: none */
     em_grad_scaler *scaler;     /* f16: loss scaling (one model, no replicas), else NULL */
+    em_tensor *x_in, *y_in;     /* the captured step's inputs instead of the batch's, or NULL */
+    bool in_place_sums;         /* running sums updated in place (running_add) */
 } share_job;
 
 /* Forward, loss, backward and running metrics of replica k's share of the
@@ -293,8 +303,8 @@ static em_status share_forward_backward(em_replicas *rep, int k, void *ctx)
     sub.x = b->x + lo * b->num_features;
     sub.y = b->y + lo;
     if (b->indices) sub.indices = b->indices + lo;
-    em_tensor *x = NULL, *y = NULL;
-    st = em_batch_to_tensors(&sub, &x, &y);
+    em_tensor *x = j->x_in, *y = j->y_in;
+    if (!x) st = em_batch_to_tensors(&sub, &x, &y);
     /* mixed precision: forward and loss in an autocast region of this thread (a replica's own) */
     bool opened = false; /* only a region this step opened is closed (not the caller's, if begin failed) */
     if (st == EM_OK && j->autocast != EM_F32) opened = (st = em_autocast_begin(j->autocast)) == EM_OK;
@@ -309,7 +319,7 @@ static em_status share_forward_backward(em_replicas *rep, int k, void *ctx)
         j->g[k] = l ? em_backward(l) : NULL;
         if (!j->g[k]) st = em_last_status() ? em_last_status() : EM_ERR_RUNTIME;
     }
-    if (st == EM_OK) running_add(&j->r[k], loss, logits, y, cnt, !j->train);
+    if (st == EM_OK) running_add(&j->r[k], loss, logits, y, cnt, !j->train, j->in_place_sums);
     if (st == EM_OK && j->confusion) {
         int64_t *pred = malloc(sizeof *pred * (size_t)cnt);
         /* a sample with non-finite logits has no predicted class (-1): it is not in the matrix */
@@ -351,6 +361,57 @@ static em_status share_step(em_replicas *rep, int k, void *ctx)
     return st;
 }
 
+/* Step capture (DESIGN.md §6; em_capture_begin, include/ember/core.h). In a
+ * training epoch of one model in one process without loss scaling, the
+ * first step runs eagerly (the warm-up: optimizer state, pooled buffers),
+ * the second is captured while it runs, and every later batch of the
+ * captured size is a replay: the batch copied into the captured inputs, one
+ * STEP task. A batch of another size (an epoch's last) runs eagerly; a step
+ * that cannot be captured runs eagerly from then on (EMBER_LOG=debug says
+ * why). EMBER_CAPTURE=0 turns it off. The running sums are then updated in
+ * place, so that the replays add to them. */
+typedef struct step_capture {
+    bool on;
+    em_step *step;
+    em_tensor *x, *y; /* the step's inputs (ours) */
+    int64_t size;     /* its batch size */
+} step_capture;
+
+static em_status capture_inputs(step_capture *c, const em_batch *b)
+{
+    em_scope_begin();
+    em_tensor *x = NULL, *y = NULL;
+    em_status st = em_batch_to_tensors(b, &x, &y);
+    if (st == EM_OK) {
+        c->x = em_tensor_retain(x);
+        c->y = em_tensor_retain(y);
+        c->size = b->size;
+    }
+    em_scope_end();
+    return st;
+}
+
+static em_status replay_step(step_capture *c, const em_batch *b, running *r)
+{
+    em_scope_begin();
+    em_tensor *x = NULL, *y = NULL;
+    em_status st = em_batch_to_tensors(b, &x, &y);
+    if (st == EM_OK) st = em_copy_(c->x, x);
+    if (st == EM_OK) st = em_copy_(c->y, y);
+    if (st == EM_OK) st = em_step_replay(c->step);
+    if (st == EM_OK) r->samples += b->size;
+    em_scope_end();
+    return st;
+}
+
+static void capture_free(step_capture *c)
+{
+    em_step_free(c->step);
+    em_tensor_release(c->x);
+    em_tensor_release(c->y);
+    memset(c, 0, sizeof *c);
+}
+
 /* One pass over @p data. train: optimizer steps; else no-grad evaluation.
  * With cfg->replicas, every batch is split over the replicas, each driven by
  * its own thread (em_replicas_run); r holds one running sum per replica. */
@@ -381,6 +442,8 @@ static em_status run_epoch(em_module *model, em_optim *opt, em_lr_scheduler *sch
         for (int k = 0; k < R; k++)
             em_module_parameters(rep ? em_replicas_model(rep, k) : model, job.params + (size_t)k * (size_t)job.np, job.np);
     }
+    step_capture cap = {.on = train && R == 1 && em_dist_world_size() <= 1 && !job.scaler && em_capture_enabled()};
+    job.in_place_sums = cap.on;
     const em_batch *b = NULL;
     /* cfg->stop_flag: read between steps; [dist] not with several ranks (they would have to agree on the step) */
     const bool can_stop = cfg->stop_flag && em_dist_world_size() <= 1;
@@ -392,18 +455,45 @@ static em_status run_epoch(em_module *model, em_optim *opt, em_lr_scheduler *sch
         }
         if (!(b = em_loader_next(data))) break;
         job.b = b;
-        st = rep ? em_replicas_run(rep, share_forward_backward, &job) : share_forward_backward(NULL, 0, &job);
-        if (train && st == EM_OK) {
-            /* [dist] average gradients across replicas / ranks: submits reduction tasks, does not wait */
-            em_scope_begin();
-            if (R > 1) st = em_replicas_allreduce_grads(rep, job.g);
-            else if (em_dist_world_size() > 1) st = em_dist_allreduce_grads(job.g[0], job.params, job.np);
-            em_scope_end();
-            if (st == EM_OK) st = rep ? em_replicas_run(rep, share_step, &job) : share_step(NULL, 0, &job);
-            if (st == EM_OK) {
-                (*step)++;
-                if (sched && cfg->sched_per_step) em_lr_scheduler_step(sched, opt);
+        if (cap.step && b->size == cap.size) { /* a replay of the captured step */
+            st = replay_step(&cap, b, r);
+        } else {
+            bool capturing = cap.on && !cap.step && done == 1;
+            if (capturing) {
+                st = capture_inputs(&cap, b);
+                if (st == EM_OK && em_capture_begin() != EM_OK) { /* eagerly, then (e.g. the caller captures) */
+                    em_log_msg(EM_LOG_DEBUG, "learner: training steps run eagerly: %s", em_last_error());
+                    em_clear_error();
+                    capturing = cap.on = false;
+                }
+                job.x_in = capturing ? cap.x : NULL;
+                job.y_in = capturing ? cap.y : NULL;
             }
+            if (st == EM_OK)
+                st = rep ? em_replicas_run(rep, share_forward_backward, &job) : share_forward_backward(NULL, 0, &job);
+            if (train && st == EM_OK) {
+                /* [dist] average gradients across replicas / ranks: submits reduction tasks, does not wait */
+                em_scope_begin();
+                if (R > 1) st = em_replicas_allreduce_grads(rep, job.g);
+                else if (em_dist_world_size() > 1) st = em_dist_allreduce_grads(job.g[0], job.params, job.np);
+                em_scope_end();
+                if (st == EM_OK) st = rep ? em_replicas_run(rep, share_step, &job) : share_step(NULL, 0, &job);
+            }
+            if (capturing) { /* begun: end it, whatever the step's status */
+                job.x_in = job.y_in = NULL;
+                cap.step = em_capture_end();
+                if (!cap.step) { /* the step ran eagerly: it is only not replayable */
+                    if (st == EM_OK) {
+                        em_log_msg(EM_LOG_DEBUG, "learner: training steps run eagerly: %s", em_last_error());
+                        em_clear_error();
+                    }
+                    cap.on = false;
+                }
+            }
+        }
+        if (train && st == EM_OK) {
+            (*step)++;
+            if (sched && cfg->sched_per_step) em_lr_scheduler_step(sched, opt);
         }
         for (int k = 0; k < R; k++) {
             em_grads_free(job.g[k]);
@@ -418,6 +508,7 @@ static em_status run_epoch(em_module *model, em_optim *opt, em_lr_scheduler *sch
         }
     }
     if (st == EM_OK && em_last_status() < 0 && !b) st = em_last_status(); /* loader error */
+    capture_free(&cap);
     if (bar && log) progress_clear(log);
     free(job.params);
     free(job.g);
