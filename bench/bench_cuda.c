@@ -139,33 +139,20 @@ static void per_op(void)
  * (bench/mlp_torch_gpu.py's bf16 rows: torch.autocast). */
 static void mlp(int64_t batch, int steps, bool bf16)
 {
-    em_manual_seed(0);
-    em_module *m = em_sequential_new(NULL, 0);
-    em_sequential_append(m, em_linear_new(784, 256, true));
-    em_sequential_append(m, em_relu_new());
-    em_sequential_append(m, em_linear_new(256, 10, true));
-    em_optim_config oc = em_optim_config_default(EM_OPTIM_ADAM);
-    em_optim *opt = em_optim_new_for_module(&oc, m);
-    CK(m && opt);
+    em_module *m;
+    em_optim *opt;
+    bench_mlp_new(784, 256, 10, &m, &opt);
     em_tensor *x = em_rand_normal((int64_t[]){batch, 784}, 2, EM_F32, 0, 1);
     em_tensor *yf = em_rand_uniform((int64_t[]){batch}, 1, EM_F32, 0, 10);
     em_tensor *y = em_cast(em_floor(yf), EM_I64);
-    em_cross_entropy_opts ce = em_cross_entropy_opts_default();
+    CK(x && y);
     double t0 = 0;
     for (int s = 0; s < steps + 20; s++) {
         if (s == 20) {
             em_sync();
             t0 = now();
         }
-        em_scope_begin();
-        if (bf16) CK(em_autocast_begin(EM_BF16) == EM_OK);
-        em_tensor *loss = em_cross_entropy(em_module_forward(m, x), y, &ce);
-        if (bf16) CK(em_autocast_end() == EM_OK);
-        em_grads *g = em_backward(loss);
-        CK(g);
-        em_optim_step(opt, g);
-        em_grads_free(g);
-        em_scope_end();
+        bench_mlp_step(m, opt, x, y, bf16 ? EM_BF16 : -1);
     }
     em_sync();
     double t = now() - t0;

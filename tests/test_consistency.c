@@ -1505,6 +1505,8 @@ static bool case_optim(ctx *c)
 #define INT_OK {D_F32, D_F64, D_I32, D_I64, END}
 #define ALL_NUM {D_F32, D_F64, D_I32, D_I64, D_U8, END}
 
+static bool case_fused(ctx *c); /* below: it uses the comparison */
+
 static op_case g_cases[EM_OP_COUNT] = {
     [EM_OP_NEG] = {case_unary, INT_OK, 1},
     [EM_OP_ABS] = {case_unary, INT_OK, 1},
@@ -1605,6 +1607,7 @@ static op_case g_cases[EM_OP_COUNT] = {
     [EM_OP_RAND_UNIFORM] = {case_rand, FLOATS, 1},
     [EM_OP_RAND_NORMAL] = {case_rand, FLOATS, 1},
     [EM_OP_RAND_BERNOULLI] = {case_rand, {D_F32, D_F64, D_BOOL, END}, 1},
+    [EM_OP_FUSED] = {case_fused, FLOATS, 1}, /* f32 and f64 only: what fusion covers (no 16-bit variants) */
     [EM_OP_VIEW_RESHAPE] = {case_view_reshape, {D_F32, D_I64, END}, 1},
     [EM_OP_VIEW_PERMUTE] = {case_view_permute, {D_F32, D_F64, END}, 1},
     [EM_OP_VIEW_EXPAND] = {case_view_expand, {D_F32, D_I32, END}, 1},
@@ -1835,6 +1838,395 @@ static bool compare(int kind, int run_dt, const run_result *ref, const run_resul
     return compare_ex(kind, run_dt, ref, got, exact, false, why, n);
 }
 
+/* ---- fused element-wise chains (issue #17; fusion/fusion.c, kind FUSED) --------
+ *
+ * The fusable kinds are the EW1 / EWS / EWP / EW2 kinds of tasks/ops.def
+ * that are not F_CMP, on f32 or f64. A chain step applies one of them; its
+ * operands are values: the leaves (inputs) or earlier results. To keep the
+ * chains comparable across devices within the usual tolerance (a chain of
+ * ops carries each device's last-ulp differences forward), a kind gets its
+ * operand through a few ops of its own class:
+ *   FK_LEAF   discontinuous kinds (floor, remainder, threshold_backward, ...):
+ *             applied to leaves only (exact inputs, no ulp to step over);
+ *             a divisor is |leaf| + 0.5;
+ *   FK_POS    log, sqrt, reciprocal, pow_scalar, ...: the operand is
+ *             |x| + 0.5;
+ *   FK_UNIT   erfinv: tanh(x) * 0.9;
+ *   FK_SQUASH exp, exp2, expm1: tanh(x) * 3;
+ *   FK_DIV    div: the divisor is |x| + 0.5;  FK_POW  pow: the base is |x| + 0.5;
+ *   FK_PLAIN  the rest, on any value.
+ * Those guard ops are chain steps too (and fusable). */
+enum { FK_PLAIN, FK_LEAF, FK_POS, FK_UNIT, FK_SQUASH, FK_DIV, FK_POW };
+
+typedef struct fkind {
+    int kind;
+    int arity; /* 1 (EW1 / EWS / EWP) or 2 (EW2) */
+    int cls;
+} fkind;
+
+static int fkind_class(int kind)
+{
+    static const char *const leaf[] = {"sign", "floor", "ceil", "round", "trunc", "remainder_scalar", "remainder",
+                                       "fmod", "floor_divide", "threshold_backward"};
+    static const char *const pos[] = {"log", "log2", "log1p", "sqrt", "rsqrt", "reciprocal", "pow_scalar"};
+    static const char *const squash[] = {"exp", "exp2", "expm1"};
+    const char *nm = g_ops[kind].name;
+    for (size_t i = 0; i < sizeof leaf / sizeof leaf[0]; i++)
+        if (!strcmp(nm, leaf[i])) return FK_LEAF;
+    for (size_t i = 0; i < sizeof pos / sizeof pos[0]; i++)
+        if (!strcmp(nm, pos[i])) return FK_POS;
+    for (size_t i = 0; i < sizeof squash / sizeof squash[0]; i++)
+        if (!strcmp(nm, squash[i])) return FK_SQUASH;
+    if (!strcmp(nm, "erfinv")) return FK_UNIT;
+    if (kind == EM_OP_DIV) return FK_DIV;
+    if (kind == EM_OP_POW) return FK_POW;
+    return FK_PLAIN;
+}
+
+static fkind g_fkinds[EM_OP_COUNT];
+static int g_n_fkinds;
+
+static void list_fusable_kinds(void)
+{
+    if (g_n_fkinds) return;
+#define FK_ADD(E, ar)                                                                        \
+    if (!(g_ops[EM_OP_##E].flags & F_CMP))                                                   \
+        g_fkinds[g_n_fkinds++] = (fkind){EM_OP_##E, ar, fkind_class(EM_OP_##E)};
+#define EW1(E, nm, fl, fx, ix, bw) FK_ADD(E, 1)
+#define EWS(E, nm, fl, fx, ix, bw) FK_ADD(E, 1)
+#define EWP(E, nm, fl, fx, ix, bw) FK_ADD(E, 1)
+#define EW2(E, nm, fl, fx, ix, bw) FK_ADD(E, 2)
+#include "tasks/ops.def"
+#undef FK_ADD
+}
+
+/* A chain step: value n_leaf + i = kind(v[a], s0, s1) or kind(v[a], v[b]). */
+#define CH_MAX_LEAF 6
+#define CH_MAX_STEP 40
+typedef struct cstep {
+    int kind;
+    int a, b;
+    double s0, s1; /* scalars: EWS's, EWP's parameters */
+} cstep;
+
+typedef struct chain_spec {
+    int dt;
+    int nd;
+    int64_t shape[4];
+    int n_leaf;
+    int64_t lshape[CH_MAX_LEAF][4]; /* each leaf's shape: the chain's, or 1 in some dims (broadcast) */
+    int lnd[CH_MAX_LEAF];
+    bool lstrided[CH_MAX_LEAF]; /* a view (every other element of a larger tensor's last dim) */
+    int n_step;
+    cstep st[CH_MAX_STEP];
+    bool keep[CH_MAX_LEAF + CH_MAX_STEP]; /* results read after the chain (the last always) */
+} chain_spec;
+
+/* Appends a step; returns its value index. */
+static int ch_push(chain_spec *s, int kind, int a, int b, double s0, double s1)
+{
+    if (s->n_step >= CH_MAX_STEP) return a;
+    s->st[s->n_step] = (cstep){kind, a, b, s0, s1};
+    return s->n_leaf + s->n_step++;
+}
+
+/* v -> |v| + 0.5 */
+static int ch_pos(chain_spec *s, int v)
+{
+    return ch_push(s, EM_OP_ADD_SCALAR, ch_push(s, EM_OP_ABS, v, -1, 0, 0), -1, 0.5, 0);
+}
+/* v -> tanh(v) * k */
+static int ch_squash(chain_spec *s, int v, double k)
+{
+    return ch_push(s, EM_OP_MUL_SCALAR, ch_push(s, EM_OP_TANH, v, -1, 0, 0), -1, k, 0);
+}
+
+/* The scalars of an EWS / EWP kind (random where the kind allows). */
+static void ch_scalars(ctx *c, int kind, double *s0, double *s1)
+{
+    double u = 0.5 + 1.5 * rng_u01(c), sg = rng_u01(c) < 0.5 ? -1 : 1;
+    *s0 = sg * u;
+    *s1 = 0;
+    switch (kind) {
+    case EM_OP_CLAMP: *s0 = -0.5 - rng_u01(c), *s1 = 0.25 + rng_u01(c); break;
+    case EM_OP_POW_SCALAR: {
+        static const double ex[] = {0.5, 1, 2, 2.5, -1.5, 3};
+        *s0 = ex[rng_next(c) % 6];
+        break;
+    }
+    case EM_OP_LEAKY_RELU: *s0 = 0.1; break;
+    case EM_OP_ELU: case EM_OP_CELU: *s0 = u; break;
+    default: break;
+    }
+}
+
+/* A random value index among the leaves that have the chain's full shape
+ * (leaf 0 always has it). */
+static int ch_full_leaf(ctx *c, const chain_spec *s)
+{
+    int full[CH_MAX_LEAF], n = 0;
+    for (int i = 0; i < s->n_leaf; i++) {
+        bool f = s->lnd[i] == s->nd;
+        for (int d = 0; f && d < s->nd; d++) f = s->lshape[i][d] == s->shape[d];
+        if (f) full[n++] = i;
+    }
+    return full[rng_next(c) % (uint64_t)n];
+}
+
+/* Appends one step of kind @p fk (with its class's guard ops); cur is the
+ * chain's current value. Returns the new current value. */
+static int ch_step(ctx *c, chain_spec *s, const fkind *fk, int cur)
+{
+    const int nvals = s->n_leaf + s->n_step;
+    double s0, s1;
+    ch_scalars(c, fk->kind, &s0, &s1);
+    if (fk->arity == 1) {
+        int x = cur;
+        switch (fk->cls) {
+        case FK_LEAF: x = ch_full_leaf(c, s); break;
+        case FK_POS: x = ch_pos(s, cur); break;
+        case FK_UNIT: x = ch_squash(s, cur, 0.9); break;
+        case FK_SQUASH: x = ch_squash(s, cur, 3); break;
+        default: break;
+        }
+        const int r = ch_push(s, fk->kind, x, -1, s0, s1);
+        /* a discontinuous kind's result joins the chain through an add */
+        return fk->cls == FK_LEAF ? ch_push(s, EM_OP_ADD, cur, r, 0, 0) : r;
+    }
+    /* the other operand: a leaf (any shape: broadcast) or an earlier value */
+    int other = (int)(rng_next(c) % (uint64_t)nvals);
+    if (fk->cls == FK_LEAF) {
+        const int a = ch_full_leaf(c, s), b = (int)(rng_next(c) % (uint64_t)s->n_leaf);
+        const int d = fk->kind == EM_OP_THRESHOLD_BACKWARD ? b : ch_pos(s, b);
+        const int r = ch_push(s, fk->kind, a, d, 0, 0);
+        return ch_push(s, EM_OP_ADD, cur, r, 0, 0);
+    }
+    if (fk->cls == FK_DIV) return ch_push(s, fk->kind, cur, ch_pos(s, other), 0, 0);
+    if (fk->cls == FK_POW) return ch_push(s, fk->kind, ch_pos(s, cur), ch_squash(s, other, 1.5), 0, 0);
+    return rng_u01(c) < 0.5 ? ch_push(s, fk->kind, cur, other, 0, 0) : ch_push(s, fk->kind, other, cur, 0, 0);
+}
+
+/* A random chain of @p len kinds (2..8) in dtype @p dt. */
+static void ch_random(ctx *c, chain_spec *s, int dt, int len)
+{
+    memset(s, 0, sizeof *s);
+    s->dt = dt;
+    if (rng_u01(c) < 0.2) { /* a larger one: the kernels' vector paths, several blocks */
+        s->nd = 2;
+        s->shape[0] = 33 + (int64_t)(rng_next(c) % 40);
+        s->shape[1] = 65 + (int64_t)(rng_next(c) % 70);
+    } else {
+        s->nd = 1 + (int)(rng_next(c) % 4);
+        for (int d = 0; d < s->nd; d++) s->shape[d] = 1 + (int64_t)(rng_next(c) % 6);
+    }
+    s->n_leaf = 1 + (int)(rng_next(c) % 4);
+    for (int i = 0; i < s->n_leaf; i++) {
+        /* leaf 0: the full shape; the others: broadcast dims (1) and maybe fewer leading dims */
+        const int drop = i == 0 ? 0 : (int)(rng_next(c) % (uint64_t)s->nd);
+        s->lnd[i] = s->nd - drop;
+        for (int d = 0; d < s->lnd[i]; d++) {
+            const int64_t full = s->shape[d + drop];
+            s->lshape[i][d] = (i > 0 && rng_u01(c) < 0.4) ? 1 : full;
+        }
+        s->lstrided[i] = rng_u01(c) < 0.3;
+    }
+    int cur = 0;
+    for (int k = 0; k < len; k++) cur = ch_step(c, s, &g_fkinds[rng_next(c) % (uint64_t)g_n_fkinds], cur);
+    s->keep[cur] = true;
+    /* sometimes an intermediate is kept and read after the chain too (a second output) */
+    if (s->n_step > 2 && rng_u01(c) < 0.5) s->keep[s->n_leaf + (int)(rng_next(c) % (uint64_t)(s->n_step - 1))] = true;
+}
+
+/* Leaf i's values: the stream of @p c (a fixed seed: the same on every
+ * device). A strided leaf is every other element of the last dim of a
+ * tensor twice as wide (the others hold SENTINEL). Inside a scope: the
+ * caller retains what it keeps. */
+static em_tensor *ch_leaf(ctx *c, const chain_spec *s, int i)
+{
+    int64_t bshape[4], m = 1;
+    const int nd = s->lnd[i];
+    for (int d = 0; d < nd; d++) bshape[d] = s->lshape[i][d];
+    if (s->lstrided[i]) bshape[nd - 1] *= 2;
+    for (int d = 0; d < nd; d++) m *= bshape[d];
+    const em_dtype dt = (em_dtype)s->dt;
+    void *raw = malloc((size_t)m * em_dtype_size(dt));
+    if (!raw) return NULL;
+    for (int64_t j = 0; j < m; j++) pack(dt, raw, j, (s->lstrided[i] && j % 2) ? SENTINEL : -2 + 4 * rng_u01(c));
+    em_tensor *t = em_from_host(raw, bshape, nd, dt);
+    free(raw);
+    return s->lstrided[i] && t ? em_slice(t, nd - 1, 0, bshape[nd - 1], 2) : t;
+}
+
+static em_tensor *ch_apply(const cstep *st, em_tensor *const *v)
+{
+    const em_tensor *a = v[st->a];
+    switch (st->kind) {
+    case EM_OP_CLAMP: return em_clamp(a, st->s0, st->s1);
+    case EM_OP_POW_SCALAR: return em_pow_scalar(a, st->s0);
+    case EM_OP_LEAKY_RELU: return em_leaky_relu(a, st->s0);
+    case EM_OP_ELU: return em_elu(a, st->s0);
+    case EM_OP_CELU: return em_celu(a, st->s0);
+    default: break; /* the generated front ends below */
+    }
+    unary_fn u = unary_of(st->kind);
+    if (u) return u(a);
+    scalar_fn f = scalar_of(st->kind);
+    if (f) return f(a, st->s0);
+    binary_fn b = binary_of(st->kind);
+    if (b) return b(a, v[st->b]);
+    em_clear_error();
+    fprintf(stderr, "consistency: chain step of kind '%s': no call for it in ch_apply (an EWP kind? add its case)\n",
+            g_ops[st->kind].name);
+    return NULL;
+}
+
+/* Runs chain @p s on @p dev with fusion on or off: each value is released
+ * after its last use unless kept (then nobody references it: the stream
+ * need not write it). r: the kept values in
+ * order. *fused: FUSED tasks the chain gave (em_get_stats before and after). */
+static bool ch_run(const chain_spec *s, uint64_t seed, em_device dev, bool fusion, run_result *r, int64_t *fused, char *err,
+                   size_t errn)
+{
+    memset(r, 0, sizeof *r);
+    *fused = 0;
+    if (em_set_device(dev) != EM_OK) {
+        snprintf(err, errn, "em_set_device: %s", em_last_error());
+        return false;
+    }
+    const bool was = em_set_fusion(fusion);
+    ctx lc = {.rng = seed};
+    em_tensor *v[CH_MAX_LEAF + CH_MAX_STEP] = {0};
+    int last_use[CH_MAX_LEAF + CH_MAX_STEP];
+    const int nv = s->n_leaf + s->n_step;
+    for (int i = 0; i < nv; i++) last_use[i] = -1;
+    for (int i = 0; i < s->n_step; i++) {
+        last_use[s->st[i].a] = i;
+        if (s->st[i].b >= 0) last_use[s->st[i].b] = i;
+    }
+    bool ok = true;
+    /* every value is created in a scope of its own and retained: this
+     * function owns each one (inside a caller's scope too) */
+    for (int i = 0; ok && i < s->n_leaf; i++) {
+        em_scope_begin();
+        em_tensor *t = ch_leaf(&lc, s, i);
+        v[i] = t ? em_tensor_retain(t) : NULL;
+        em_scope_end();
+        if (!v[i]) {
+            snprintf(err, errn, "leaf %d: %s", i, em_last_error());
+            ok = false;
+        }
+    }
+    const em_stats st0 = em_get_stats();
+    for (int i = 0; ok && i < s->n_step; i++) {
+        em_scope_begin();
+        em_tensor *y = ch_apply(&s->st[i], v);
+        if (y) em_tensor_retain(y);
+        em_scope_end();
+        if (!y) {
+            snprintf(err, errn, "step %d (%s): %s", i, g_ops[s->st[i].kind].name, em_last_error());
+            ok = false;
+            break;
+        }
+        v[s->n_leaf + i] = y;
+        for (int j = 0; j < nv; j++) /* release what no later step reads (and nobody keeps) */
+            if (v[j] && last_use[j] == i && !s->keep[j]) {
+                em_tensor_release(v[j]);
+                v[j] = NULL;
+            }
+    }
+    const em_stats st1 = em_get_stats(); /* flushes the stream */
+    *fused = st1.fused_tasks - st0.fused_tasks;
+    for (int j = 0; ok && j < nv; j++)
+        if (s->keep[j]) ok = record(r, v[j], "chain value", err, errn);
+    for (int j = 0; j < nv; j++)
+        if (v[j]) em_tensor_release(v[j]);
+    em_set_fusion(was);
+    em_set_device(em_device_cpu());
+    return ok;
+}
+
+/* The FUSED kind's case: for every fusable kind, a chain through it (its
+ * class's guard ops, then a product with another input) with fusion on;
+ * the chain must have run as FUSED task(s) (em_get_stats().fused_tasks
+ * grows), and its result must equal the same chain with fusion off on the
+ * same device within the dtype's tolerance. The CPU-vs-device comparison
+ * of the fused results is the harness's. */
+static bool case_fused(ctx *c)
+{
+    list_fusable_kinds();
+    enum { PER = 13 * 37 };
+    double *all = malloc(sizeof(double) * (size_t)g_n_fkinds * PER);
+    if (!all) return fail_case(c, "malloc");
+    const bool was = em_set_fusion(true);
+    bool ok = true;
+    for (int k = 0; ok && k < g_n_fkinds; k++) {
+        const fkind *fk = &g_fkinds[k];
+        chain_spec s;
+        memset(&s, 0, sizeof s);
+        s.dt = c->dt;
+        s.nd = 2;
+        s.shape[0] = 13, s.shape[1] = 37;
+        s.n_leaf = 3;
+        for (int i = 0; i < 3; i++) {
+            s.lnd[i] = 2;
+            s.lshape[i][0] = i == 2 ? 1 : 13; /* leaf 2 is a broadcast row */
+            s.lshape[i][1] = 37;
+            s.lstrided[i] = c->strided && i == 0;
+        }
+        c->made_strided = true;
+        int cur = ch_step(c, &s, fk, 0);
+        cur = ch_push(&s, EM_OP_MUL, cur, 1, 0, 0);
+        s.keep[cur] = true;
+        const uint64_t seed = rng_next(c) | 1;
+        run_result fu, ea;
+        int64_t nf = 0, nf_eager = 0;
+        char err[400], why[400];
+        const em_device dev = em_get_device();
+        if (!ch_run(&s, seed, dev, true, &fu, &nf, err, sizeof err)) {
+            snprintf(c->err, sizeof c->err, "chain through %s (fusion on): %s", g_ops[fk->kind].name, err);
+            ok = false;
+            break;
+        }
+        if (!ch_run(&s, seed, dev, false, &ea, &nf_eager, err, sizeof err)) {
+            snprintf(c->err, sizeof c->err, "chain through %s (fusion off): %s", g_ops[fk->kind].name, err);
+            result_free(&fu);
+            ok = false;
+            break;
+        }
+        em_set_device(dev);
+        if (nf < 1) {
+            snprintf(c->err, sizeof c->err, "chain through %s (%d ops): no FUSED task ran (fused_tasks did not grow)",
+                     g_ops[fk->kind].name, s.n_step);
+            ok = false;
+        } else if (nf_eager != 0) {
+            snprintf(c->err, sizeof c->err, "chain through %s with fusion off: %lld FUSED task(s) ran", g_ops[fk->kind].name,
+                     (long long)nf_eager);
+            ok = false;
+        } else if (!compare(EM_OP_FUSED, c->dt, &ea, &fu, false, why, sizeof why)) {
+            snprintf(c->err, sizeof c->err, "chain through %s: fused vs eager: %s", g_ops[fk->kind].name, why);
+            ok = false;
+        }
+        /* the fused results, one row per kind, are this case's output (compared
+         * with the CPU's by the harness) */
+        if (ok && (fu.n != 1 || fu.t[0].n != PER)) {
+            snprintf(c->err, sizeof c->err, "chain through %s: %d results of %lld values", g_ops[fk->kind].name, fu.n,
+                     (long long)(fu.n ? fu.t[0].n : 0));
+            ok = false;
+        }
+        if (ok) memcpy(all + (size_t)k * PER, fu.t[0].v, sizeof(double) * PER);
+        result_free(&fu);
+        result_free(&ea);
+    }
+    em_set_fusion(was);
+    if (ok) {
+        em_tensor *t = from_values(c, all, (int64_t)g_n_fkinds * PER, (const int64_t[]){g_n_fkinds, PER}, 2);
+        ok = out(c, t, "fused chains (a row per kind)");
+        em_tensor_release(t);
+    }
+    free(all);
+    return ok;
+}
+
 /* ---- devices ---------------------------------------------------------------------- */
 
 #define MAX_DEV 16
@@ -1912,7 +2304,7 @@ static void add_half_dtypes(void)
     for (int k = 0; k < EM_OP_COUNT; k++) {
         int *d = g_cases[k].dts, n = 0;
         bool f32 = false, done = false;
-        if (!g_cases[k].fn) continue;
+        if (!g_cases[k].fn || k == EM_OP_FUSED) continue; /* fusion: f32 and f64 only */
         while (n < MAX_DTS && d[n] != END) {
             f32 = f32 || d[n] == EM_F32;
             done = done || is_half_dt(d[n]);
@@ -2135,6 +2527,111 @@ static void test_consistency_all(void **state)
     if (nfail) fail_msg("%d op/device pair(s) FAIL (see the table above)", nfail);
 }
 
+/* The fused mode (EMBER_CONSISTENCY_FUSED=1; ctest test_consistency_fused and
+ * _opencl, which also set EMBER_FUSION=1): random chains of 2..8 fusable
+ * element-wise kinds (any of the table's EW1 / EWS / EWP / EW2 kinds that is
+ * not F_CMP, with their class's guard ops: see fkind above), random shapes
+ * with broadcast and strided leaves, in f32 and f64, some with an
+ * intermediate read after the chain, each released after its last use
+ * otherwise. Reference: the chain with fusion off on the CPU. Each chain runs
+ * with fusion on on the CPU and on every other device, and must equal the
+ * reference within the dtype's tolerance (g_tol); with fusion off on each
+ * device too (the eager baseline of the same comparison). Fails when a
+ * fused result differs, or when no chain of a device and dtype ran as a
+ * FUSED task. EMBER_CONSISTENCY_CHAINS: chains per dtype (default 60). */
+static void test_fused_chains(void **state)
+{
+    (void)state;
+    list_fusable_kinds();
+    fill_default_cases();
+    const char *nc = getenv("EMBER_CONSISTENCY_CHAINS");
+    const int nchains = nc && atoi(nc) > 0 ? atoi(nc) : 60;
+    dev_entry devs[MAX_DEV];
+    const int ndev = list_devices(devs);
+    const char *req = getenv("EMBER_CONSISTENCY_REQUIRE");
+    if (req && !strcmp(req, "opencl") && em_worker_count(EM_DEVICE_OPENCL) == 0)
+        fail_msg("EMBER_CONSISTENCY_REQUIRE=opencl but this process has no OpenCL worker");
+    if (req && !strcmp(req, "cuda") && em_worker_count(EM_DEVICE_CUDA) == 0)
+        fail_msg("EMBER_CONSISTENCY_REQUIRE=cuda but this process has no CUDA worker");
+    printf("consistency (fused chains): fusion %s by default, %d fusable kinds, %d chains per dtype\n",
+           em_fusion_enabled() ? "on" : "off", g_n_fkinds, nchains);
+    static const int dts[] = {EM_F32, EM_F64};
+    int nfail = 0, nrun = 0;
+    char err[512], why[400];
+    for (size_t di = 0; di < 2; di++) {
+        const int dt = dts[di];
+        int64_t fused_total[1 + MAX_DEV] = {0}, with_fused[1 + MAX_DEV] = {0};
+        int64_t ops_total = 0;
+        for (int ci = 0; ci < nchains; ci++) {
+            ctx gen = {.rng = variant_seed(EM_OP_FUSED, dt, 0) ^ ((uint64_t)(ci + 1) * 0x9E3779B97F4A7C15ULL)};
+            if (!gen.rng) gen.rng = 1;
+            chain_spec s;
+            ch_random(&gen, &s, dt, 2 + (int)(rng_next(&gen) % 7));
+            const uint64_t seed = rng_next(&gen) | 1;
+            ops_total += s.n_step;
+            char desc[400];
+            int dl = snprintf(desc, sizeof desc, "chain %d (%s, %d leaves, [", ci, em_dtype_name((em_dtype)dt), s.n_leaf);
+            for (int d = 0; d < s.nd; d++) dl += snprintf(desc + dl, sizeof desc - (size_t)dl, d ? ",%lld" : "%lld", (long long)s.shape[d]);
+            dl += snprintf(desc + dl, sizeof desc - (size_t)dl, "]):");
+            for (int i = 0; i < s.n_step && dl < (int)sizeof desc - 20; i++)
+                dl += snprintf(desc + dl, sizeof desc - (size_t)dl, " %s", g_ops[s.st[i].kind].name);
+            run_result ref;
+            int64_t nf;
+            nrun++;
+            if (!ch_run(&s, seed, em_device_cpu(), false, &ref, &nf, err, sizeof err)) {
+                printf("FAIL %s: the eager CPU reference: %s\n", desc, err);
+                nfail++;
+                continue;
+            }
+            if (nf != 0) {
+                printf("FAIL %s: fusion off, yet %lld FUSED task(s) ran\n", desc, (long long)nf);
+                nfail++;
+            }
+            for (int col = 0; col <= ndev; col++) {
+                const em_device dev = col ? devs[col - 1].dev : em_device_cpu();
+                const char *dname = col ? devs[col - 1].name : "cpu";
+                for (int fusion = (col ? 0 : 1); fusion < 2; fusion++) {
+                    run_result got;
+                    if (!ch_run(&s, seed, dev, fusion == 1, &got, &nf, err, sizeof err)) {
+                        printf("FAIL %s on %s (fusion %s): %s\n", desc, dname, fusion ? "on" : "off", err);
+                        nfail++;
+                        continue;
+                    }
+                    if (fusion) {
+                        fused_total[col] += nf;
+                        with_fused[col] += nf > 0;
+                    }
+                    if (!compare(EM_OP_FUSED, dt, &ref, &got, false, why, sizeof why)) {
+                        printf("FAIL %s on %s (fusion %s) vs eager CPU: %s\n", desc, dname, fusion ? "on" : "off", why);
+                        nfail++;
+                    } else if (getenv("EMBER_CONSISTENCY_VERBOSE") && atoi(getenv("EMBER_CONSISTENCY_VERBOSE"))) {
+                        printf("  ok %s on %s (fusion %s, %lld FUSED tasks)\n", desc, dname, fusion ? "on" : "off", (long long)nf);
+                    }
+                    result_free(&got);
+                }
+            }
+            result_free(&ref);
+        }
+        for (int col = 0; col <= ndev; col++) {
+            const char *dname = col ? devs[col - 1].name : "cpu";
+            printf("consistency (fused chains): %s %s: %d chains (%lld ops), %lld ran as FUSED task(s), %lld FUSED tasks\n",
+                   em_dtype_name((em_dtype)dt), dname, nchains, (long long)ops_total, (long long)with_fused[col],
+                   (long long)fused_total[col]);
+            if (with_fused[col] == 0) {
+                printf("FAIL %s on %s: no chain ran as a FUSED task\n", em_dtype_name((em_dtype)dt), dname);
+                nfail++;
+            }
+        }
+    }
+    for (int dt = 0; dt < EM_DTYPE_COUNT; dt++)
+        if (g_worst[dt][0].seen)
+            printf("  %-8s worst error / tolerance %.3g (rtol %g, atol %g) %s\n", em_dtype_name((em_dtype)dt), g_worst[dt][0].ratio,
+                   g_tol[dt].rtol, g_tol[dt].atol, g_worst[dt][0].where);
+    printf("consistency (fused chains): %d chains, %d device(s) besides the CPU, %d failure(s)\n", nrun, ndev, nfail);
+    fflush(stdout);
+    if (nfail) fail_msg("%d fused chain comparison(s) FAIL (see above)", nfail);
+}
+
 int main(void)
 {
     setvbuf(stdout, NULL, _IOLBF, 0); /* progress survives a timeout */
@@ -2142,5 +2639,11 @@ int main(void)
         cmocka_unit_test(test_case_table_complete),
         cmocka_unit_test(test_consistency_all),
     };
+    /* the fused mode: random element-wise chains, fused vs eager (test_fused_chains) */
+    const struct CMUnitTest fused[] = {
+        cmocka_unit_test(test_fused_chains), /* (the case table's completeness: the plain mode's) */
+    };
+    const char *fm = getenv("EMBER_CONSISTENCY_FUSED");
+    if (fm && atoi(fm) == 1) return cmocka_run_group_tests(fused, em_test_setup, em_test_teardown);
     return cmocka_run_group_tests(tests, em_test_setup, em_test_teardown);
 }
