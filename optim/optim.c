@@ -365,7 +365,7 @@ em_status em_optim_step(em_optim *o, const em_grads *grads)
             ps->step = step;
             if (em__capture_current()) { /* a replay is the next step: its count and the current rate */
                 const replay_ctx rc = {o, i};
-                em__capture_patch_last(replay_patch, &rc, sizeof rc);
+                em__capture_patch_last(op.kind, replay_patch, &rc, sizeof rc);
             }
         }
     }

@@ -186,21 +186,23 @@ void em__capture_refuse(const char *why)
     if (tl_capture) refuse(tl_capture, "%s", why);
 }
 
-void em__capture_patch_last(em_capture_patch_fn fn, const void *ctx, size_t ctx_size)
+void em__capture_patch_last(enum em_op_kind kind, em_capture_patch_fn fn, const void *ctx, size_t ctx_size)
 {
     em_capture *c = tl_capture;
     if (!c || c->refused[0]) return;
-    if (c->n_task == 0 || ctx_size > sizeof c->patch[0].ctx || c->task[c->n_task - 1].patch >= 0 ||
-        (em__optab[c->task[c->n_task - 1].kind].flags & F_OWN_ARGS))
+    /* the op's own task: the last of its kind (a widened op's copies come after it) */
+    int t = c->n_task - 1;
+    while (t >= 0 && c->task[t].kind != (int)kind) t--;
+    if (t < 0 || ctx_size > sizeof c->patch[0].ctx || c->task[t].patch >= 0 || (em__optab[kind].flags & F_OWN_ARGS))
         return refuse(c, "internal error: a parameter patch has no task to apply to");
     if (!grow((void **)&c->patch, &c->cap_patch, c->n_patch + 1, sizeof *c->patch))
         return refuse(c, "out of memory recording a parameter patch");
     rec_patch *p = &c->patch[c->n_patch];
-    p->task = c->n_task - 1;
+    p->task = t;
     p->fn = fn;
     memset(p->ctx, 0, sizeof p->ctx);
     memcpy(p->ctx, ctx, ctx_size);
-    c->task[c->n_task - 1].patch = c->n_patch++;
+    c->task[t].patch = c->n_patch++;
 }
 
 void em__capture_rng(uint64_t reserved, uint64_t patched)

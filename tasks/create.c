@@ -148,7 +148,7 @@ static em_tensor *rand_op(enum em_op_kind kind, const int64_t *shape, int ndim, 
     em_tensor *t = fill_op(kind, shape, ndim, dt, &p);
     if (t && n > 0 && em__capture_current()) { /* a replay draws the next n counters, as the eager op would */
         const uint64_t un = (uint64_t)(n > 0 ? n : 0);
-        em__capture_patch_last(rng_patch, &un, sizeof un);
+        em__capture_patch_last(kind, rng_patch, &un, sizeof un);
         em__capture_rng(0, un);
     }
     return t;

@@ -142,11 +142,13 @@ void em__capture_record(em_capture *c, const em_op *op, const em_kargs *k);
 /** Parameters of a recorded task that change per replay: fn(ctx, p) gets a
  *  copy of @p ctx_size (<= 64) bytes of @p ctx and the recorded parameters,
  *  and sets this replay's (on the host, when em_step_replay submits). Applies
- *  to the last task the calling thread recorded; no-op outside a capture.
+ *  to the last task of kind @p kind the calling thread recorded (the op just
+ *  submitted: a widened op's f32 copies come after its own task); no-op
+ *  outside a capture. Patches are applied in recording order.
  *  The optimizers (step count, learning rate) and the random ops (Philox
  *  offset) register one. */
 typedef void (*em_capture_patch_fn)(void *ctx, union em_op_params *p);
-void em__capture_patch_last(em_capture_patch_fn fn, const void *ctx, size_t ctx_size);
+void em__capture_patch_last(enum em_op_kind kind, em_capture_patch_fn fn, const void *ctx, size_t ctx_size);
 /** Philox counters reserved during the capture, and those a patch advances
  *  per replay: em_capture_end refuses a step whose random draws no patch
  *  advances (they would repeat). */

@@ -1506,6 +1506,7 @@ static bool case_optim(ctx *c)
 #define ALL_NUM {D_F32, D_F64, D_I32, D_I64, D_U8, END}
 
 static bool case_fused(ctx *c); /* below: it uses the comparison */
+static bool case_step(ctx *c);
 
 static op_case g_cases[EM_OP_COUNT] = {
     [EM_OP_NEG] = {case_unary, INT_OK, 1},
@@ -1607,6 +1608,7 @@ static op_case g_cases[EM_OP_COUNT] = {
     [EM_OP_RAND_UNIFORM] = {case_rand, FLOATS, 1},
     [EM_OP_RAND_NORMAL] = {case_rand, FLOATS, 1},
     [EM_OP_RAND_BERNOULLI] = {case_rand, {D_F32, D_F64, D_BOOL, END}, 1},
+    [EM_OP_STEP] = {case_step, FLOATS, 1}, /* f32 and f64: a captured training step */
     [EM_OP_FUSED] = {case_fused, FLOATS, 1}, /* f32 and f64 only: what fusion covers (no 16-bit variants) */
     [EM_OP_VIEW_RESHAPE] = {case_view_reshape, {D_F32, D_I64, END}, 1},
     [EM_OP_VIEW_PERMUTE] = {case_view_permute, {D_F32, D_F64, END}, 1},
@@ -2227,6 +2229,137 @@ static bool case_fused(ctx *c)
     return ok;
 }
 
+/* ---- captured steps (issue #17; tasks/capture.c, kind STEP) -------------------
+ *
+ * A small training step — matmul, bias, relu, a dropout-style random mask,
+ * squared loss, backward, Adam (its step count patched per replay), so the
+ * recording holds tiles, fused chains, reductions, a random op and
+ * optimizer updates — run 5 times on 5 batches: eagerly, and with step 2
+ * captured and steps 3..5 replayed (each batch copied into the captured
+ * input). The replayed run must equal the eager one on this device (same
+ * kernels: within 1e-6 relative in f32, 1e-12 in f64); its parameters and
+ * loss are the case's outputs, compared with the CPU's by the harness. */
+static bool step_run(ctx *c, bool capture, em_tensor *const *xs, em_tensor **w_out, em_tensor **loss_out, int64_t *ntask)
+{
+    const em_dtype dt = (em_dtype)c->dt;
+    em_manual_seed(1234);
+    em_tensor *w = em_zeros(S(9, 5), 2, dt), *b = em_zeros(S(5), 1, dt); /* fresh copies: each run trains its own */
+    em_tensor *x = em_zeros(S(6, 9), 2, dt);
+    if (!w || !b || !x || em_copy_(w, xs[5]) != EM_OK || em_copy_(b, xs[6]) != EM_OK ||
+        em_set_requires_grad(w, true) != EM_OK || em_set_requires_grad(b, true) != EM_OK)
+        return fail_case(c, "step parameters");
+    em_tensor *params[2] = {w, b};
+    em_optim_config cfg = em_optim_config_default(EM_OPTIM_ADAM);
+    cfg.lr = 0.05;
+    em_optim *opt = em_optim_new(&cfg, params, 2);
+    if (!opt) return fail_case(c, "em_optim_new");
+    em_step *step = NULL;
+    em_tensor *loss = NULL;
+    bool ok = true;
+    for (int k = 0; k < 5 && ok; k++) {
+        if (em_copy_(x, xs[k]) != EM_OK) ok = fail_case(c, "em_copy_ of a batch");
+        if (ok && step) {
+            if (em_step_replay(step) != EM_OK) ok = fail_case(c, "em_step_replay");
+            continue;
+        }
+        if (ok && capture && k == 1 && em_capture_begin() != EM_OK) ok = fail_case(c, "em_capture_begin");
+        if (!ok) break;
+        em_scope_begin();
+        em_tensor *h = em_relu(em_add(em_matmul(x, w), b));
+        em_tensor *mask = em_mul_scalar(em_cast(em_rand_bernoulli(S(6, 5), 2, EM_BOOL, 0.8), dt), 1.25);
+        em_tensor *l = em_keep(em_mean_all(em_square(em_mul(h, mask))));
+        em_grads *g = l ? em_backward(l) : NULL;
+        if (!g || em_optim_step(opt, g) != EM_OK) ok = fail_case(c, "step");
+        em_grads_free(g);
+        em_scope_end();
+        em_tensor_release(loss);
+        loss = l;
+        if (ok && capture && k == 1) {
+            step = em_capture_end();
+            if (!step) ok = fail_case(c, "em_capture_end");
+            else *ntask = em_step_task_count(step);
+        }
+    }
+    if (ok && em_sync() != EM_OK) ok = fail_case(c, "em_sync after the steps");
+    em_step_free(step);
+    em_optim_free(opt);
+    em_tensor_release(x);
+    em_tensor_release(b);
+    *w_out = w;
+    *loss_out = loss;
+    return ok;
+}
+
+static bool step_close(ctx *c, const em_tensor *a, const em_tensor *b, const char *what)
+{
+    const int64_t n = em_tensor_numel(a);
+    double *va = malloc(sizeof(double) * (size_t)n), *vb = malloc(sizeof(double) * (size_t)n);
+    em_tensor *ca = em_cast(a, EM_F64), *cb = em_cast(b, EM_F64);
+    bool ok = va && vb && ca && cb && em_to_host(ca, va, sizeof(double) * (size_t)n) == EM_OK &&
+              em_to_host(cb, vb, sizeof(double) * (size_t)n) == EM_OK;
+    const double tol = c->dt == EM_F64 ? 1e-12 : 1e-6;
+    for (int64_t i = 0; ok && i < n; i++)
+        if (!(fabs(va[i] - vb[i]) <= tol * (1 + fabs(va[i])))) {
+            snprintf(c->err, sizeof c->err, "captured step: %s[%lld] = %.9g replayed vs %.9g eager", what, (long long)i,
+                     vb[i], va[i]);
+            ok = false;
+        }
+    if (!va || !vb || !ca || !cb) ok = fail_case(c, "step_close");
+    free(va);
+    free(vb);
+    em_tensor_release(ca);
+    em_tensor_release(cb);
+    return ok;
+}
+
+static bool case_step(ctx *c)
+{
+    c->no_backward = true;
+    em_tensor *xs[7];
+    for (int k = 0; k < 5; k++) {
+        xs[k] = IN(c, c->dt, (6, 9), -1, 1, IN_CONTIG);
+        REQ(c, xs[k]);
+    }
+    xs[5] = IN(c, c->dt, (9, 5), -0.5, 0.5, IN_CONTIG);
+    xs[6] = IN(c, c->dt, (5), -0.1, 0.1, IN_CONTIG);
+    REQ(c, xs[5]);
+    REQ(c, xs[6]);
+    em_tensor *we = NULL, *le = NULL, *wc = NULL, *lc = NULL;
+    int64_t ntask = 0, unused = 0;
+    bool ok = true;
+    if (c->dt == EM_F32) {
+        /* the f16 step (widened ops: their f32 copies are recorded too), captured vs
+         * eager on this device; not an output (5 Adam steps in f16 drift from the
+         * f32 reference beyond the 16-bit tolerance) */
+        em_tensor *hx[7] = {0};
+        for (int k = 0; k < 7 && ok; k++) ok = (hx[k] = em_cast(xs[k], EM_F16)) != NULL;
+        const int dt = c->dt;
+        c->dt = EM_F16;
+        if (ok) ok = step_run(c, false, hx, &we, &le, &unused) && step_run(c, true, hx, &wc, &lc, &ntask);
+        if (ok) ok = step_close(c, we, wc, "f16 weight") && step_close(c, le, lc, "f16 loss");
+        c->dt = dt;
+        for (int k = 0; k < 7; k++) em_tensor_release(hx[k]);
+        em_tensor_release(we);
+        em_tensor_release(le);
+        em_tensor_release(wc);
+        em_tensor_release(lc);
+        we = le = wc = lc = NULL;
+        if (!ok) return false;
+    }
+    ok = step_run(c, false, xs, &we, &le, &unused) && step_run(c, true, xs, &wc, &lc, &ntask);
+    if (ok && ntask < 8) {
+        snprintf(c->err, sizeof c->err, "captured step: %lld recorded tasks (expected the whole step)", (long long)ntask);
+        ok = false;
+    }
+    if (ok) ok = step_close(c, we, wc, "weight") && step_close(c, le, lc, "loss");
+    if (ok) ok = out(c, wc, "weight after 3 replays") && out(c, lc, "loss of the last replay");
+    em_tensor_release(we);
+    em_tensor_release(le);
+    em_tensor_release(wc);
+    em_tensor_release(lc);
+    return ok;
+}
+
 /* ---- devices ---------------------------------------------------------------------- */
 
 #define MAX_DEV 16
@@ -2304,7 +2437,7 @@ static void add_half_dtypes(void)
     for (int k = 0; k < EM_OP_COUNT; k++) {
         int *d = g_cases[k].dts, n = 0;
         bool f32 = false, done = false;
-        if (!g_cases[k].fn || k == EM_OP_FUSED) continue; /* fusion: f32 and f64 only */
+        if (!g_cases[k].fn || k == EM_OP_FUSED || k == EM_OP_STEP) continue; /* fusion: f32 and f64 only; step: below */
         while (n < MAX_DTS && d[n] != END) {
             f32 = f32 || d[n] == EM_F32;
             done = done || is_half_dt(d[n]);
