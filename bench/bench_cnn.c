@@ -5,10 +5,12 @@
  * ../shared/anchors/torch_graphs.py, whose PyTorch side (eager and whole-step
  * CUDA graph) is bench/cnn_torch.py. Prints samples/s per batch size.
  *
- * Usage: bench_cnn [--device DEV] [--steps N] [--warmup N] [--bf16] [batch ...]
+ * Usage: bench_cnn [--device DEV] [--steps N] [--warmup N] [--bf16] [--capture] [batch ...]
  *        (default: cpu, 30 steps after 5 warm-up steps, batches 64 512;
  *        --bf16: the forward and loss under em_autocast_begin(EM_BF16), f32
- *        weights, as `cnn_torch.py --bf16`'s torch.autocast) */
+ *        weights, as `cnn_torch.py --bf16`'s torch.autocast; --capture: the
+ *        last warm-up step is captured (em_capture_begin / em_capture_end)
+ *        and the timed steps are its replays, as cnn_torch.py's graph mode) */
 #include "bench/bench_util.h"
 #include "ember/ember.h"
 
@@ -41,7 +43,7 @@ static em_tensor *forward(em_tensor **p, const em_tensor *x)
     return em_linear(h, p[F2W], p[F2B]);
 }
 
-static bool g_bf16;
+static bool g_bf16, g_capture;
 
 static void run(int64_t batch, int steps, int warmup)
 {
@@ -64,11 +66,18 @@ static void run(int64_t batch, int steps, int warmup)
     CK(x && y);
     em_cross_entropy_opts ce = em_cross_entropy_opts_default();
     double t0 = 0;
+    em_step *captured = NULL;
     for (int s = 0; s < steps + warmup; s++) {
         if (s == warmup) {
             CK(em_sync() == EM_OK);
             t0 = now();
         }
+        if (captured) {
+            CK(em_step_replay(captured) == EM_OK);
+            continue;
+        }
+        const bool capturing = g_capture && s == (warmup > 1 ? warmup - 1 : 1);
+        if (capturing) CK(em_capture_begin() == EM_OK);
         em_scope_begin();
         if (g_bf16) CK(em_autocast_begin(EM_BF16) == EM_OK);
         em_tensor *loss = em_cross_entropy(forward(p, x), y, &ce);
@@ -78,13 +87,17 @@ static void run(int64_t batch, int steps, int warmup)
         CK(em_optim_step(opt, g) == EM_OK);
         em_grads_free(g);
         em_scope_end();
+        if (capturing) CK((captured = em_capture_end()) != NULL);
     }
     CK(em_sync() == EM_OK);
     double t = now() - t0;
+    if (captured) printf("(captured step: %lld tasks, replayed as one) ", (long long)em_step_task_count(captured));
     const char *tf = getenv("EMBER_TF32");
-    printf("MNIST CNN training%s, batch %lld: Ember %.0f samples/s (%.1f us/step)%s\n", g_bf16 ? " bf16 autocast" : "",
+    printf("MNIST CNN training%s%s, batch %lld: Ember %.0f samples/s (%.1f us/step)%s\n", g_bf16 ? " bf16 autocast" : "",
+           captured ? " captured" : "",
            (long long)batch, (double)batch * steps / t, t / steps * 1e6, tf && atoi(tf) == 1 ? " [EMBER_TF32=1]" : "");
     fflush(stdout);
+    em_step_free(captured);
     em_optim_free(opt);
     for (int i = 0; i < NP; i++) em_tensor_release(p[i]);
     em_tensor_release(x);
@@ -107,10 +120,12 @@ int main(int argc, char **argv)
             warmup = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--bf16"))
             g_bf16 = true;
+        else if (!strcmp(argv[i], "--capture"))
+            g_capture = true;
         else if (nb < 8 && atoll(argv[i]) > 0)
             batches[nb++] = atoll(argv[i]);
         else {
-            fprintf(stderr, "usage: bench_cnn [--device DEV] [--steps N] [--warmup N] [--bf16] [batch ...]\n");
+            fprintf(stderr, "usage: bench_cnn [--device DEV] [--steps N] [--warmup N] [--bf16] [--capture] [batch ...]\n");
             return 2;
         }
     }
