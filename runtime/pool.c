@@ -18,7 +18,7 @@
 #include <stdlib.h>
 
 #define POOL_BUCKETS 256
-#define POOL_PER_SIZE 32
+#define POOL_PER_SIZE 256 /* a fused chain holds up to 32 outputs; 32 churned handles (register + unregister, ~5k instructions an op) */
 #define POOL_MAX_BYTES ((size_t)2 << 30)
 
 typedef struct bucket {
