@@ -78,12 +78,23 @@ static bool fusable(const em_op *op)
     return true;
 }
 
-/* The chain's op writing @p s, or -1. */
+/* The chain's op writing @p s, or -1 (at most one op writes a storage:
+ * add_locked refuses the rest). From the last op: an input is most often
+ * the output of the op just before. */
 static int producer(const em_storage *s)
 {
-    for (int i = 0; i < g.n; i++)
+    for (int i = g.n - 1; i >= 0; i--)
         if (g.out[i]->storage == s) return i;
     return -1;
+}
+
+/* Does only its creator reference @p t and its storage? Then no held tensor
+ * shares that storage: every held tensor holds a reference of its own (so
+ * t itself is not held) and one of its storage. */
+static bool fresh(const em_tensor *t)
+{
+    return __atomic_load_n(&t->refcount, __ATOMIC_ACQUIRE) == 1 &&
+           __atomic_load_n(&t->storage->refcount, __ATOMIC_ACQUIRE) == 1;
 }
 
 static bool same_layout(const em_tensor *a, const em_tensor *b)
@@ -188,10 +199,13 @@ static bool add_locked(em_op *op, em_placement place, em_capture *capture)
                     memcmp(o->shape, g.shape, sizeof(int64_t) * (size_t)g.ndim) || !same_placement(place, g.place) ||
                     op->priority != g.priority))
         return false;
-    /* the output must be a storage the chain neither reads nor writes */
-    if (producer(o->storage) >= 0) return false;
-    for (int l = 0; l < g.n_leaf; l++)
-        if (g.leaf[l]->storage == o->storage) return false;
+    /* the output must be a storage the chain neither reads nor writes (a
+     * fresh one is neither: no scan) */
+    if (!fresh(o)) {
+        if (producer(o->storage) >= 0) return false;
+        for (int l = 0; l < g.n_leaf; l++)
+            if (g.leaf[l]->storage == o->storage) return false;
+    }
     /* the outputs kept at the flush: at most EM_FUSED_MAX_OUT (counted as
      * if every held output were kept) */
     if (g.n >= EM_FUSED_MAX_OUT) {
