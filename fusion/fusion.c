@@ -53,10 +53,13 @@ typedef struct stream {
     em_op first;                             /* the first op (a chain of one runs as itself) */
     em_tensor *leaf[EM_FUSED_MAX_LEAVES];    /* held (em__tensor_hold) */
     em_tensor *out[EM_FUSED_MAX_INSTR];      /* held: op i's output */
+    uint32_t dead;                           /* bit i: out[i] was seen unreferenced (it stays so: see add_locked) */
     em_fused_instr ins[EM_FUSED_MAX_INSTR];
 } stream;
 
 static stream g = {.mu = PTHREAD_MUTEX_INITIALIZER, .on = true};
+
+_Static_assert(EM_FUSED_MAX_INSTR <= 32, "stream.dead has a bit per instruction");
 
 static bool same_placement(em_placement a, em_placement b) { return a.where == b.where && a.worker == b.worker; }
 
@@ -108,6 +111,7 @@ static void release_all(void)
     for (int i = 0; i < g.n_leaf; i++) em__tensor_unhold(g.leaf[i]);
     for (int i = 0; i < g.n; i++) em__tensor_unhold(g.out[i]);
     g.n = g.n_leaf = 0;
+    g.dead = 0;
 }
 
 /* Is tensor @p t referenced by anyone but the stream? */
@@ -161,6 +165,11 @@ static em_status flush_locked(void)
     int n_out = 0;
     for (int i = 0; i < g.n; i++)
         if (referenced(g.out[i])) {
+            if (n_out == EM_FUSED_MAX_OUT) { /* add_locked's bound broken: fail loudly, write nothing out of bounds */
+                free(fa);
+                release_all();
+                return em__set_error(EM_ERR_RUNTIME, "fusion: more than %d outputs of a chain are referenced", EM_FUSED_MAX_OUT);
+            }
             p->out_reg[n_out] = g.n_leaf + i;
             var[g.n_leaf + n_out++] = g.out[i];
         }
@@ -207,10 +216,18 @@ static bool add_locked(em_op *op, em_placement place, em_capture *capture)
             if (g.leaf[l]->storage == o->storage) return false;
     }
     /* the outputs kept at the flush: at most EM_FUSED_MAX_OUT (counted as
-     * if every held output were kept) */
+     * if every held output were kept). An output seen unreferenced is not
+     * looked at again: only the stream holds a pointer to it, so nobody can
+     * reference it any more (the count at the flush relies on that too). */
     if (g.n >= EM_FUSED_MAX_OUT) {
         int kept = 0;
-        for (int i = 0; i < g.n; i++) kept += referenced(g.out[i]);
+        for (uint32_t m = ((1u << g.n) - 1) & ~g.dead; m; m &= m - 1) { /* g.n < EM_FUSED_MAX_INSTR here */
+            const int i = __builtin_ctz(m);
+            if (referenced(g.out[i]))
+                kept++;
+            else
+                g.dead |= 1u << i;
+        }
         if (kept >= EM_FUSED_MAX_OUT) return false;
     }
     int reg[2] = {0, 0}, new_leaf = 0;
