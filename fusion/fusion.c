@@ -53,10 +53,13 @@ typedef struct stream {
     em_op first;                             /* the first op (a chain of one runs as itself) */
     em_tensor *leaf[EM_FUSED_MAX_LEAVES];    /* held (em__tensor_hold) */
     em_tensor *out[EM_FUSED_MAX_INSTR];      /* held: op i's output */
+    uint32_t dead;                           /* bit i: out[i] was seen unreferenced (it stays so: see add_locked) */
     em_fused_instr ins[EM_FUSED_MAX_INSTR];
 } stream;
 
 static stream g = {.mu = PTHREAD_MUTEX_INITIALIZER, .on = true};
+
+_Static_assert(EM_FUSED_MAX_INSTR <= 32, "stream.dead has a bit per instruction");
 
 static bool same_placement(em_placement a, em_placement b) { return a.where == b.where && a.worker == b.worker; }
 
@@ -78,12 +81,23 @@ static bool fusable(const em_op *op)
     return true;
 }
 
-/* The chain's op writing @p s, or -1. */
+/* The chain's op writing @p s, or -1 (at most one op writes a storage:
+ * add_locked refuses the rest). From the last op: an input is most often
+ * the output of the op just before. */
 static int producer(const em_storage *s)
 {
-    for (int i = 0; i < g.n; i++)
+    for (int i = g.n - 1; i >= 0; i--)
         if (g.out[i]->storage == s) return i;
     return -1;
+}
+
+/* Does only its creator reference @p t and its storage? Then no held tensor
+ * shares that storage: every held tensor holds a reference of its own (so
+ * t itself is not held) and one of its storage. */
+static bool fresh(const em_tensor *t)
+{
+    return __atomic_load_n(&t->refcount, __ATOMIC_ACQUIRE) == 1 &&
+           __atomic_load_n(&t->storage->refcount, __ATOMIC_ACQUIRE) == 1;
 }
 
 static bool same_layout(const em_tensor *a, const em_tensor *b)
@@ -97,6 +111,7 @@ static void release_all(void)
     for (int i = 0; i < g.n_leaf; i++) em__tensor_unhold(g.leaf[i]);
     for (int i = 0; i < g.n; i++) em__tensor_unhold(g.out[i]);
     g.n = g.n_leaf = 0;
+    g.dead = 0;
 }
 
 /* Is tensor @p t referenced by anyone but the stream? */
@@ -150,6 +165,11 @@ static em_status flush_locked(void)
     int n_out = 0;
     for (int i = 0; i < g.n; i++)
         if (referenced(g.out[i])) {
+            if (n_out == EM_FUSED_MAX_OUT) { /* add_locked's bound broken: fail loudly, write nothing out of bounds */
+                free(fa);
+                release_all();
+                return em__set_error(EM_ERR_RUNTIME, "fusion: more than %d outputs of a chain are referenced", EM_FUSED_MAX_OUT);
+            }
             p->out_reg[n_out] = g.n_leaf + i;
             var[g.n_leaf + n_out++] = g.out[i];
         }
@@ -188,15 +208,26 @@ static bool add_locked(em_op *op, em_placement place, em_capture *capture)
                     memcmp(o->shape, g.shape, sizeof(int64_t) * (size_t)g.ndim) || !same_placement(place, g.place) ||
                     op->priority != g.priority))
         return false;
-    /* the output must be a storage the chain neither reads nor writes */
-    if (producer(o->storage) >= 0) return false;
-    for (int l = 0; l < g.n_leaf; l++)
-        if (g.leaf[l]->storage == o->storage) return false;
+    /* the output must be a storage the chain neither reads nor writes (a
+     * fresh one is neither: no scan) */
+    if (!fresh(o)) {
+        if (producer(o->storage) >= 0) return false;
+        for (int l = 0; l < g.n_leaf; l++)
+            if (g.leaf[l]->storage == o->storage) return false;
+    }
     /* the outputs kept at the flush: at most EM_FUSED_MAX_OUT (counted as
-     * if every held output were kept) */
+     * if every held output were kept). An output seen unreferenced is not
+     * looked at again: only the stream holds a pointer to it, so nobody can
+     * reference it any more (the count at the flush relies on that too). */
     if (g.n >= EM_FUSED_MAX_OUT) {
         int kept = 0;
-        for (int i = 0; i < g.n; i++) kept += referenced(g.out[i]);
+        for (uint32_t m = ((1u << g.n) - 1) & ~g.dead; m; m &= m - 1) { /* g.n < EM_FUSED_MAX_INSTR here */
+            const int i = __builtin_ctz(m);
+            if (referenced(g.out[i]))
+                kept++;
+            else
+                g.dead |= 1u << i;
+        }
         if (kept >= EM_FUSED_MAX_OUT) return false;
     }
     int reg[2] = {0, 0}, new_leaf = 0;

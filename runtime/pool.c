@@ -10,7 +10,14 @@
  * (em_replicas) a handle released by replica 0 and taken by replica 1 would
  * make replica 1's next write wait for replica 0's pending readers and move
  * the buffer's allocation to the other GPU; measured on 2 x H200, it put one
- * replica's step 1.8 ms behind the other's. */
+ * replica's step 1.8 ms behind the other's.
+ *
+ * Up to 256 storages of one size are kept while they are small (1 MiB or
+ * less): a fused element-wise chain (fusion/fusion.c) holds up to 32 outputs
+ * until it is submitted, so with a few kept results the working set of one
+ * size passes 32, and a cap of 32 registered and unregistered a handle for
+ * nearly every op. Larger sizes keep the cap of 32, so the memory a pool can
+ * keep alive for them is unchanged. */
 #include "runtime/runtime_internal.h"
 
 #include <pthread.h>
@@ -18,7 +25,9 @@
 #include <stdlib.h>
 
 #define POOL_BUCKETS 256
-#define POOL_PER_SIZE 32
+#define POOL_PER_SIZE 256     /* storages of one size kept, up to POOL_SMALL_BYTES each */
+#define POOL_PER_SIZE_BIG 32  /* larger ones */
+#define POOL_SMALL_BYTES ((size_t)1 << 20)
 #define POOL_MAX_BYTES ((size_t)2 << 30)
 
 typedef struct bucket {
@@ -95,7 +104,7 @@ void em__storage_release(em_storage *s)
         pthread_mutex_lock(&g_lock);
         if (g_pooled_bytes + reg <= POOL_MAX_BYTES) {
             bucket **b = find_bucket(reg, s->pool_class, true);
-            if (*b && (*b)->n < POOL_PER_SIZE) {
+            if (*b && (*b)->n < (reg <= POOL_SMALL_BYTES ? POOL_PER_SIZE : POOL_PER_SIZE_BIG)) {
                 (*b)->h[(*b)->n++] = s->handle;
                 g_pooled_bytes += reg;
                 pooled = true;
