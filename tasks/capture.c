@@ -316,14 +316,10 @@ em_step *em_capture_end(void)
     s->plan.ops = s->ops;
     s->plan.bufs = s->bufs;
     free(slot);
-    free(c->task);
-    free(c->bufs);
-    free(c->held);
-    free(c->written);
-    free(c->patch);
+    c->n_task = c->n_held = 0; /* their arguments and holds moved to the step */
+    capture_free(c);
     em_log_msg(EM_LOG_DEBUG, "step captured: %d tasks, %d buffers (%d written), %d patched", s->plan.n_ops, s->n_var,
                s->n_written, s->n_patch);
-    free(c);
     return s;
 }
 
