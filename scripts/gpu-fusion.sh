@@ -23,7 +23,8 @@ cd "$BUILD/bench"
 has bench && run bench_fusion_cuda 150 ./bench_fusion --device cuda:0
 has bench && run bench_fusion_cpu 100 ./bench_fusion --device cpu --rounds 3
 # the MLP step side by side: Ember eager / fused / captured (bench_fusion) and PyTorch eager /
-# whole-step CUDA graph (bench/mlp_torch_gpu.py graph), alternating, 3 rounds, batch 64 and 512
+# whole-step CUDA graph (bench/mlp_torch_gpu.py graph), alternating, 3 rounds, batch 64 and 512; the
+# MNIST CNN at batch 64: bench_cnn eager and --capture, bench/cnn_torch.py eager and CUDA graph
 : >"$OUT/mlp_pairs.log"
 has pairs && for r in 1 2 3; do
   for b in 64 512; do
@@ -32,6 +33,10 @@ has pairs && for r in 1 2 3; do
   done
   echo "== round $r torch" >>"$OUT/mlp_pairs.log"
   timeout 120 python3 "$ROOT/bench/mlp_torch_gpu.py" graph >>"$OUT/mlp_pairs.log" 2>&1
+  echo "== round $r cnn" >>"$OUT/mlp_pairs.log"
+  timeout 60 ./bench_cnn --device cuda:0 --steps 200 --warmup 10 64 >>"$OUT/mlp_pairs.log" 2>&1
+  timeout 60 ./bench_cnn --device cuda:0 --steps 200 --warmup 10 --capture 64 >>"$OUT/mlp_pairs.log" 2>&1
+  timeout 90 python3 "$ROOT/bench/cnn_torch.py" --device cuda --steps 300 --warmup 20 --runs 1 64 >>"$OUT/mlp_pairs.log" 2>&1
 done
 has pairs && echo "mlp_pairs: done" >>"$S"
 # the Learner on cuda:0 with capture on and off (the carried Fashion-MNIST subset)

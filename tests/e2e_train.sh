@@ -20,6 +20,16 @@ grep -q "resumed from" "$T/b2.log" || fail "resume not reported"
 cmp "$T/a/checkpoint.safetensors" "$T/b/checkpoint.safetensors" || fail "resumed run differs from the uninterrupted one"
 echo "ok: resumed run is byte-identical to the uninterrupted one"
 
+# step capture (issue #17): the Learner captures the second step of each epoch and replays it;
+# the same run with capture off (and with fusion off too) ends byte-identical
+EMBER_LOG=debug "$EMBER" train "${common[@]}" --epochs 1 --out "$T/cap" > /dev/null 2> "$T/cap.err"
+grep -q "step captured: " "$T/cap.err" || fail "the Learner did not capture its step: $(grep -i 'eagerly\|captur' "$T/cap.err")"
+EMBER_CAPTURE=0 "$EMBER" train "${common[@]}" --epochs 3 --out "$T/nc" > "$T/nc.log"
+cmp "$T/a/checkpoint.safetensors" "$T/nc/checkpoint.safetensors" || fail "capture on and off: different checkpoints"
+EMBER_CAPTURE=0 EMBER_FUSION=0 "$EMBER" train "${common[@]}" --epochs 3 --out "$T/nf" > "$T/nf.log"
+cmp "$T/a/checkpoint.safetensors" "$T/nf/checkpoint.safetensors" || fail "fusion and capture on and off: different checkpoints"
+echo "ok: capture and fusion on / off: byte-identical checkpoints"
+
 acc_train=$(grep '^final test accuracy' "$T/a.log" | awk '{print $4}')
 acc_eval=$("$EMBER" eval --checkpoint "$T/a/checkpoint.safetensors" | awk '/^test loss/ {print $5}')
 [ "$acc_train" = "$acc_eval" ] || fail "eval accuracy $acc_eval != training's final $acc_train"
