@@ -12,7 +12,13 @@
  * segment whose capture fails (an operation the stream cannot capture, a
  * kernel error during the capture) runs as plain launches from then on, on
  * this worker, with a debug message: the capture is a trial whose kernel
- * errors are counted, not reported, and the segment then runs for real. */
+ * errors are counted, not reported, and the segment then runs for real.
+ *
+ * EMBER_STEP_PROFILE=1 (a diagnostic, read at a plan's first replay on a
+ * worker): no graphs; every recorded task is bracketed by CUDA events and the
+ * task waits for its stream at the end (against the rule of emcuda.h, for
+ * measuring only); em_step_free prints each recorded task's mean GPU time
+ * per replay on stderr. */
 #include "devices/cuda/emcuda.h"
 
 #include <stdlib.h>
@@ -58,6 +64,11 @@ struct StepState {
     int nseg;
     Segment *seg;
     void **ptr; /* the STEP task's buffer pointers when the graphs were captured */
+    /* EMBER_STEP_PROFILE: per recorded task, GPU milliseconds summed over the replays */
+    bool profile;
+    double *ms;
+    int64_t replays;
+    cudaEvent_t *ev; /* n_ops + 1 events */
 };
 
 StepState *state_new(const em_step_plan *p)
@@ -72,7 +83,15 @@ StepState *state_new(const em_step_plan *p)
         free(s);
         return NULL;
     }
-    const bool off = getenv("EMBER_CUDA_GRAPHS") && !strcmp(getenv("EMBER_CUDA_GRAPHS"), "0");
+    const char *pv = getenv("EMBER_STEP_PROFILE");
+    s->profile = pv && strcmp(pv, "0") && *pv;
+    if (s->profile) {
+        s->ms = (double *)calloc((size_t)p->n_ops, sizeof *s->ms);
+        s->ev = (cudaEvent_t *)calloc((size_t)p->n_ops + 1, sizeof *s->ev);
+        for (int i = 0; s->ev && i <= p->n_ops; i++) cudaEventCreate(&s->ev[i]);
+        if (!s->ms || !s->ev) s->profile = false;
+    }
+    const bool off = s->profile || (getenv("EMBER_CUDA_GRAPHS") && !strcmp(getenv("EMBER_CUDA_GRAPHS"), "0"));
     for (int i = 0; i < p->n_ops;) {
         const em_step_op *o = &p->ops[i];
         const bool ok = !off && g_graph_safe[o->kind] && o->patch < 0;
@@ -161,6 +180,22 @@ void em_cuda_step(void *buffers[], void *cl_arg)
     }
     if (moved) drop_graphs(st);
     cudaStream_t s = emc::stream();
+    if (st->profile) { /* a diagnostic: each task timed with events, then a wait */
+        for (int i = 0; i < p->n_ops; i++) {
+            const em_step_op *o = &p->ops[i];
+            cudaEventRecord(st->ev[i], s);
+            em__step_run_op(a, o, buffers, em__cuda_kernels[o->kind]);
+        }
+        cudaEventRecord(st->ev[p->n_ops], s);
+        if (cudaEventSynchronize(st->ev[p->n_ops]) == cudaSuccess) {
+            for (int i = 0; i < p->n_ops; i++) {
+                float ms = 0;
+                if (cudaEventElapsedTime(&ms, st->ev[i], st->ev[i + 1]) == cudaSuccess) st->ms[i] += ms;
+            }
+            st->replays++;
+        }
+        return;
+    }
     for (int k = 0; k < st->nseg; k++) {
         Segment &g = st->seg[k];
         if (g.graph && (g.exec || capture(a, g, buffers))) {
@@ -179,6 +214,20 @@ extern "C" void em__cuda_step_release(em_step_plan *p)
     for (int w = 0; w < EM_STEP_MAX_WORKERS; w++) {
         StepState *st = (StepState *)p->dev[w];
         if (!st) continue;
+        if (st->profile && st->replays > 0) {
+            double total = 0;
+            for (int i = 0; i < p->n_ops; i++) total += st->ms[i];
+            fprintf(stderr, "step profile (worker %d, %lld replays, GPU time per replay; EMBER_STEP_PROFILE):\n", w,
+                    (long long)st->replays);
+            for (int i = 0; i < p->n_ops; i++)
+                fprintf(stderr, "  %3d %-20s %8.2f us\n", i, em__kernel_info[p->ops[i].kind].name,
+                        st->ms[i] * 1e3 / (double)st->replays);
+            fprintf(stderr, "  total                    %8.2f us\n", total * 1e3 / (double)st->replays);
+        }
+        if (st->ev)
+            for (int i = 0; i <= p->n_ops; i++) cudaEventDestroy(st->ev[i]);
+        free(st->ev);
+        free(st->ms);
         drop_graphs(st);
         free(st->seg);
         free(st->ptr);
