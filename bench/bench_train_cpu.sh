@@ -38,10 +38,10 @@ STARPU_SILENT=1 "$EMBER" train --epochs "$EPOCHS" --no-progress --data "$DATA" -
 grep -E '^(ember train:|epoch |final)' "$T/ember.log"
 workers=$(sed -n 's/.* \([0-9][0-9]*\) CPU workers.*/\1/p' "$T/ember.log" | head -1)
 THREADS="${THREADS:-$workers}"
-# epoch lines: "... <S> samples/s  <T>s"; training time = 60000 / S
-# (samples/s covers the training pass only, the epoch time includes evaluation)
+# epoch lines: "... <lr> <S> <T>s" (the epoch table: samples/s, then the epoch time); training
+# time = 60000 / S (samples/s covers the training pass only, the epoch time includes evaluation)
 ember_epoch=$(awk '/^epoch /{print $(NF)}' "$T/ember.log" | tr -d s | tr '\n' ' ')
-ember_sps=$(awk '/^epoch /{print $(NF-2)}' "$T/ember.log" | tr '\n' ' ')
+ember_sps=$(awk '/^epoch /{print $(NF-1)}' "$T/ember.log" | tr '\n' ' ')
 ntrain=$(sed -n 's/^data: .*(\([0-9]*\) train.*/\1/p' "$T/ember.log")
 
 # ---- PyTorch ----

@@ -10,7 +10,7 @@ ROOT=$(pwd -P); BUILD=$ROOT/build-gpu; DEPS=$ROOT/.deps; WORK=$(mktemp -d /tmp/e
 export STARPU_SILENT=1 OCL_ICD_VENDORS=/nonexistent EMBER_TEST_DATA="$ROOT/tests/fixtures"
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 S="$OUT/summary.txt"
-PARTS="${*:-tests bench pairs train gpt}"   # split over calls: each device call may run 600 s at most
+PARTS="${*:-tests bench pairs train gpt profile}"   # split over calls: each device call may run 600 s at most
 has() { case " $PARTS " in *" $1 "*) return 0 ;; esac; return 1; }
 nvidia-smi -L >"$S" 2>&1
 echo "parts: $PARTS" >>"$S"
@@ -54,6 +54,12 @@ if has gpt; then
   timeout 90 python3 "$ROOT/bench/gpt_torch.py" --config char --steps 30 --precision fp32 >>"$OUT/gpt.log" 2>&1
   echo "gpt: done" >>"$S"
 fi
+# where a captured step's GPU time goes: EMBER_STEP_PROFILE=1 (each recorded task timed with events)
+if has profile; then
+  EMBER_STEP_PROFILE=1 timeout 60 ./bench_fusion --device cuda:0 --mlp-only --rounds 1 --steps 100 >"$OUT/profile.log" 2>&1
+  EMBER_STEP_PROFILE=1 timeout 60 ./bench_cnn --device cuda:0 --steps 50 --warmup 5 --capture 64 >>"$OUT/profile.log" 2>&1
+  echo "profile: done" >>"$S"
+fi
 # the Learner on cuda:0 with capture on and off (the carried Fashion-MNIST subset)
 if has train && [ -n "${EMBER_DATA_DIR:-}" ]; then
   for c in 1 0 1 0; do
@@ -62,5 +68,5 @@ if has train && [ -n "${EMBER_DATA_DIR:-}" ]; then
   done
 fi
 for f in cons_fused_case cons_chains test_fusion_cuda; do [ -f "$OUT/$f.log" ] || continue; echo "== $f" >>"$S"; grep -E "^op |^fused|^gelu|^add |^mul |^tanh|FAIL|chains|worst|variants|PASSED|FAILED|fusion:|CUDA:" "$OUT/$f.log" | head -40 >>"$S"; done
-for f in bench_fusion_cuda bench_fusion_cpu mlp_pairs gpt; do [ -s "$OUT/$f.log" ] || continue; echo "== $f" >>"$S"; cat "$OUT/$f.log" >>"$S"; done
+for f in bench_fusion_cuda bench_fusion_cpu mlp_pairs gpt profile; do [ -s "$OUT/$f.log" ] || continue; echo "== $f" >>"$S"; cat "$OUT/$f.log" >>"$S"; done
 cat "$S"
