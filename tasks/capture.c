@@ -327,6 +327,10 @@ em_status em_step_replay(em_step *s)
 {
     if (!s) return em__set_error(EM_ERR_INVALID, "em_step_replay: step is NULL");
     if (tl_capture) return em__set_error(EM_ERR_STATE, "em_step_replay: not while capturing a step");
+    if (em__fusion_flush) { /* held ops read what the step is about to write: they run first, as submitted */
+        em_status st = em__fusion_flush();
+        if (st != EM_OK) return st;
+    }
     const size_t np = (size_t)s->n_patch;
     em_step_args *a = malloc(sizeof *a + sizeof(union em_op_params) * (np ? np : 1));
     if (!a) return em__set_error(EM_ERR_NOMEM, "em_step_replay: out of memory");
