@@ -24,6 +24,7 @@
  * another device, random streams no patch advances (SDPA dropout). */
 #include "tasks/tasks_internal.h"
 
+#include <starpu.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -327,6 +328,10 @@ em_status em_step_replay(em_step *s)
 {
     if (!s) return em__set_error(EM_ERR_INVALID, "em_step_replay: step is NULL");
     if (tl_capture) return em__set_error(EM_ERR_STATE, "em_step_replay: not while capturing a step");
+    if (em__fusion_flush) { /* held ops read what the step is about to write: they run first, as submitted */
+        em_status st = em__fusion_flush();
+        if (st != EM_OK) return st;
+    }
     const size_t np = (size_t)s->n_patch;
     em_step_args *a = malloc(sizeof *a + sizeof(union em_op_params) * (np ? np : 1));
     if (!a) return em__set_error(EM_ERR_NOMEM, "em_step_replay: out of memory");
@@ -353,7 +358,14 @@ __attribute__((weak)) void em__cuda_step_release(em_step_plan *p) { (void)p; }
 void em_step_free(em_step *s)
 {
     if (!s) return;
-    if (s->replays > 0 && em_is_initialized()) em_sync(); /* the replays use the plan */
+    /* the replays use the plan: wait for them, leaving a kernel failure (the
+     * sticky error) to the caller's next em_sync / host read (em_sync would
+     * take it and drop it here) */
+    if (s->replays > 0 && em_is_initialized()) {
+        if (em__fusion_flush && em__fusion_flush() != EM_OK)
+            em_log_msg(EM_LOG_WARN, "em_step_free: submitting the held element-wise ops failed: %s", em_last_error());
+        starpu_task_wait_for_all();
+    }
     em__cuda_step_release(&s->plan);
     for (int i = 0; i < s->plan.n_ops; i++) free(s->args[i]);
     for (int i = 0; i < s->n_var; i++) em__tensor_unhold(s->var[i]);

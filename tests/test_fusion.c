@@ -380,6 +380,54 @@ static void test_autodiff(void **state) { (void)state; run_scenario(sc_autodiff,
 static void test_threads(void **state) { (void)state; run_scenario(sc_threads, "two threads, a chain each"); }
 
 /* Leaks: the fused runs leave no tensor or handle behind. */
+/* A chain held in the stream reads a parameter that a replayed step then
+ * updates: the chain was submitted before the replay, so it must see the
+ * parameter as it was (em_step_replay flushes the stream first; before the
+ * fix the chain ran after the STEP task and read the updated values). */
+static void test_chain_before_replay(void **state)
+{
+    (void)state;
+    if (!em_capture_enabled()) skip();
+    const bool was = em_set_fusion(true);
+    const float w0[4] = {1, 2, 3, 4};
+    em_tensor *w = em_from_host(w0, (const int64_t[]){4}, 1, EM_F32);
+    assert_non_null(w);
+    assert_int_equal(em_set_requires_grad(w, true), EM_OK);
+    em_optim *opt = em_sgd_new(&w, 1, 0.1, 0, 0);
+    assert_non_null(opt);
+    em_step *step = NULL;
+    for (int s = 0; s < 2; s++) { /* a warm-up step, then the captured one */
+        if (s == 1) assert_int_equal(em_capture_begin(), EM_OK);
+        em_scope_begin();
+        em_grads *g = em_backward(em_sum_all(em_square(w)));
+        assert_non_null(g);
+        assert_int_equal(em_optim_step(opt, g), EM_OK);
+        em_grads_free(g);
+        em_scope_end();
+        if (s == 1) assert_non_null(step = em_capture_end());
+    }
+    float before[4], after[4], y[4];
+    assert_int_equal(em_to_host(w, before, sizeof before), EM_OK);
+    const em_stats s0 = em_get_stats();
+    em_tensor *y1 = em_mul_scalar(w, 10.0), *y2 = em_add_scalar(y1, 1.0); /* held: reads w now */
+    assert_int_equal(em_step_replay(step), EM_OK);                      /* writes w */
+    assert_int_equal(em_to_host(y2, y, sizeof y), EM_OK);
+    assert_int_equal(em_to_host(w, after, sizeof after), EM_OK);
+    const em_stats s1 = em_get_stats();
+    assert_true(s1.fused_tasks > s0.fused_tasks); /* the chain was fused (else this tests nothing) */
+    for (int i = 0; i < 4; i++) {
+        if (fabsf(y[i] - (before[i] * 10 + 1)) > 1e-5f)
+            fail_msg("value %d: %g, want %g (w before the replay %g, after %g)", i, y[i], before[i] * 10 + 1, before[i], after[i]);
+        assert_true(after[i] != before[i]); /* the replay did update w */
+    }
+    em_tensor_release(y1);
+    em_tensor_release(y2);
+    em_step_free(step);
+    em_optim_free(opt);
+    em_tensor_release(w);
+    em_set_fusion(was);
+}
+
 static void test_no_leak(void **state)
 {
     (void)state;
@@ -401,7 +449,8 @@ int main(void)
         cmocka_unit_test(test_host_read),     cmocka_unit_test(test_retained),
         cmocka_unit_test(test_views),         cmocka_unit_test(test_switch_off),
         cmocka_unit_test(test_matmul),        cmocka_unit_test(test_autodiff),
-        cmocka_unit_test(test_threads),       cmocka_unit_test(test_no_leak),
+        cmocka_unit_test(test_threads),       cmocka_unit_test(test_chain_before_replay),
+        cmocka_unit_test(test_no_leak),
     };
     return cmocka_run_group_tests(tests, em_test_setup, em_test_teardown);
 }
