@@ -364,7 +364,13 @@ void em_step_free(em_step *s)
     if (s->replays > 0 && em_is_initialized()) {
         if (em__fusion_flush && em__fusion_flush() != EM_OK)
             em_log_msg(EM_LOG_WARN, "em_step_free: submitting the held element-wise ops failed: %s", em_last_error());
-        starpu_task_wait_for_all();
+        /* only the step's own work: a fence after every storage its replays
+         * write (each replay writes them all), then its release, which waits
+         * for the fence (not for other threads' tasks) */
+        void *fence = NULL;
+        if (s->n_written == 0 || em__fence_signal(&fence, s->var + (s->n_var - s->n_written), s->n_written) != EM_OK)
+            starpu_task_wait_for_all();
+        em__fence_free(&fence);
     }
     em__cuda_step_release(&s->plan);
     for (int i = 0; i < s->plan.n_ops; i++) free(s->args[i]);
