@@ -20,15 +20,13 @@ grep -q "resumed from" "$T/b2.log" || fail "resume not reported"
 cmp "$T/a/checkpoint.safetensors" "$T/b/checkpoint.safetensors" || fail "resumed run differs from the uninterrupted one"
 echo "ok: resumed run is byte-identical to the uninterrupted one"
 
-# step capture (issue #17): the Learner captures the second step of each epoch and replays it;
-# the same run with capture off (and with fusion off too) ends byte-identical
-# (on the CPU only with EMBER_CAPTURE=1: by default the Learner captures on accelerators)
-EMBER_CAPTURE=1 EMBER_LOG=debug "$EMBER" train "${common[@]}" --epochs 3 --out "$T/cap" > /dev/null 2> "$T/cap.err"
+# step capture (issue #17): the Learner (as run "a" above, by default) captures the second step of
+# each epoch and replays it; the same run with capture off, and with fusion off too, ends
+# byte-identical (the resumed run "b" above was captured too)
+EMBER_LOG=debug "$EMBER" train "${common[@]}" --epochs 1 --out "$T/cap" > /dev/null 2> "$T/cap.err"
 grep -q "step captured: " "$T/cap.err" || fail "the Learner did not capture its step: $(grep -i 'eagerly\|captur' "$T/cap.err")"
-cmp "$T/a/checkpoint.safetensors" "$T/cap/checkpoint.safetensors" || fail "capture on and off: different checkpoints"
-EMBER_CAPTURE=1 "$EMBER" train "${common[@]}" --epochs 3 --stop-after-epoch 2 --out "$T/cap2" > /dev/null
-EMBER_CAPTURE=1 "$EMBER" train "${common[@]}" --epochs 3 --out "$T/cap2" --resume "$T/cap2/checkpoint.safetensors" > /dev/null
-cmp "$T/a/checkpoint.safetensors" "$T/cap2/checkpoint.safetensors" || fail "captured run resumed: differs"
+EMBER_CAPTURE=0 "$EMBER" train "${common[@]}" --epochs 3 --out "$T/nc" > "$T/nc.log"
+cmp "$T/a/checkpoint.safetensors" "$T/nc/checkpoint.safetensors" || fail "capture on and off: different checkpoints"
 EMBER_CAPTURE=0 EMBER_FUSION=0 "$EMBER" train "${common[@]}" --epochs 3 --out "$T/nf" > "$T/nf.log"
 cmp "$T/a/checkpoint.safetensors" "$T/nf/checkpoint.safetensors" || fail "fusion and capture on and off: different checkpoints"
 echo "ok: capture and fusion on / off, and a captured run resumed: byte-identical checkpoints"

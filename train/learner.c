@@ -368,27 +368,14 @@ static em_status share_step(em_replicas *rep, int k, void *ctx)
  * captured size is a replay: the batch copied into the captured inputs, one
  * STEP task. A batch of another size (an epoch's last) runs eagerly; a step
  * that cannot be captured runs eagerly from then on (EMBER_LOG=debug says
- * why). Where it captures: learner_captures. The running sums are then
- * updated in place, so that the replays add to them. */
+ * why). EMBER_CAPTURE=0 turns it off. The running sums are then updated in
+ * place, so that the replays add to them. */
 typedef struct step_capture {
     bool on;
     em_step *step;
     em_tensor *x, *y; /* the step's inputs (ours) */
     int64_t size;     /* its batch size */
 } step_capture;
-
-/* Whether the Learner captures: EMBER_CAPTURE=0 never, =1 on every device;
- * unset, on accelerators only (cuda, opencl, auto): on the CPU a replay runs
- * all its tasks on one worker, slower than the eager step's tiles over all
- * workers (the 2-core box: a Fashion-MNIST epoch 1.29 s captured, 1.06 s
- * eager; docs/benchmarks.md). */
-static bool learner_captures(void)
-{
-    const char *v = getenv("EMBER_CAPTURE");
-    if (v && !strcmp(v, "0")) return false;
-    if (v && !strcmp(v, "1")) return true;
-    return em_get_device().kind != EM_DEVICE_CPU;
-}
 
 static em_status capture_inputs(step_capture *c, const em_batch *b)
 {
@@ -455,7 +442,7 @@ static em_status run_epoch(em_module *model, em_optim *opt, em_lr_scheduler *sch
         for (int k = 0; k < R; k++)
             em_module_parameters(rep ? em_replicas_model(rep, k) : model, job.params + (size_t)k * (size_t)job.np, job.np);
     }
-    step_capture cap = {.on = train && R == 1 && em_dist_world_size() <= 1 && !job.scaler && learner_captures()};
+    step_capture cap = {.on = train && R == 1 && em_dist_world_size() <= 1 && !job.scaler && em_capture_enabled()};
     job.in_place_sums = cap.on;
     const em_batch *b = NULL;
     /* cfg->stop_flag: read between steps; [dist] not with several ranks (they would have to agree on the step) */

@@ -243,8 +243,7 @@ EM_API em_learner_config em_learner_config_default(void);
  *  cfg->precision picks the precision of the steps (see the field).
  *
  *  Step capture (DESIGN.md §6, em_capture_begin in ember/core.h): in epoch
- *  mode with one model, one rank and no f16 loss scaling, on an accelerator
- *  (the current device is not the CPU) or with EMBER_CAPTURE=1, each
+ *  mode with one model, one rank and no f16 loss scaling, each
  *  training epoch runs its first step eagerly, captures its second and
  *  replays it for every later batch of that size (a batch of another size
  *  runs eagerly). Results are those of eager steps. EMBER_CAPTURE=0, a
