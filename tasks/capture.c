@@ -245,6 +245,25 @@ em_status em_capture_begin(void)
     return EM_OK;
 }
 
+/* Frees @p s (NULL: nothing) and what it owns: the backend's graphs, the
+ * recorded arguments, the holds on its storages. */
+__attribute__((weak)) void em__cuda_step_release(em_step_plan *p) { (void)p; }
+
+static void step_release(em_step *s)
+{
+    if (!s) return;
+    em__cuda_step_release(&s->plan);
+    for (int i = 0; s->args && i < s->plan.n_ops; i++) free(s->args[i]);
+    for (int i = 0; s->var && i < s->n_var; i++) em__tensor_unhold(s->var[i]);
+    free(s->ops);
+    free(s->bufs);
+    free(s->var);
+    free(s->args);
+    free(s->patch);
+    free(s->patch_p0);
+    free(s);
+}
+
 em_step *em_capture_end(void)
 {
     em_capture *c = tl_capture;
@@ -278,15 +297,7 @@ em_step *em_capture_end(void)
     }
     if (!s || !slot || !s->ops || !s->bufs || !s->var || !s->args || !s->patch || !s->patch_p0) {
         free(slot);
-        if (s) {
-            free(s->ops);
-            free(s->bufs);
-            free(s->var);
-            free(s->args);
-            free(s->patch);
-            free(s->patch_p0);
-            free(s);
-        }
+        step_release(s); /* nothing moved into it yet */
         capture_free(c);
         return em__fail(EM_ERR_NOMEM, "em_capture_end: out of memory");
     }
@@ -353,8 +364,6 @@ em_status em_step_replay(em_step *s)
 
 int64_t em_step_task_count(const em_step *s) { return s ? s->plan.n_ops : -1; }
 
-__attribute__((weak)) void em__cuda_step_release(em_step_plan *p) { (void)p; }
-
 void em_step_free(em_step *s)
 {
     if (!s) return;
@@ -372,14 +381,5 @@ void em_step_free(em_step *s)
             starpu_task_wait_for_all();
         em__fence_free(&fence);
     }
-    em__cuda_step_release(&s->plan);
-    for (int i = 0; i < s->plan.n_ops; i++) free(s->args[i]);
-    for (int i = 0; i < s->n_var; i++) em__tensor_unhold(s->var[i]);
-    free(s->ops);
-    free(s->bufs);
-    free(s->var);
-    free(s->args);
-    free(s->patch);
-    free(s->patch_p0);
-    free(s);
+    step_release(s);
 }
