@@ -264,7 +264,10 @@ static bool add_locked(em_op *op, em_placement place, em_capture *capture)
     }
     for (int k = 0; k < new_leaf; k++) g.leaf[g.n_leaf++] = em__tensor_hold(leaf_add[k]);
     if (g.n == 0) /* the first op's inputs are leaves: the held ones (the caller's may be temporaries) */
-        for (int i = 0; i < op->n_in; i++) g.first.in[i] = g.leaf[reg[i]];
+        for (int i = 0; i < op->n_in; i++) {
+            g.first.in[i] = g.leaf[reg[i]];
+            g.first.orig_in[i] = NULL; /* autodiff's, already recorded: not kept past the call */
+        }
     em_fused_instr *in = &g.ins[g.n];
     memset(in, 0, sizeof *in);
     in->kind = op->kind;

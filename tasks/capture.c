@@ -53,8 +53,10 @@ struct em_capture {
     int n_task, cap_task;
     int32_t *bufs;      /* storage index of every buffer of every task */
     int n_bufs, cap_bufs;
-    em_tensor **held;   /* one held tensor per distinct storage */
-    bool *written;
+    struct held_storage {
+        em_tensor *t;   /* one held tensor per distinct storage */
+        bool written;   /* some recorded task writes it */
+    } *held;
     int n_held, cap_held;
     rec_patch *patch;
     int n_patch, cap_patch;
@@ -111,16 +113,12 @@ static bool grow(void **p, int *cap, int need, size_t elem)
 static int storage_index(em_capture *c, em_tensor *t, bool w)
 {
     for (int i = c->n_held - 1; i >= 0; i--)
-        if (c->held[i]->storage == t->storage) {
-            c->written[i] |= w;
+        if (c->held[i].t->storage == t->storage) {
+            c->held[i].written |= w;
             return i;
         }
     if (!grow((void **)&c->held, &c->cap_held, c->n_held + 1, sizeof *c->held)) return -1;
-    bool *nw = realloc(c->written, sizeof *nw * (size_t)c->cap_held);
-    if (!nw) return -1;
-    c->written = nw;
-    c->held[c->n_held] = em__tensor_hold(t);
-    c->written[c->n_held] = w;
+    c->held[c->n_held] = (struct held_storage){em__tensor_hold(t), w};
     return c->n_held++;
 }
 
@@ -218,11 +216,10 @@ static void capture_free(em_capture *c)
 {
     if (!c) return;
     for (int i = 0; i < c->n_task; i++) free(c->task[i].args);
-    for (int i = 0; i < c->n_held; i++) em__tensor_unhold(c->held[i]);
+    for (int i = 0; i < c->n_held; i++) em__tensor_unhold(c->held[i].t);
     free(c->task);
     free(c->bufs);
     free(c->held);
-    free(c->written);
     free(c->patch);
     free(c);
 }
@@ -304,9 +301,9 @@ em_step *em_capture_end(void)
     /* the STEP task's buffers: read-only storages first, then written ones */
     for (int pass = 0; pass < 2; pass++)
         for (int i = 0; i < c->n_held; i++)
-            if (c->written[i] == (pass == 1)) {
+            if (c->held[i].written == (pass == 1)) {
                 slot[i] = s->n_var;
-                s->var[s->n_var++] = c->held[i]; /* the hold moves to the step */
+                s->var[s->n_var++] = c->held[i].t; /* the hold moves to the step */
                 s->n_written += pass;
             }
     for (int b = 0; b < c->n_bufs; b++) s->bufs[b] = slot[c->bufs[b]];
